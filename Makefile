@@ -1,0 +1,34 @@
+# The two commands of the README: `make demo` and `make test`. Each creates .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-slow lint format bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/collsim demo
+
+test: $(STAMP)
+	$(BIN)/ruff check collsim tests benchmarks
+	$(BIN)/ruff format --check collsim tests benchmarks
+	$(BIN)/python -m pytest
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow
+
+lint: $(STAMP)
+	$(BIN)/ruff check collsim tests benchmarks
+
+format: $(STAMP)
+	$(BIN)/ruff format collsim tests benchmarks
+	$(BIN)/ruff check --fix collsim tests benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,174 @@
+"""Parse and format sizes, rates and times: the only place in collsim where units convert.
+
+Conventions (stated once, used everywhere):
+
+* Sizes are integers of bytes. Bare numbers and the nccl-tests suffixes ``K``, ``M``, ``G``, ``T``
+  are powers of 1024, exactly as nccl-tests reads ``-b 8 -e 8G``; ``KiB``/``MiB``/... are powers
+  of 1024 too, while ``KB``/``MB``/``GB``/``TB`` are powers of 1000 (SI).
+* Rates are floats of bytes per second internally. ``GB/s`` and ``GBps`` mean 1e9 bytes/s, as
+  nccl-tests prints; ``Gbps``/``Gb/s`` mean 1e9 *bits*/s, as network datasheets print.
+  In names, ``_gbps`` means GB/s (1e9 bytes/s), matching nccl-tests' ``algbw``/``busbw``;
+  bit rates are never stored.
+* Times are floats of seconds internally; names carry ``_s`` or ``_us``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from collsim.errors import UnitError
+
+_NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"
+_PATTERN = re.compile(rf"^\s*{_NUMBER}\s*([A-Za-z/]*)\s*$")
+
+_SIZE_UNITS: dict[str, int] = {
+    "": 1,
+    "b": 1,
+    "B": 1,
+    "k": 1024,
+    "K": 1024,
+    "M": 1024**2,
+    "G": 1024**3,
+    "T": 1024**4,
+    "KiB": 1024,
+    "MiB": 1024**2,
+    "GiB": 1024**3,
+    "TiB": 1024**4,
+    "kB": 1000,
+    "KB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+    "TB": 1000**4,
+}
+
+# Rate units in bytes per second.
+_RATE_UNITS: dict[str, float] = {}
+for _prefix, _scale in (("", 1.0), ("K", 1e3), ("k", 1e3), ("M", 1e6), ("G", 1e9), ("T", 1e12)):
+    for _spelling in ("B/s", "Bps"):
+        _RATE_UNITS[_prefix + _spelling] = _scale
+    for _spelling in ("b/s", "bps", "bit/s"):
+        _RATE_UNITS[_prefix + _spelling] = _scale / 8.0
+
+_TIME_UNITS: dict[str, float] = {
+    "s": 1.0,
+    "ms": 1e-3,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "ns": 1e-9,
+}
+
+BYTES_PER_GB = 1e9
+"""nccl-tests' GB: algbw and busbw are printed in units of 1e9 bytes per second."""
+
+
+def _split(text: str | int | float, what: str) -> tuple[float, str]:
+    if isinstance(text, bool):
+        raise UnitError(f"expected a {what}, got {text!r}")
+    if isinstance(text, int | float):
+        return float(text), ""
+    if not isinstance(text, str):
+        raise UnitError(f"expected a {what}, got {text!r}")
+    match = _PATTERN.match(text.replace("µ", "u"))
+    if not match:
+        raise UnitError(f"malformed {what} {text!r}")
+    return float(match.group(1)), match.group(2)
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in ``text``: ``8``, ``1K`` (1024), ``8G`` (8 GiB), ``1GiB``, ``1GB`` (1e9)."""
+    value, unit = _split(text, "size")
+    if unit not in _SIZE_UNITS:
+        raise UnitError(f"unknown size unit {unit!r} in {text!r} (use B, K, M, G, KiB, MB, ...)")
+    size = value * _SIZE_UNITS[unit]
+    if size != int(size):
+        raise UnitError(f"size {text!r} is not a whole number of bytes")
+    return int(size)
+
+
+def parse_rate(text: str | int | float) -> float:
+    """Bytes per second in ``text``: ``50GB/s``, ``25 GBps`` (x1e9 B/s), ``400Gbps`` (bits).
+
+    A bare number is taken as GB/s (1e9 bytes/s), the unit nccl-tests prints.
+    """
+    value, unit = _split(text, "rate")
+    if unit == "":
+        return value * BYTES_PER_GB
+    if unit not in _RATE_UNITS:
+        raise UnitError(f"unknown rate unit {unit!r} in {text!r} (use GB/s, GBps, Gbps, Gb/s, ...)")
+    return value * _RATE_UNITS[unit]
+
+
+def parse_time(text: str | int | float) -> float:
+    """Seconds in ``text``: ``5us``, ``1.2ms``, ``300ns``, ``2s``. A bare number is microseconds."""
+    value, unit = _split(text, "time")
+    if unit == "":
+        return value * 1e-6
+    if unit not in _TIME_UNITS:
+        raise UnitError(f"unknown time unit {unit!r} in {text!r} (use s, ms, us, ns)")
+    return value * _TIME_UNITS[unit]
+
+
+def parse_flops(text: str | int | float) -> float:
+    """FLOP/s in ``text``: ``989TFLOPS``, ``989 TFLOP/s``, ``1.2PFLOPS``. A bare number is TFLOP/s."""
+    if isinstance(text, str):
+        match = re.match(rf"^\s*{_NUMBER}\s*([kMGTPE]?)FLOP(?:S|/s)\s*$", text)
+        if not match:
+            raise UnitError(f"malformed FLOP rate {text!r} (use e.g. 989TFLOPS)")
+        scale = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+        return float(match.group(1)) * scale[match.group(2)]
+    value, _ = _split(text, "FLOP rate")
+    return value * 1e12
+
+
+def format_size(size_bytes: int) -> str:
+    """Short binary size: 1048576 -> '1M', 1536 -> '1.5K' (nccl-tests' K/M/G are 1024-based)."""
+    value = float(size_bytes)
+    for unit in ("", "K", "M", "G", "T"):
+        if abs(value) < 1024 or unit == "T":
+            text = f"{value:.0f}" if value == int(value) else f"{value:.3g}"
+            return f"{text}{unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_rate(bytes_per_s: float) -> str:
+    """'450 GB/s' (1e9 bytes/s) for a rate in bytes per second."""
+    gbps = bytes_per_s / BYTES_PER_GB
+    if gbps >= 1:
+        return f"{gbps:.4g} GB/s"
+    return f"{bytes_per_s / 1e6:.4g} MB/s"
+
+
+def format_time(seconds: float) -> str:
+    """Human time: 1.5e-6 -> '1.5 us', 0.0021 -> '2.1 ms'."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.4g} {unit}"
+    return f"{seconds / 1e-9:.4g} ns"
+
+
+def to_gbps(bytes_per_s: float) -> float:
+    """GB/s (1e9 bytes/s) from bytes per second."""
+    return bytes_per_s / BYTES_PER_GB
+
+
+def to_us(seconds: float) -> float:
+    """Microseconds from seconds."""
+    return seconds * 1e6
+
+
+def size_range(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
+    """Sizes from ``min_bytes`` to ``max_bytes`` multiplying by ``factor``, as nccl-tests' -b/-e/-f."""
+    if min_bytes < 0 or max_bytes < 0:
+        raise UnitError(f"sizes must not be negative (got -b {min_bytes}, -e {max_bytes})")
+    if min_bytes > max_bytes:
+        raise UnitError(f"minimum size {min_bytes} is larger than maximum size {max_bytes}")
+    if factor <= 1 and min_bytes != max_bytes:
+        raise UnitError(f"step factor must be > 1, got {factor}")
+    sizes = [min_bytes]
+    while True:
+        nxt = int(sizes[-1] * factor) if sizes[-1] > 0 else 1
+        if nxt > max_bytes or nxt <= sizes[-1]:
+            break
+        sizes.append(nxt)
+    return sizes
