@@ -109,7 +109,7 @@ def parse_time(text: str | int | float) -> float:
 
 
 def parse_flops(text: str | int | float) -> float:
-    """FLOP/s in ``text``: ``989TFLOPS``, ``989 TFLOP/s``, ``1.2PFLOPS``. A bare number is TFLOP/s."""
+    """FLOP/s in ``text``: ``989TFLOPS``, ``989 TFLOP/s``; a bare number is TFLOP/s."""
     if isinstance(text, str):
         match = re.match(rf"^\s*{_NUMBER}\s*([kMGTPE]?)FLOP(?:S|/s)\s*$", text)
         if not match:
@@ -158,7 +158,7 @@ def to_us(seconds: float) -> float:
 
 
 def size_range(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
-    """Sizes from ``min_bytes`` to ``max_bytes`` multiplying by ``factor``, as nccl-tests' -b/-e/-f."""
+    """Sizes from ``min_bytes`` to ``max_bytes``, times ``factor`` each step (as nccl-tests)."""
     if min_bytes < 0 or max_bytes < 0:
         raise UnitError(f"sizes must not be negative (got -b {min_bytes}, -e {max_bytes})")
     if min_bytes > max_bytes:

@@ -15,12 +15,12 @@ Data model. Every rank owns three buffers of elements: ``input`` (the collective
   destination GPU a local reduction of that size.
 * ``REDUCTION`` -- on rank ``src`` (== ``dst``): ``dst_buf[dst_off:] += src_buf[src_off:]``, a local
   reduction whose cost comes from the GPU's memory bandwidth.
-* ``NETWORK_REDUCE`` -- an in-network reduction (NVLS on NVSwitch, SHARP on switches): the slices of
-  the ranks in ``groups[src]`` (sources) are summed inside the network and the sum is written to every
-  rank in ``groups[dst]`` (destinations).
+* ``NETWORK_REDUCE`` -- an in-network reduction (NVLS on NVSwitch, SHARP on switches): the
+  slices of the ranks in ``groups[src]`` (sources) are summed inside the network and the sum is
+  written to every rank in ``groups[dst]`` (destinations).
 
-``deps`` (CSR: ``dep_ptr``/``dep_idx``) name operations that must complete first. Dependencies always
-point to earlier operations, so the operation order is a valid execution order.
+``deps`` (CSR: ``dep_ptr``/``dep_idx``) name operations that must complete first. Dependencies
+always point to earlier operations, so the operation order is a valid execution order.
 
 The schedule is stored column-wise in numpy arrays: a 1 GiB ring all-reduce on 1024 GPUs has two
 million transfers, and the engine consumes them in vectorised batches.

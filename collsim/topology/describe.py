@@ -1,0 +1,144 @@
+"""What users read about a topology: catalog rows, a description, and the explicit-graph export."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from collsim import units
+from collsim.topology.graph import Network, count_by_kind
+from collsim.topology.loader import catalog_names, load_topology
+from collsim.topology.spec import Topology
+
+
+def catalog_rows() -> list[dict[str, Any]]:
+    """One row per bundled system, for ``collsim topo list``."""
+    rows = []
+    for name in catalog_names():
+        topo = load_topology(name)
+        rows.append(
+            {
+                "name": name,
+                "gpu": topo.gpu.model,
+                "gpus_per_node": topo.gpus_per_node,
+                "default_nodes": topo.default_nodes,
+                "intra": topo.intra_fabric,
+                "inter": topo.inter_fabric,
+                "description": topo.description,
+            }
+        )
+    return rows
+
+
+def describe(topo: Topology) -> dict[str, Any]:
+    """The figures that size a system: counts, bandwidths (GB/s = 1e9 B/s), diameter."""
+    net = Network(topo)
+    links: dict[str, dict[str, Any]] = {}
+    for lk in topo.links:
+        entry = links.setdefault(lk.kind, {"count": 0, "bandwidth_gbps": set()})
+        entry["count"] += 1
+        entry["bandwidth_gbps"].add(round(units.to_gbps(lk.bandwidth_bytes_per_s), 3))
+    for entry in links.values():
+        entry["bandwidth_gbps"] = sorted(entry["bandwidth_gbps"])
+    reducing = sorted({d.kind for d in topo.devices if d.in_network_reduction})
+    affinity = net.nic_affinity()
+    return {
+        "name": topo.name,
+        "description": topo.description,
+        "file": topo.source_file,
+        "gpu": {
+            "model": topo.gpu.model,
+            "peak_tflops": {k: v / 1e12 for k, v in topo.gpu.peak_flops.items()},
+            "memory_gb": topo.gpu.memory_bytes / 1e9,
+            "memory_bandwidth_gbps": units.to_gbps(topo.gpu.memory_bandwidth_bytes_per_s),
+        },
+        "nodes": topo.nodes,
+        "gpus_per_node": topo.gpus_per_node,
+        "gpus": topo.n_gpus,
+        "intra_fabric": topo.intra_fabric,
+        "inter_fabric": topo.inter_fabric,
+        "devices": count_by_kind(topo.devices),
+        "links": links,
+        "injection_bandwidth_gbps_per_gpu": units.to_gbps(net.injection_bandwidth_bytes_per_s()),
+        "intra_bandwidth_gbps_per_gpu": units.to_gbps(net.intra_bandwidth_bytes_per_s()),
+        "bisection_bandwidth_gbps": units.to_gbps(net.bisection_bandwidth_bytes_per_s()),
+        "diameter_hops": net.diameter_hops(),
+        "in_network_reduction": reducing,
+        "gpu_nic_affinity": {g: nics for g, nics in affinity.items() if g.startswith("n0.")},
+    }
+
+
+def describe_text(info: dict[str, Any]) -> str:
+    """``describe`` as lines a person reads."""
+    gpu = info["gpu"]
+    peak = gpu["peak_tflops"]
+    peak_words = ", ".join(f"{v:g} {k}" for k, v in list(peak.items())[:3])
+    lines = [
+        f"{info['name']}: {info['description']}",
+        f"  file:        {info['file']}",
+        f"  GPUs:        {info['gpus']} x {gpu['model']} ({info['nodes']} nodes x "
+        f"{info['gpus_per_node']})",
+        f"  per GPU:     {peak_words} TFLOP/s; {gpu['memory_gb']:g} GB at "
+        f"{gpu['memory_bandwidth_gbps']:g} GB/s",
+        f"  fabric:      intra-node {info['intra_fabric']}; scale-out {info['inter_fabric']}",
+        "  devices:     " + ", ".join(f"{k} {v}" for k, v in info["devices"].items()),
+        "  links:       "
+        + ", ".join(
+            f"{k} {v['count']} ({'/'.join(f'{b:g}' for b in v['bandwidth_gbps'])} GB/s)"
+            for k, v in info["links"].items()
+        ),
+        f"  bandwidth:   intra-node {info['intra_bandwidth_gbps_per_gpu']:.4g} GB/s per GPU; "
+        f"injection {info['injection_bandwidth_gbps_per_gpu']:.4g} GB/s per GPU; "
+        f"bisection {info['bisection_bandwidth_gbps']:.6g} GB/s",
+        f"  diameter:    {info['diameter_hops']} hops (GPU to GPU)",
+        "  in-network reduction: " + (", ".join(info["in_network_reduction"]) or "none"),
+    ]
+    nics = info["gpu_nic_affinity"]
+    if any(nics.values()):
+        lines.append(
+            "  NIC affinity (node 0): "
+            + "; ".join(f"{g.split('.')[1]}->{','.join(n.split('.')[1] for n in v)}"
+                        for g, v in nics.items())
+        )  # fmt: skip
+    return "\n".join(lines)
+
+
+def to_explicit_yaml(topo: Topology) -> str:
+    """The topology as an explicit-graph YAML file that loads to the same devices and links."""
+    gpu = topo.gpu
+    doc: dict[str, Any] = {
+        "name": topo.name,
+        "description": topo.description,
+        "gpu": {
+            "model": gpu.model,
+            "peak_tflops": {k: v / 1e12 for k, v in gpu.peak_flops.items()},
+            "memory": f"{gpu.memory_bytes}B",
+            "memory_bandwidth": f"{gpu.memory_bandwidth_bytes_per_s!r}B/s",
+            **({"source": gpu.source} if gpu.source else {}),
+        },
+        "devices": [
+            {
+                "name": d.name,
+                "kind": d.kind,
+                **({"node": d.node} if d.node is not None else {}),
+                "index": d.index,
+                **({"latency": f"{d.latency_s!r}s"} if d.latency_s else {}),
+                **({"in_network_reduction": True} if d.in_network_reduction else {}),
+                **({"tier": d.tier} if d.tier else {}),
+                **({"forwards": d.forwards} if d.forwards != (d.kind != "gpu") else {}),
+            }
+            for d in topo.devices
+        ],
+        "links": [
+            {
+                "a": lk.a,
+                "b": lk.b,
+                "kind": lk.kind,
+                "bandwidth": f"{lk.bandwidth_bytes_per_s!r}B/s",
+                "latency": f"{lk.latency_s!r}s",
+            }
+            for lk in topo.links
+        ],
+    }
+    return yaml.safe_dump(doc, sort_keys=False, width=120)

@@ -1,0 +1,290 @@
+"""Topology -> directed graph, routes between GPUs, and the figures users size a fabric by.
+
+Every full-duplex link becomes two directed links (ids ``2i`` and ``2i+1`` for link ``i``), each
+with the link's per-direction bandwidth, so traffic in one direction never slows the other.
+
+Routing is shortest-path over a cost that prefers few hops and fat links (each directed link costs
+``100 + 10000 / GB/s``, integers, so equal-cost paths compare exactly): inside a DGX that picks
+NVLink over PCIe, across a fat-tree it picks the fewest hops. GPUs never forward traffic (except in
+chip-level tori, where chips do route). Among equal-cost next hops, a deterministic hash of (source,
+destination, hop) picks one: deterministic ECMP, the same answer on every run and machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import networkx as nx
+import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import dijkstra, maximum_flow
+
+from collsim.errors import TopologyError
+from collsim.topology.spec import Device, Topology
+
+_MASK64 = (1 << 64) - 1
+
+
+def link_cost(bandwidth_bytes_per_s: float) -> int:
+    """Routing cost of one directed link: a hop plus a term that grows as bandwidth shrinks."""
+    return 100 + round(10000 / (bandwidth_bytes_per_s / 1e9))
+
+
+def _mix(*values: int) -> int:
+    """A small deterministic hash (splitmix64 over the values) for ECMP choices."""
+    h = 0x9E3779B97F4A7C15
+    for v in values:
+        h = (h ^ (v + 0x9E3779B97F4A7C15 + ((h << 6) & _MASK64) + (h >> 2))) & _MASK64
+        h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK64
+        h ^= h >> 31
+    return h
+
+
+@dataclass(frozen=True)
+class Route:
+    """A path between two devices: the directed link ids, the devices, and its latency."""
+
+    links: tuple[int, ...]
+    devices: tuple[str, ...]
+    latency_s: float
+
+
+class Network:
+    """The routable form of a :class:`Topology` (built once, queried many times)."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.devices: list[Device] = list(topology.devices)
+        self.index = {d.name: i for i, d in enumerate(self.devices)}
+        n_dev = len(self.devices)
+        # Non-forwarding GPUs get a second vertex carrying only their outgoing edges, so that a
+        # path may start at a GPU and end at a GPU but never pass through one.
+        self._out_vertex = np.arange(n_dev)
+        extra = 0
+        for i, dev in enumerate(self.devices):
+            if not dev.forwards:
+                self._out_vertex[i] = n_dev + extra
+                extra += 1
+        self.n_vertices = n_dev + extra
+        links = topology.links
+        n_links = 2 * len(links)
+        self.link_src = np.empty(n_links, dtype=np.int64)
+        self.link_dst = np.empty(n_links, dtype=np.int64)
+        self.capacity_bytes_per_s = np.empty(n_links)
+        self.latency_s = np.empty(n_links)
+        self.link_kind: list[str] = []
+        self.link_names: list[str] = []
+        for i, lk in enumerate(links):
+            a, b = self.index[lk.a], self.index[lk.b]
+            for j, (u, v) in enumerate(((a, b), (b, a))):
+                self.link_src[2 * i + j] = u
+                self.link_dst[2 * i + j] = v
+                self.link_names.append(f"{self.devices[u].name}->{self.devices[v].name}")
+                self.link_kind.append(lk.kind)
+            self.capacity_bytes_per_s[2 * i : 2 * i + 2] = lk.bandwidth_bytes_per_s
+            self.latency_s[2 * i : 2 * i + 2] = lk.latency_s
+        self.device_latency_s = np.array([d.latency_s for d in self.devices])
+        costs = np.array([link_cost(b) for b in self.capacity_bytes_per_s], dtype=np.float64)
+        tails = self._out_vertex[self.link_src]
+        heads = self.link_dst
+        shape = (self.n_vertices, self.n_vertices)
+        order = np.lexsort((heads, tails))
+        self._fwd = csr_matrix((costs[order], (tails[order], heads[order])), shape=shape)
+        self._fwd_link = np.asarray(order)  # csr data position -> directed link id
+        if self._fwd.nnz != n_links:
+            raise TopologyError(
+                "two links join the same pair of devices; give one link with their total bandwidth",
+                field="links",
+            )
+        self._fwd.sort_indices()
+        self._rev = self._fwd.T.tocsr()
+        self._routes: dict[tuple[int, int], Route] = {}
+        self._dist_cache: dict[int, np.ndarray] = {}
+
+    # -- routing ---------------------------------------------------------------------------------
+    @cached_property
+    def gpu_names(self) -> list[str]:
+        """GPU names in rank order (node-major)."""
+        return [g.name for g in self.topology.gpus]
+
+    def _dist_to(self, dst: int) -> np.ndarray:
+        dist = self._dist_cache.get(dst)
+        if dist is None:
+            if len(self._dist_cache) > 4096:
+                self._dist_cache.clear()
+            dist = dijkstra(self._rev, directed=True, indices=dst)
+            self._dist_cache[dst] = dist
+        return dist
+
+    def route(self, src: str, dst: str) -> Route:
+        """The route from device ``src`` to device ``dst`` (deterministic ECMP)."""
+        return self.route_index(self.index[src], self.index[dst])
+
+    def route_index(self, src: int, dst: int) -> Route:
+        key = (src, dst)
+        cached = self._routes.get(key)
+        if cached is not None:
+            return cached
+        if src == dst:
+            route = Route((), (self.devices[src].name,), 0.0)
+            self._routes[key] = route
+            return route
+        dist = self._dist_to(dst)
+        cur = int(self._out_vertex[src])
+        if not np.isfinite(dist[cur]):
+            raise TopologyError(
+                f"no route from {self.devices[src].name} to {self.devices[dst].name}",
+                field="links",
+            )
+        indptr, indices, data = self._fwd.indptr, self._fwd.indices, self._fwd.data
+        hops: list[int] = []
+        names = [self.devices[src].name]
+        latency = 0.0
+        while cur != dst:
+            lo, hi = indptr[cur], indptr[cur + 1]
+            nbrs = indices[lo:hi]
+            ok = np.flatnonzero(dist[nbrs] + data[lo:hi] == dist[cur])
+            pick = ok[0] if len(ok) == 1 else ok[_mix(src, dst, cur) % len(ok)]
+            link = int(self._fwd_link[lo + pick])
+            hops.append(link)
+            cur = int(nbrs[pick])
+            latency += self.latency_s[link]
+            if cur != dst:
+                latency += self.device_latency_s[cur]
+            names.append(self.devices[int(self.link_dst[link])].name)
+        route = Route(tuple(hops), tuple(names), float(latency))
+        self._routes[key] = route
+        return route
+
+    def gpu_route(self, src_rank: int, dst_rank: int) -> Route:
+        """Route between GPUs given by rank (node-major order)."""
+        return self.route(self.gpu_names[src_rank], self.gpu_names[dst_rank])
+
+    # -- derived figures ---------------------------------------------------------------------------
+    def nic_affinity(self) -> dict[str, list[str]]:
+        """For each GPU, the NIC(s) its off-node traffic leaves through (routing decides)."""
+        graph = nx.Graph()
+        graph.add_edges_from((lk.a, lk.b) for lk in self.topology.links)
+        result: dict[str, list[str]] = {}
+        for gpu in self.topology.gpus:
+            nics = [d.name for d in self.devices if d.kind == "nic" and d.node == gpu.node]
+            if not nics:
+                result[gpu.name] = []
+                continue
+            nearest = [self.route(gpu.name, nic) for nic in nics]
+            best = min(len(r.links) for r in nearest)
+            result[gpu.name] = [
+                nic
+                for nic, r in zip(nics, nearest, strict=True)
+                if len(r.links) == best and not _passes_gpu(r, self)
+            ]
+        return result
+
+    def injection_bandwidth_bytes_per_s(self) -> float:
+        """Scale-out bandwidth per GPU: NIC port rates in a node divided by its GPUs."""
+        per_node = 0.0
+        nic_ports = {d.name for d in self.devices if d.kind == "nic" and d.node == 0}
+        for i, lk in enumerate(self.topology.links):
+            for end, other in ((lk.a, lk.b), (lk.b, lk.a)):
+                if end in nic_ports and self.devices[self.index[other]].node is None:
+                    per_node += self.capacity_bytes_per_s[2 * i]
+                elif end in nic_ports and self.devices[self.index[other]].kind == "nic":
+                    per_node += self.capacity_bytes_per_s[2 * i] / 2
+        if per_node == 0.0:
+            # GPU-level fabrics (tori): the GPU's own off-node links.
+            node0 = {g.name for g in self.topology.gpus if g.node == 0}
+            for i, lk in enumerate(self.topology.links):
+                if (lk.a in node0) != (lk.b in node0):
+                    per_node += self.capacity_bytes_per_s[2 * i]
+        return per_node / max(1, self.topology.gpus_per_node)
+
+    def intra_bandwidth_bytes_per_s(self) -> float:
+        """Bandwidth out of one GPU over its non-network links (NVLink, xGMI, PCIe P2P ...)."""
+        gpu = self.gpu_names[0]
+        total = 0.0
+        for i, lk in enumerate(self.topology.links):
+            if gpu in (lk.a, lk.b):
+                other = lk.b if lk.a == gpu else lk.a
+                if self.devices[self.index[other]].kind != "nic":
+                    total += self.capacity_bytes_per_s[2 * i]
+        return total
+
+    def bisection_bandwidth_bytes_per_s(self) -> float:
+        """Max flow from the first half of the GPUs (rank order) to the second half.
+
+        For node-major ranks this cuts the system between whole nodes, the usual bisection of a
+        cluster; for one node it splits the node's GPUs.
+        """
+        gpus = [self.index[g] for g in self.gpu_names]
+        if len(gpus) < 2:
+            return 0.0
+        half = len(gpus) // 2
+        source, sink = self.n_vertices, self.n_vertices + 1
+        # scipy's max-flow takes int32 capacities: count in MB/s, coarser for very large systems.
+        # The answer is at most what the first half can send; scale units so that fits 2**30.
+        bound = float(self.capacity_bytes_per_s[np.isin(self.link_src, gpus[:half])].sum())
+        unit = max(1.0, bound / 2**30)
+        cap = np.round(self.capacity_bytes_per_s / unit)
+        cap = np.clip(cap, 1, 2**31 - 1).astype(np.int64)
+        # In a max-flow, GPUs may relay (as NCCL's PXN does through NVLink), so use device ids.
+        big = 2**31 - 1
+        tails = np.concatenate([self.link_src, [source] * half, gpus[half:]])
+        heads = np.concatenate([self.link_dst, gpus[:half], [sink] * (len(gpus) - half)])
+        caps = np.concatenate([cap, [big] * len(gpus)])
+        n = self.n_vertices + 2
+        graph = csr_matrix((caps, (tails, heads)), shape=(n, n))
+        graph.sum_duplicates()
+        graph.data = np.minimum(graph.data, 2**31 - 1).astype(np.int32)
+        flow = maximum_flow(graph, source, sink)
+        return float(flow.flow_value) * unit
+
+    def diameter_hops(self, sample: int = 2048) -> int:
+        """Longest GPU-to-GPU route in hops (GPUs do not relay); sampled past ``sample`` GPUs."""
+        gpus = [self.index[g] for g in self.gpu_names]
+        sources = gpus if len(gpus) <= sample else gpus[:: max(1, len(gpus) // sample)]
+        unit = self._fwd.copy()
+        unit.data[:] = 1.0
+        out = [int(self._out_vertex[g]) for g in sources]
+        dist = dijkstra(unit, directed=True, indices=out, unweighted=True)
+        reach = dist[:, gpus]
+        reach[~np.isfinite(reach)] = 0
+        return int(reach.max())
+
+
+def _passes_gpu(route: Route, net: Network) -> bool:
+    return any(net.devices[net.index[name]].kind == "gpu" for name in route.devices[1:-1])
+
+
+def build_network(topology: Topology) -> Network:
+    """Spec -> routable :class:`Network`."""
+    return Network(topology)
+
+
+def to_networkx(topology: Topology) -> nx.DiGraph:
+    """The topology as a networkx DiGraph (one edge per direction), for analysis and drawing."""
+    graph = nx.DiGraph()
+    for dev in topology.devices:
+        graph.add_node(dev.name, kind=dev.kind, node=dev.node, latency_s=dev.latency_s)
+    for i, lk in enumerate(topology.links):
+        for j, (u, v) in enumerate(((lk.a, lk.b), (lk.b, lk.a))):
+            graph.add_edge(
+                u,
+                v,
+                id=2 * i + j,
+                kind=lk.kind,
+                bandwidth_bytes_per_s=lk.bandwidth_bytes_per_s,
+                latency_s=lk.latency_s,
+            )
+    return graph
+
+
+def count_by_kind(items: Sequence[object], attr: str = "kind") -> dict[str, int]:
+    """How many devices (or links) of each kind, in first-seen order."""
+    counts: dict[str, int] = {}
+    for item in items:
+        key = getattr(item, attr)
+        counts[key] = counts.get(key, 0) + 1
+    return counts

@@ -1,0 +1,326 @@
+"""Topology files -> validated :class:`Topology`. The boundary where bad input is caught.
+
+``load_topology("dgx-h100")`` reads ``topologies/dgx-h100.yaml`` from the catalog;
+``load_topology("my.yaml", nodes=16)`` reads a file and overrides its node count. Every problem
+becomes a :class:`TopologyError` naming the file, the field and the value.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from collsim.errors import CollsimError, TopologyError
+from collsim.topology.builders import Parts, build_fabric, build_node
+from collsim.topology.schema import ExplicitIn, GpuIn, TemplateIn
+from collsim.topology.spec import Device, GpuModel, Link, Topology
+
+CATALOG_DIR = Path(
+    os.environ.get("COLLSIM_TOPOLOGIES", Path(__file__).resolve().parents[2] / "topologies")
+)
+
+
+def catalog_names() -> list[str]:
+    """Names of the bundled systems (``topologies/*.yaml``), sorted."""
+    return sorted(p.stem for p in CATALOG_DIR.glob("*.yaml"))
+
+
+def resolve(name_or_path: str | os.PathLike[str]) -> Path:
+    """A catalog name or a path -> the file to read."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists() or os.sep in str(name_or_path):
+        if not path.is_file():
+            raise TopologyError("no such topology file", file=str(path))
+        return path
+    candidate = CATALOG_DIR / f"{name_or_path}.yaml"
+    if candidate.is_file():
+        return candidate
+    hint = difflib.get_close_matches(str(name_or_path), catalog_names(), n=1)
+    extra = f"; did you mean {hint[0]!r}?" if hint else " (see `collsim topo list`)"
+    raise TopologyError(
+        f"no topology named {str(name_or_path)!r} in the catalog{extra}",
+        field="topology",
+        value=str(name_or_path),
+    )
+
+
+def read_yaml(path: Path) -> Any:
+    """Parse a YAML file; syntax errors become one line with the position."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise TopologyError(f"cannot read file: {exc.strerror}", file=str(path)) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "syntax error"
+        raise TopologyError(f"malformed YAML{where}: {problem}", file=str(path)) from None
+
+
+def load_topology(
+    name_or_path: str | os.PathLike[str],
+    *,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+) -> Topology:
+    """Load, validate and expand a topology; ``nodes``/``gpus_per_node`` override a template."""
+    path = resolve(name_or_path)
+    data = read_yaml(path)
+    try:
+        return topology_from_dict(data, nodes=nodes, gpus_per_node=gpus_per_node, file=str(path))
+    except CollsimError as exc:
+        raise exc.located(file=str(path)) from None
+
+
+def topology_from_dict(
+    data: Any,
+    *,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    file: str | None = None,
+) -> Topology:
+    """Validate a parsed YAML document and build the :class:`Topology` it describes."""
+    if not isinstance(data, dict):
+        raise TopologyError(
+            "a topology file must be a mapping with 'name', 'gpu' and either 'node' or 'devices'",
+            value=type(data).__name__,
+        )
+    explicit = "devices" in data or "links" in data
+    model: type[BaseModel] = ExplicitIn if explicit else TemplateIn
+    try:
+        spec = model.model_validate(data)
+    except ValidationError as exc:
+        raise _one_line(exc, model) from None
+    for flag, value in (("--nodes", nodes), ("--gpus-per-node", gpus_per_node)):
+        if value is not None and value < 1:
+            raise TopologyError("must be at least 1", field=flag, value=value)
+    if isinstance(spec, ExplicitIn):
+        if nodes is not None or gpus_per_node is not None:
+            raise TopologyError(
+                "an explicit graph has a fixed size: --nodes/--gpus-per-node do not apply",
+                field="--nodes" if nodes is not None else "--gpus-per-node",
+                value=nodes if nodes is not None else gpus_per_node,
+            )
+        topo = _from_explicit(spec, file)
+    else:
+        topo = _from_template(spec, nodes, gpus_per_node, file)
+    check_connected(topo)
+    return topo
+
+
+def _gpu_model(gpu: GpuIn) -> GpuModel:
+    return GpuModel(
+        model=gpu.model,
+        peak_flops={k: v * 1e12 for k, v in gpu.peak_tflops.items()},
+        memory_bytes=gpu.memory,
+        memory_bandwidth_bytes_per_s=gpu.memory_bandwidth,
+        source=gpu.source,
+    )
+
+
+def _sources(spec: BaseModel, prefix: str = "") -> dict[str, str]:
+    """Every ``source:`` note in the file, keyed by the section it annotates."""
+    found: dict[str, str] = {}
+    for name, value in spec:
+        key = f"{prefix}{name}"
+        if name == "source" and isinstance(value, str):
+            found[prefix.rstrip(".") or "."] = value
+        elif isinstance(value, BaseModel):
+            found.update(_sources(value, key + "."))
+    return found
+
+
+def _from_template(
+    spec: TemplateIn, nodes: int | None, gpus_per_node: int | None, file: str | None
+) -> Topology:
+    n_nodes = nodes if nodes is not None else spec.nodes
+    gpus = gpus_per_node if gpus_per_node is not None else spec.node.gpus
+    parts = Parts()
+    gpu_forwards = spec.fabric.kind in ("torus", "ring") and spec.fabric.attach == "gpu"
+    nics_by_node = [build_node(parts, n, spec.node, gpus, gpu_forwards) for n in range(n_nodes)]
+    gpus_by_node = [[f"n{n}.gpu{i}" for i in range(gpus)] for n in range(n_nodes)]
+    build_fabric(
+        parts, spec.fabric, nics_by_node, gpus_by_node, spec.node.nics and spec.node.nics.link
+    )
+    fabric_words = spec.fabric.kind
+    if spec.fabric.kind == "fat_tree":
+        fabric_words = f"fat_tree/{spec.fabric.tiers}-tier"
+        if spec.fabric.oversubscription != 1:
+            fabric_words += f" {spec.fabric.oversubscription:g}:1"
+    nic = spec.node.nics
+    if nic is not None and spec.fabric.kind != "none":
+        fabric_words += f" ({nic.count}x{nic.link.kind})"
+    return Topology(
+        name=spec.name,
+        gpu=_gpu_model(spec.gpu),
+        devices=tuple(parts.devices),
+        links=tuple(parts.links),
+        nodes=n_nodes,
+        gpus_per_node=gpus,
+        description=spec.description,
+        intra_fabric=spec.node.intra.kind
+        + ("" if spec.node.intra.kind != "pcie" or spec.node.intra.p2p else " (no P2P)"),
+        inter_fabric=fabric_words,
+        source_file=file,
+        is_template=True,
+        default_nodes=spec.nodes,
+        sources=_sources(spec),
+    )
+
+
+def _from_explicit(spec: ExplicitIn, file: str | None) -> Topology:
+    seen: dict[str, int] = {}
+    devices = []
+    local_index: dict[int | None, int] = {}
+    for i, dev in enumerate(spec.devices):
+        if dev.name in seen:
+            raise TopologyError(
+                f"duplicate device name (first at devices.{seen[dev.name]})",
+                field=f"devices.{i}.name",
+                value=dev.name,
+            )
+        seen[dev.name] = i
+        index = dev.index
+        if index is None:
+            index = local_index.get(dev.node, 0) if dev.kind == "gpu" else 0
+            if dev.kind == "gpu":
+                local_index[dev.node] = index + 1
+        devices.append(
+            Device(
+                name=dev.name,
+                kind=dev.kind,
+                node=dev.node,
+                index=index,
+                latency_s=dev.latency,
+                in_network_reduction=dev.in_network_reduction,
+                tier=dev.tier,
+                forwards=dev.forwards if dev.forwards is not None else dev.kind != "gpu",
+            )
+        )
+    links = []
+    for i, lk in enumerate(spec.links):
+        for end in ("a", "b"):
+            name = getattr(lk, end)
+            if name not in seen:
+                hint = difflib.get_close_matches(name, list(seen), n=1)
+                extra = f"; did you mean {hint[0]!r}?" if hint else ""
+                raise TopologyError(
+                    f"link end is not a listed device{extra}", field=f"links.{i}.{end}", value=name
+                )
+        if lk.a == lk.b:
+            raise TopologyError("a link must join two devices", field=f"links.{i}.b", value=lk.b)
+        links.append(Link(lk.a, lk.b, lk.kind, lk.bandwidth, lk.latency))
+    gpus = [d for d in devices if d.kind == "gpu"]
+    if not gpus:
+        raise TopologyError(
+            "an explicit graph needs at least one device of kind gpu", field="devices"
+        )
+    node_ids = {d.node for d in gpus}
+    per_node = max(sum(1 for d in gpus if d.node == n) for n in node_ids)
+    return Topology(
+        name=spec.name,
+        gpu=_gpu_model(spec.gpu),
+        devices=tuple(devices),
+        links=tuple(links),
+        nodes=len(node_ids),
+        gpus_per_node=per_node,
+        description=spec.description,
+        intra_fabric="explicit",
+        inter_fabric="explicit",
+        source_file=file,
+        is_template=False,
+        default_nodes=len(node_ids),
+        sources=_sources(spec),
+    )
+
+
+def check_connected(topo: Topology) -> None:
+    """Every GPU must reach every other GPU without passing through a third GPU.
+
+    Two GPUs reach each other when they touch the same connected component of forwarding devices
+    (switches, NICs, CPUs) or share a direct link.
+    """
+    forwarding = {d.name for d in topo.devices if d.forwards}
+    core = nx.Graph()
+    core.add_nodes_from(forwarding)
+    core.add_edges_from((lk.a, lk.b) for lk in topo.links if {lk.a, lk.b} <= forwarding)
+    comp_of = {n: i for i, comp in enumerate(nx.connected_components(core)) for n in comp}
+    touches: dict[str, set[str | int]] = {
+        d.name: {comp_of[d.name]} if d.forwards else {d.name}
+        for d in topo.devices
+        if d.kind == "gpu" or not d.forwards
+    }
+    for lk in topo.links:
+        for here, there in ((lk.a, lk.b), (lk.b, lk.a)):
+            if here in touches and here not in forwarding:
+                touches[here].add(comp_of.get(there, there))
+    gpus = [g.name for g in topo.gpus]
+    if set.intersection(*(touches[g] for g in gpus)):
+        return
+    unreachable = [g for g in gpus if not touches[g] & touches[gpus[0]]]
+    if unreachable:
+        shown = ", ".join(unreachable[:6]) + (" ..." if len(unreachable) > 6 else "")
+        raise TopologyError(
+            f"{len(unreachable)} GPU(s) cannot reach {gpus[0]}: {shown}",
+            field="links",
+            value=len(unreachable),
+        )
+    for a in gpus[:256]:
+        for b in gpus[:256]:
+            if a < b and not touches[a] & touches[b]:
+                raise TopologyError(f"GPU {b} cannot reach {a}", field="links", value=b)
+
+
+# -- pydantic errors -> one line -----------------------------------------------------------------
+
+
+def _one_line(exc: ValidationError, model: type[BaseModel]) -> TopologyError:
+    err = exc.errors()[0]
+    loc = [str(p) for p in err["loc"]]
+    field = ".".join(loc)
+    kind = err["type"]
+    value = err.get("input")
+    if kind == "extra_forbidden":
+        known = _fields_at(model, err["loc"][:-1])
+        hint = difflib.get_close_matches(loc[-1], known, n=1)
+        extra = f"; did you mean {hint[0]!r}?" if hint else f"; expected one of: {', '.join(known)}"
+        return TopologyError(f"unknown key{extra}", field=field)
+    if kind == "missing":
+        return TopologyError("required field is missing", field=field)
+    message = err["msg"].removeprefix("Value error, ")
+    return TopologyError(message, field=field, value=value, has_value=True)
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the (nested) model found at ``loc``, for "did you mean" hints."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(part) if isinstance(current, type) else None
+        if field is None:
+            return []
+        current = _model_in(field.annotation)
+    return list(current.model_fields) if isinstance(current, type) else []
+
+
+def _model_in(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    if isinstance(annotation, types.UnionType):
+        return None
+    return None

@@ -1,0 +1,158 @@
+"""The YAML topology format as pydantic models: what a file may say, with units parsed on entry.
+
+Two shapes share one top level: a *template* (``node`` + ``fabric`` + ``nodes``) or an *explicit*
+graph (``devices`` + ``links``). Unknown keys are rejected (a typo must not silently become a
+default). ``docs/topology-format.md`` documents every field with an example.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+
+from collsim import units
+from collsim.errors import UnitError
+from collsim.topology.spec import DEVICE_KINDS, LINK_KINDS
+
+
+def _unit(parse):  # type: ignore[no-untyped-def]
+    def convert(value: object) -> object:
+        try:
+            return parse(value)  # type: ignore[arg-type]
+        except UnitError as exc:
+            raise ValueError(exc.message) from None
+
+    return BeforeValidator(convert)
+
+
+def _link_kind(value: str) -> str:
+    if value not in LINK_KINDS:
+        raise ValueError(f"unknown link kind {value!r}; known kinds: {', '.join(LINK_KINDS)}")
+    return value
+
+
+def _device_kind(value: str) -> str:
+    if value not in DEVICE_KINDS:
+        raise ValueError(f"unknown device kind {value!r}; known kinds: {', '.join(DEVICE_KINDS)}")
+    return value
+
+
+Rate = Annotated[float, _unit(units.parse_rate), Field(gt=0)]
+"""Bytes per second, strictly positive (``400Gbps``, ``50GB/s``)."""
+Time = Annotated[float, _unit(units.parse_time), Field(ge=0)]
+"""Seconds, not negative (``1.5us``)."""
+Size = Annotated[int, _unit(units.parse_size), Field(gt=0)]
+"""Bytes, strictly positive (``80GB``, ``80GiB``)."""
+LinkKind = Annotated[str, AfterValidator(_link_kind)]
+DeviceKind = Annotated[str, AfterValidator(_device_kind)]
+Source = Annotated[str | None, Field(default=None, min_length=3)]
+
+
+class Strict(BaseModel):
+    """Base: unknown keys are errors, values are not coerced from the wrong type."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+class GpuIn(Strict):
+    model: str
+    peak_tflops: dict[str, Annotated[float, Field(gt=0)]]
+    memory: Size
+    memory_bandwidth: Rate
+    source: Source = None
+
+
+class LinkClassIn(Strict):
+    """A class of identical links: technology, per-direction bandwidth, latency."""
+
+    kind: LinkKind
+    bandwidth: Rate
+    latency: Time = 0.0
+    source: Source = None
+
+
+class IntraIn(Strict):
+    kind: Literal["nvswitch", "mesh", "hybrid_cube_mesh", "pcie", "none"]
+    link: LinkClassIn | None = None
+    links_per_pair: Annotated[int, Field(ge=1)] = 1
+    pairs: list[tuple[int, int, int]] | None = None
+    switch_latency: Time = 0.0
+    in_network_reduction: bool = False
+    p2p: bool = True
+    pcie_switches: Annotated[int, Field(ge=1)] = 1
+    sockets: Annotated[int, Field(ge=1)] = 1
+    cpu_link: LinkClassIn | None = None
+    host_latency: Time = 0.0
+    source: Source = None
+
+
+class NicsIn(Strict):
+    count: Annotated[int, Field(ge=1)]
+    link: LinkClassIn
+    attach: Literal["pcie", "integrated"] = "pcie"
+    source: Source = None
+
+
+class NodeIn(Strict):
+    gpus: Annotated[int, Field(ge=1)]
+    intra: IntraIn
+    nics: NicsIn | None = None
+    pcie: LinkClassIn | None = None
+    source: Source = None
+
+
+class FabricIn(Strict):
+    kind: Literal[
+        "none", "single_switch", "fat_tree", "rail_optimized", "dragonfly", "torus", "ring"
+    ] = "none"
+    link: LinkClassIn | None = None
+    switch_latency: Time = 0.0
+    radix: Annotated[int, Field(ge=2)] = 64
+    tiers: Literal[2, 3] = 2
+    oversubscription: Annotated[float, Field(ge=1)] = 1.0
+    in_network_reduction: bool = False
+    dims: list[Annotated[int, Field(ge=1)]] | None = None
+    attach: Literal["nic", "gpu"] = "nic"
+    routers_per_group: Annotated[int, Field(ge=1)] = 8
+    nics_per_router: Annotated[int, Field(ge=1)] = 16
+    source: Source = None
+
+
+class TemplateIn(Strict):
+    name: str
+    description: str = ""
+    source: Source = None
+    nodes: Annotated[int, Field(ge=1)] = 1
+    gpu: GpuIn
+    node: NodeIn
+    fabric: FabricIn = FabricIn()
+
+
+class DeviceIn(Strict):
+    name: str
+    kind: DeviceKind
+    node: Annotated[int, Field(ge=0)] | None = None
+    index: Annotated[int, Field(ge=0)] | None = None
+    latency: Time = 0.0
+    in_network_reduction: bool = False
+    tier: Annotated[int, Field(ge=0)] = 0
+    forwards: bool | None = None
+
+
+class LinkIn(Strict):
+    a: str
+    b: str
+    kind: LinkKind
+    bandwidth: Rate
+    latency: Time = 0.0
+    source: Source = None
+
+
+class ExplicitIn(Strict):
+    name: str
+    description: str = ""
+    source: Source = None
+    gpu: GpuIn
+    devices: list[DeviceIn]
+    links: list[LinkIn]

@@ -1,0 +1,119 @@
+"""The validated topology: devices and full-duplex links, with every number in base units.
+
+Both ways of describing a system in YAML (templates and explicit graphs, see ``loader.py``) end up
+as one :class:`Topology`; everything downstream (graph, routing, engine, analytic model) reads only
+this. Bandwidths are bytes per second *per direction*; latencies are seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+LINK_KINDS: tuple[str, ...] = (
+    "nvlink",
+    "nvlink_c2c",
+    "pcie",
+    "infiniband",
+    "roce",
+    "ethernet",
+    "efa",
+    "slingshot",
+    "xgmi",
+    "infinity_fabric",
+    "ici",
+    "upi",
+)
+"""Physical link technologies collsim knows. ``infinity_fabric`` is AMD's name for xGMI links."""
+
+INTRA_NODE_LINK_KINDS = frozenset(
+    {"nvlink", "nvlink_c2c", "pcie", "xgmi", "infinity_fabric", "upi"}
+)
+"""Kinds that NCCL's latency model treats as intra-node (NVLink/PCIe class) rather than network."""
+
+DEVICE_KINDS: tuple[str, ...] = ("gpu", "nic", "nvswitch", "pcie_switch", "cpu", "switch")
+"""``switch`` is a scale-out switch; ``nvswitch`` and ``pcie_switch`` live inside nodes."""
+
+FORWARDING_KINDS = frozenset({"nic", "nvswitch", "pcie_switch", "cpu", "switch"})
+"""Devices that forward traffic. GPUs are endpoints only: routes never pass through a GPU."""
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """One accelerator model: what compute and memory it brings (datasheet figures)."""
+
+    model: str
+    peak_flops: dict[str, float]
+    """Dense peak FLOP/s by dtype (``bf16``, ``fp16``, ``fp32``, ...)."""
+    memory_bytes: int
+    memory_bandwidth_bytes_per_s: float
+    source: str | None = None
+
+
+@dataclass(frozen=True)
+class Device:
+    """A vertex of the system: a GPU, NIC, NVSwitch, PCIe switch, CPU or network switch."""
+
+    name: str
+    kind: str
+    node: int | None = None
+    """Index of the server this device sits in; ``None`` for fabric switches."""
+    index: int = 0
+    """Position among devices of this kind in its node (GPU local rank, NIC rail, ...)."""
+    latency_s: float = 0.0
+    """Forwarding latency added when a route passes through (switches)."""
+    in_network_reduction: bool = False
+    """Whether this switch can reduce data in flight (NVLS on NVSwitch, SHARP on IB switches)."""
+    tier: int = 0
+    """Fabric tier of a network switch (1 = leaf, 2 = spine, 3 = core); 0 elsewhere."""
+    forwards: bool = True
+    """Whether routes may pass through. GPUs are endpoints (False) except in chip-level tori."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """A full-duplex link between devices ``a`` and ``b``; the figures hold in each direction."""
+
+    a: str
+    b: str
+    kind: str
+    bandwidth_bytes_per_s: float
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A whole system: one GPU model, its devices and links, and how it was described."""
+
+    name: str
+    gpu: GpuModel
+    devices: tuple[Device, ...]
+    links: tuple[Link, ...]
+    nodes: int
+    gpus_per_node: int
+    description: str = ""
+    intra_fabric: str = ""
+    """Short words for the intra-node fabric (``nvswitch``, ``pcie``, ...), for tables."""
+    inter_fabric: str = ""
+    """Short words for the scale-out fabric (``fat_tree``, ``rail_optimized``, ...)."""
+    source_file: str | None = None
+    is_template: bool = False
+    """Templates accept ``--nodes``/``--gpus-per-node`` overrides; explicit graphs do not."""
+    default_nodes: int = 1
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+    """``source:`` notes of the file, by section, for provenance."""
+
+    @property
+    def gpus(self) -> list[Device]:
+        """GPUs in NCCL-like rank order: node-major, then local index."""
+        gpus = [d for d in self.devices if d.kind == "gpu"]
+        return sorted(gpus, key=lambda d: (d.node if d.node is not None else -1, d.index, d.name))
+
+    @property
+    def n_gpus(self) -> int:
+        return sum(1 for d in self.devices if d.kind == "gpu")
+
+    def device(self, name: str) -> Device:
+        for dev in self.devices:
+            if dev.name == name:
+                return dev
+        raise KeyError(name)

@@ -1,0 +1,53 @@
+"""The CLI on every catalog system: list, show (text and JSON), draw, export, demo."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from collsim.cli import cli
+from collsim.topology.loader import catalog_names
+
+runner = CliRunner()
+
+
+def test_topo_list_shows_every_system():
+    result = runner.invoke(cli, ["topo", "list"])
+    assert result.exit_code == 0, result.output
+    for name in catalog_names():
+        assert name in result.output
+    rows = json.loads(runner.invoke(cli, ["topo", "list", "--json"]).output)
+    assert {r["name"] for r in rows} == set(catalog_names())
+
+
+@pytest.mark.parametrize("name", catalog_names())
+def test_topo_show_and_draw_every_system(name, tmp_path):
+    result = runner.invoke(cli, ["topo", "show", name])
+    assert result.exit_code == 0, result.output
+    assert "bisection" in result.output
+    info = json.loads(runner.invoke(cli, ["topo", "show", name, "--json"]).output)
+    assert info["gpus"] == info["nodes"] * info["gpus_per_node"]
+    assert info["bisection_bandwidth_gbps"] > 0
+    assert info["diameter_hops"] >= 1 or info["gpus"] == 1
+    png = tmp_path / f"{name}.png"
+    result = runner.invoke(cli, ["topo", "draw", name, "-o", str(png)])
+    assert result.exit_code == 0, result.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_show_with_node_override():
+    info = json.loads(
+        runner.invoke(cli, ["topo", "show", "dgx-h100", "--nodes", "16", "--json"]).output
+    )
+    assert info["gpus"] == 128
+
+
+def test_help_everywhere():
+    for args in (["--help"], ["topo", "--help"], ["topo", "show", "--help"], ["demo", "--help"]):
+        result = runner.invoke(cli, args)
+        assert result.exit_code == 0 and "Usage" in result.output
+
+
+def test_demo_runs():
+    result = runner.invoke(cli, ["demo"])
+    assert result.exit_code == 0, result.output

@@ -1,0 +1,75 @@
+"""Graph and routing: directed links, deterministic ECMP, GPUs that never relay, derived figures."""
+
+import itertools
+
+import networkx as nx
+import pytest
+
+from collsim.topology.graph import Network, link_cost, to_networkx
+from collsim.topology.loader import load_topology, topology_from_dict
+
+from .conftest import template
+
+
+@pytest.fixture(scope="module")
+def net():
+    return Network(topology_from_dict(template(nodes=4, gpus=4)))
+
+
+def test_two_directed_edges_per_link():
+    topo = topology_from_dict(template())
+    graph = to_networkx(topo)
+    assert isinstance(graph, nx.DiGraph)
+    assert graph.number_of_edges() == 2 * len(topo.links)
+    ids = sorted(data["id"] for _, _, data in graph.edges(data=True))
+    assert ids == list(range(2 * len(topo.links)))
+
+
+def test_routes_are_deterministic_and_valid(net):
+    again = Network(net.topology)
+    for src in range(16):
+        for dst in range(16):
+            r1, r2 = net.gpu_route(src, dst), again.gpu_route(src, dst)
+            assert r1 == r2
+            names = r1.devices
+            assert names[0] == net.gpu_names[src] and names[-1] == net.gpu_names[dst]
+            # consecutive links chain up, and no GPU relays
+            for link, (u, v) in zip(r1.links, itertools.pairwise(names), strict=True):
+                assert net.link_names[link] == f"{u}->{v}"
+            assert not any(n.split(".")[-1].startswith("gpu") for n in names[1:-1])
+
+
+def test_ecmp_spreads_flows_over_spines():
+    net = Network(topology_from_dict(template(nodes=8, gpus=4)))  # radix 8: 4 down, 4 spines
+    spines = {net.gpu_route(s, d).devices[3] for s in range(4) for d in range(16, 32)}
+    assert len(spines) > 1
+    assert all(name.startswith("spine") for name in spines)
+
+
+def test_latency_sums_links_and_switches(net):
+    route = net.route("n0.gpu0", "n3.gpu0")
+    # gpu -pcie(0.5us)- nic -ib- leaf(0.1us) -ib- spine(0.1us) -ib- leaf(0.1us) -ib- nic -pcie- gpu
+    assert route.latency_s == pytest.approx(2 * 0.5e-6 + 3 * 0.1e-6)
+
+
+def test_nvlink_preferred_over_pcie_inside_a_node(net):
+    assert net.route("n0.gpu0", "n0.gpu1").devices == ("n0.gpu0", "n0.nvswitch", "n0.gpu1")
+
+
+def test_link_cost_prefers_bandwidth():
+    assert link_cost(450e9) < link_cost(64e9) < link_cost(12.5e9)
+
+
+def test_derived_figures_of_dgx_h100():
+    net = Network(load_topology("dgx-h100", nodes=4))
+    assert net.injection_bandwidth_bytes_per_s() == pytest.approx(50e9)
+    assert net.intra_bandwidth_bytes_per_s() == pytest.approx(450e9)
+    assert net.bisection_bandwidth_bytes_per_s() == pytest.approx(16 * 50e9, rel=1e-6)
+    assert net.diameter_hops() == 6
+    assert net.nic_affinity()["n1.gpu5"] == ["n1.nic5"]
+
+
+def test_single_node_bisection_splits_the_node():
+    net = Network(topology_from_dict(template(nodes=1, gpus=4, fabric={"kind": "none"})))
+    # two GPUs on each side, each with 100 GB/s NVLink into the NVSwitch
+    assert net.bisection_bandwidth_bytes_per_s() == pytest.approx(200e9, rel=1e-6)
