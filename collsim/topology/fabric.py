@@ -1,0 +1,138 @@
+"""The engine's view of a real topology: ranks placed on GPUs, routes as directed-link ids.
+
+:class:`TopologyFabric` implements :class:`collsim.engine.fabric.Fabric` from a
+:class:`~collsim.topology.graph.Network`. Rank ``r`` runs on the ``r``-th GPU of ``gpus``
+(default: every GPU in NCCL-like node-major order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from collsim.errors import ScheduleError, TopologyError
+from collsim.protocols import HW_NET, HW_NVLINK, HW_PCI
+from collsim.topology.graph import Network, Route
+
+_HW_CLASS = {
+    "nvlink": HW_NVLINK,
+    "nvlink_c2c": HW_NVLINK,
+    "xgmi": HW_NVLINK,
+    "infinity_fabric": HW_NVLINK,
+    "ici": HW_NVLINK,
+    "pcie": HW_PCI,
+    "upi": HW_PCI,
+}
+"""NCCL's latency classes: GPU-to-GPU fabrics count as NVLink, host links as PCI, the rest NET."""
+
+
+class TopologyFabric:
+    """Routes between ranks over a :class:`Network`, for the discrete-event engine."""
+
+    def __init__(self, network: Network, gpus: Sequence[str] | None = None) -> None:
+        self.network = network
+        self.gpus = list(gpus) if gpus is not None else list(network.gpu_names)
+        unknown = [g for g in self.gpus if g not in network.index]
+        if unknown:
+            raise ScheduleError("no such GPU in the topology", field="gpus", value=unknown[0])
+        self.nranks = len(self.gpus)
+        self._gpu_index = np.array([network.index[g] for g in self.gpus], dtype=np.int64)
+        self.link_names = network.link_names
+        self.capacity_bytes_per_s = network.capacity_bytes_per_s
+        self.link_kind = np.array(
+            [_HW_CLASS.get(kind, HW_NET) for kind in network.link_kind], dtype=np.int64
+        )
+        memory = network.topology.gpu.memory_bandwidth_bytes_per_s
+        # A reduction reads two operands and writes one; a copy reads one and writes one.
+        self.reduce_bytes_per_s = np.full(self.nranks, memory / 3.0)
+        self.copy_bytes_per_s = np.full(self.nranks, memory / 2.0)
+        self._reducer: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+
+    def route(self, src_rank: int, dst_rank: int) -> Route:
+        """The route between two ranks' GPUs."""
+        return self.network.route_index(
+            int(self._gpu_index[src_rank]), int(self._gpu_index[dst_rank])
+        )
+
+    def routes(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """CSR ``(ptr, link_ids)`` and ``latency_s`` for each rank pair (computed once per pair)."""
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.asarray(dst, dtype=np.int64)
+        keys = src * self.nranks + dst
+        unique, inverse = np.unique(keys, return_inverse=True)
+        found = [self.route(int(k // self.nranks), int(k % self.nranks)) for k in unique]
+        lengths = np.array([len(r.links) for r in found], dtype=np.int64)
+        latency = np.array([r.latency_s for r in found], dtype=np.float64)
+        flat = np.fromiter(
+            (link for r in found for link in r.links), dtype=np.int64, count=int(lengths.sum())
+        )
+        starts = np.zeros(len(found) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=starts[1:])
+        pair_len = lengths[inverse]
+        ptr = np.zeros(len(keys) + 1, dtype=np.int64)
+        np.cumsum(pair_len, out=ptr[1:])
+        # Gather each pair's slice of ``flat`` without a Python loop over pairs.
+        offsets = np.arange(int(ptr[-1]), dtype=np.int64) - np.repeat(ptr[:-1], pair_len)
+        links = flat[np.repeat(starts[:-1][inverse], pair_len) + offsets]
+        return ptr, links, latency[inverse]
+
+    def in_network(
+        self, srcs: np.ndarray, dsts: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+        """Flows up to a reducing switch every rank reaches, and down from it.
+
+        The switch is the one with in-network reduction (NVLS NVSwitch, SHARP switch) whose
+        farthest rank is nearest; routes to and from it follow the usual routing.
+        """
+        srcs_t = tuple(int(s) for s in srcs)
+        dsts_t = tuple(int(d) for d in dsts)
+        key = (srcs_t, dsts_t)
+        if key not in self._reducer:
+            self._reducer[key] = self._choose_reducer(srcs_t, dsts_t)
+        switch = self._reducer[key]
+        ups = [self.network.route_index(int(self._gpu_index[s]), switch) for s in srcs_t]
+        downs = [self.network.route_index(switch, int(self._gpu_index[d])) for d in dsts_t]
+        switch_latency = float(self.network.device_latency_s[switch])
+        latency = (
+            max((r.latency_s for r in ups), default=0.0)
+            + switch_latency
+            + max((r.latency_s for r in downs), default=0.0)
+        )
+        up_ptr, up_links = _csr(ups)
+        down_ptr, down_links = _csr(downs)
+        return up_ptr, up_links, down_ptr, down_links, latency
+
+    def _choose_reducer(self, srcs: tuple[int, ...], dsts: tuple[int, ...]) -> int:
+        net = self.network
+        candidates = [i for i, d in enumerate(net.devices) if d.in_network_reduction]
+        best: tuple[int, str] | None = None
+        chosen = -1
+        for cand in candidates:
+            try:
+                hops = max(
+                    [len(net.route_index(int(self._gpu_index[s]), cand).links) for s in srcs]
+                    + [len(net.route_index(cand, int(self._gpu_index[d])).links) for d in dsts]
+                )
+            except TopologyError:  # this switch is out of some rank's reach
+                continue
+            score = (hops, net.devices[cand].name)
+            if best is None or score < best:
+                best, chosen = score, cand
+        if chosen < 0:
+            raise ScheduleError(
+                "in-network reduction needs a switch with in_network_reduction that every rank "
+                f"reaches; {net.topology.name} has none for these {len(set(srcs) | set(dsts))} "
+                "ranks",
+                field="algorithm",
+                value="in_network",
+            )
+        return chosen
+
+
+def _csr(routes: list[Route]) -> tuple[np.ndarray, np.ndarray]:
+    lengths = [len(r.links) for r in routes]
+    ptr = np.zeros(len(routes) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=ptr[1:])
+    links = np.array([link for r in routes for link in r.links], dtype=np.int64)
+    return ptr, links
