@@ -13,7 +13,6 @@ destination, hop) picks one: deterministic ECMP, the same answer on every run an
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import cached_property
 
 import networkx as nx
@@ -22,34 +21,13 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import dijkstra, maximum_flow
 
 from collsim.errors import TopologyError
+from collsim.topology.routing import DijkstraRouter, Graph, Route, ServerFabricRouter
 from collsim.topology.spec import Device, Topology
-
-_MASK64 = (1 << 64) - 1
 
 
 def link_cost(bandwidth_bytes_per_s: float) -> int:
     """Routing cost of one directed link: a hop plus a term that grows as bandwidth shrinks."""
     return 100 + round(10000 / (bandwidth_bytes_per_s / 1e9))
-
-
-def _mix(*values: int) -> int:
-    """A small deterministic hash (splitmix64 over the values) for ECMP choices."""
-    h = 0x9E3779B97F4A7C15
-    for v in values:
-        h = (h ^ (v + 0x9E3779B97F4A7C15 + ((h << 6) & _MASK64) + (h >> 2))) & _MASK64
-        h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK64
-        h ^= h >> 31
-    return h
-
-
-@dataclass(frozen=True)
-class Route:
-    """A path between two devices: the directed link ids, the devices, and its latency."""
-
-    links: tuple[int, ...]
-    devices: tuple[str, ...]
-    latency_s: float
 
 
 class Network:
@@ -87,22 +65,23 @@ class Network:
             self.capacity_bytes_per_s[2 * i : 2 * i + 2] = lk.bandwidth_bytes_per_s
             self.latency_s[2 * i : 2 * i + 2] = lk.latency_s
         self.device_latency_s = np.array([d.latency_s for d in self.devices])
-        costs = np.array([link_cost(b) for b in self.capacity_bytes_per_s], dtype=np.float64)
-        tails = self._out_vertex[self.link_src]
-        heads = self.link_dst
-        shape = (self.n_vertices, self.n_vertices)
-        order = np.lexsort((heads, tails))
-        self._fwd = csr_matrix((costs[order], (tails[order], heads[order])), shape=shape)
-        self._fwd_link = np.asarray(order)  # csr data position -> directed link id
-        if self._fwd.nnz != n_links:
-            raise TopologyError(
-                "two links join the same pair of devices; give one link with their total bandwidth",
-                field="links",
-            )
-        self._fwd.sort_indices()
-        self._rev = self._fwd.T.tocsr()
+        self.graph = Graph(
+            n_devices=n_dev,
+            out_vertex=self._out_vertex,
+            link_tail=self._out_vertex[self.link_src],
+            link_head=self.link_dst,
+            cost=np.array([link_cost(b) for b in self.capacity_bytes_per_s], dtype=np.float64),
+            n_vertices=self.n_vertices,
+        )
+        self._generic = DijkstraRouter(self.graph)
+        server = np.array([-1 if d.node is None else d.node for d in self.devices], dtype=np.int64)
+        gpu_forwards = np.array([d.kind == "gpu" and d.forwards for d in self.devices])
+        self._fast = (
+            ServerFabricRouter(self.graph, server)
+            if ServerFabricRouter.usable(self.graph, server, gpu_forwards)
+            else None
+        )
         self._routes: dict[tuple[int, int], Route] = {}
-        self._dist_cache: dict[int, np.ndarray] = {}
 
     # -- routing ---------------------------------------------------------------------------------
     @cached_property
@@ -110,52 +89,31 @@ class Network:
         """GPU names in rank order (node-major)."""
         return [g.name for g in self.topology.gpus]
 
-    def _dist_to(self, dst: int) -> np.ndarray:
-        dist = self._dist_cache.get(dst)
-        if dist is None:
-            if len(self._dist_cache) > 4096:
-                self._dist_cache.clear()
-            dist = dijkstra(self._rev, directed=True, indices=dst)
-            self._dist_cache[dst] = dist
-        return dist
-
     def route(self, src: str, dst: str) -> Route:
         """The route from device ``src`` to device ``dst`` (deterministic ECMP)."""
         return self.route_index(self.index[src], self.index[dst])
 
     def route_index(self, src: int, dst: int) -> Route:
+        """The route between devices given by index (cached)."""
         key = (src, dst)
         cached = self._routes.get(key)
         if cached is not None:
             return cached
-        if src == dst:
-            route = Route((), (self.devices[src].name,), 0.0)
-            self._routes[key] = route
-            return route
-        dist = self._dist_to(dst)
-        cur = int(self._out_vertex[src])
-        if not np.isfinite(dist[cur]):
+        links: list[int] | None = []
+        if src != dst:
+            links = self._fast.links(src, dst) if self._fast is not None else None
+            if links is None:
+                links = self._generic.links(src, dst)
+        if links is None:
             raise TopologyError(
                 f"no route from {self.devices[src].name} to {self.devices[dst].name}",
                 field="links",
             )
-        indptr, indices, data = self._fwd.indptr, self._fwd.indices, self._fwd.data
-        hops: list[int] = []
-        names = [self.devices[src].name]
-        latency = 0.0
-        while cur != dst:
-            lo, hi = indptr[cur], indptr[cur + 1]
-            nbrs = indices[lo:hi]
-            ok = np.flatnonzero(dist[nbrs] + data[lo:hi] == dist[cur])
-            pick = ok[0] if len(ok) == 1 else ok[_mix(src, dst, cur) % len(ok)]
-            link = int(self._fwd_link[lo + pick])
-            hops.append(link)
-            cur = int(nbrs[pick])
-            latency += self.latency_s[link]
-            if cur != dst:
-                latency += self.device_latency_s[cur]
-            names.append(self.devices[int(self.link_dst[link])].name)
-        route = Route(tuple(hops), tuple(names), float(latency))
+        hops = np.asarray(links, dtype=np.int64)
+        heads = self.link_dst[hops]
+        latency = float(self.latency_s[hops].sum() + self.device_latency_s[heads[:-1]].sum())
+        names = (self.devices[src].name, *(self.devices[int(h)].name for h in heads))
+        route = Route(tuple(int(x) for x in links), names, latency)
         self._routes[key] = route
         return route
 
@@ -245,7 +203,7 @@ class Network:
         """Longest GPU-to-GPU route in hops (GPUs do not relay); sampled past ``sample`` GPUs."""
         gpus = [self.index[g] for g in self.gpu_names]
         sources = gpus if len(gpus) <= sample else gpus[:: max(1, len(gpus) // sample)]
-        unit = self._fwd.copy()
+        unit = self._generic.fwd.copy()
         unit.data[:] = 1.0
         out = [int(self._out_vertex[g]) for g in sources]
         dist = dijkstra(unit, directed=True, indices=out, unweighted=True)

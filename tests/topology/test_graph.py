@@ -73,3 +73,26 @@ def test_single_node_bisection_splits_the_node():
     net = Network(topology_from_dict(template(nodes=1, gpus=4, fabric={"kind": "none"})))
     # two GPUs on each side, each with 100 GB/s NVLink into the NVSwitch
     assert net.bisection_bandwidth_bytes_per_s() == pytest.approx(200e9, rel=1e-6)
+
+
+@pytest.mark.parametrize("fabric", ["fat_tree", "rail_optimized"])
+def test_fast_server_fabric_router_matches_global_shortest_paths(fabric):
+    import numpy as np
+
+    doc = template(nodes=12, gpus=4, fabric={"kind": fabric, "radix": 8, "tiers": 3})
+    net = Network(topology_from_dict(doc))
+    assert net._fast is not None
+    rng = np.random.default_rng(1)
+    for s, d in rng.integers(0, 48, size=(200, 2)):
+        src, dst = net.index[net.gpu_names[s]], net.index[net.gpu_names[d]]
+        if src == dst:
+            continue
+        fast, generic = net._fast.links(src, dst), net._generic.links(src, dst)
+        assert net.graph.cost[fast].sum() == net.graph.cost[generic].sum()
+
+
+def test_tori_use_the_generic_router():
+    doc = template(nodes=4, gpus=2, fabric={"kind": "ring"})
+    net = Network(topology_from_dict(doc))
+    assert net._fast is None
+    assert len(net.route("n0.gpu0", "n2.gpu0").links) >= 4

@@ -1,0 +1,50 @@
+"""Sweeps printed the way nccl-tests prints its results, so the two can be read side by side."""
+
+from __future__ import annotations
+
+from collsim.engine import SimResult, bottleneck_links
+from collsim.whatif import Sweep
+
+_REDUCING = {"all_reduce": "sum", "reduce_scatter": "sum", "reduce": "sum"}
+_ROOTED = {"broadcast", "reduce"}
+
+
+def sweep_table(sweep: Sweep) -> str:
+    """Header, one row per size (size, count, type, redop, root, time, algbw, busbw), average."""
+    lines = [
+        f"# collsim: {sweep.collective} on {sweep.topology}: {sweep.ranks} ranks "
+        f"({sweep.nodes} nodes), algorithm {sweep.algorithm}, protocol {sweep.protocol}, "
+        f"{sweep.channels} channel(s)",
+        "#",
+        f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>5}  "
+        f"{'time':>10}  {'algbw':>7}  {'busbw':>7}  algorithm",
+        f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>5}  "
+        f"{'(us)':>10}  {'(GB/s)':>7}  {'(GB/s)':>7}",
+    ]
+    redop = _REDUCING.get(sweep.collective, "none")
+    root = "0" if sweep.collective in _ROOTED else "-1"
+    for p in sweep.points:
+        lines.append(
+            f"  {p.size_bytes:>10}  {p.count:>12}  {sweep.dtype:>8}  {redop:>6}  {root:>5}  "
+            f"{p.time_s * 1e6:>10.2f}  {p.algbw_gbps:>7.2f}  {p.busbw_gbps:>7.2f}  {p.algorithm}"
+        )
+    if sweep.points:
+        avg = sum(p.busbw_gbps for p in sweep.points) / len(sweep.points)
+        lines.append(f"# Avg bus bandwidth    : {avg:.4g}")
+    return "\n".join(lines)
+
+
+def bottleneck_table(result: SimResult, top: int = 5) -> str:
+    """The busiest links of one simulated collective."""
+    stats = bottleneck_links(result, top=top)
+    if not stats:
+        return "# no link carried data"
+    size = result.size_bytes
+    lines = [f"# bottleneck links at {size} B ({result.algorithm}, {result.time_s * 1e6:.2f} us):"]
+    width = max(len(s.name) for s in stats)
+    for s in stats:
+        lines.append(
+            f"#   {s.name:<{width}}  utilization {s.utilization * 100:5.1f}%  "
+            f"busy {s.busy_fraction * 100:5.1f}%  {s.bytes / 1e6:10.3f} MB"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,235 @@
+"""What-if simulation over message sizes: topology + collective + algorithm -> nccl-tests rows.
+
+This is the library call behind ``collsim simulate`` and ``collsim demo``: it places one rank on
+every GPU of the topology (node-major, as NCCL numbers ranks), builds each size's schedule, replays
+it on the engine and returns one :class:`Point` per size, as nccl-tests would print it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from collsim.analysis.metrics import algbw_gbps, busbw_gbps
+from collsim.collectives.layout import RankLayout
+from collsim.collectives.registry import algorithms_for, build_schedule, needs_in_network
+from collsim.collectives.schedule import Schedule
+from collsim.engine import SimResult, simulate
+from collsim.errors import ScheduleError
+from collsim.protocols import get_protocol
+from collsim.topology.fabric import TopologyFabric
+from collsim.topology.graph import Network
+from collsim.topology.spec import Topology
+
+DTYPES: dict[str, int] = {
+    "int8": 1,
+    "uint8": 1,
+    "int32": 4,
+    "uint32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "half": 2,
+    "float": 4,
+    "double": 8,
+    "bfloat16": 2,
+}
+"""nccl-tests' ``-d`` types and their sizes in bytes."""
+
+_ALIASES = {"fp16": "half", "float16": "half", "fp32": "float", "float32": "float",
+            "fp64": "double", "float64": "double", "bf16": "bfloat16"}  # fmt: skip
+
+ROUNDED_TO_RANKS = frozenset({"all_gather", "reduce_scatter", "alltoall"})
+"""Collectives whose element count nccl-tests rounds down to a multiple of the rank count."""
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of an nccl-tests type name (``float``, ``half``, ``bfloat16``, ...)."""
+    name = _ALIASES.get(dtype, dtype)
+    if name not in DTYPES:
+        raise ScheduleError(
+            f"unknown data type (choose from {', '.join(DTYPES)})", field="dtype", value=dtype
+        )
+    return DTYPES[name]
+
+
+def element_count(collective: str, size_bytes: int, elem_bytes: int, nranks: int) -> int:
+    """The element count nccl-tests uses for ``size_bytes`` (rounded to ranks where it does)."""
+    count = size_bytes // elem_bytes
+    if collective in ROUNDED_TO_RANKS:
+        count = count // nranks * nranks
+    return count
+
+
+def layout_for(topology: Topology) -> RankLayout:
+    """Ranks on the topology's nodes; a (nodes x GPUs-per-node) grid for 2D algorithms."""
+    n = topology.n_gpus
+    grid = (topology.nodes, topology.gpus_per_node) if topology.nodes > 1 else None
+    if grid is not None and grid[0] * grid[1] != n:
+        grid = None
+    return RankLayout(nranks=n, ranks_per_node=min(topology.gpus_per_node, n), grid=grid)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One size of a sweep, as nccl-tests prints it, plus the algorithm that ran."""
+
+    size_bytes: int
+    count: int
+    algorithm: str
+    time_s: float
+    algbw_gbps: float
+    busbw_gbps: float
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "bytes": self.size_bytes,
+            "count": self.count,
+            "algorithm": self.algorithm,
+            "time_us": self.time_s * 1e6,
+            "algbw_gbps": self.algbw_gbps,
+            "busbw_gbps": self.busbw_gbps,
+        }
+
+
+@dataclass
+class Sweep:
+    """The points of one what-if, and the detailed result of its largest size."""
+
+    collective: str
+    algorithm: str
+    topology: str
+    ranks: int
+    nodes: int
+    dtype: str
+    protocol: str
+    channels: int
+    points: list[Point] = field(default_factory=list)
+    last: SimResult | None = None
+    last_schedule: Schedule | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "collective": self.collective,
+            "algorithm": self.algorithm,
+            "topology": self.topology,
+            "ranks": self.ranks,
+            "nodes": self.nodes,
+            "dtype": self.dtype,
+            "protocol": self.protocol,
+            "channels": self.channels,
+            "points": [p.as_json() for p in self.points],
+        }
+
+
+class WhatIf:
+    """One topology, ready to time any collective at any size (routes are cached across calls)."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.network = Network(topology)
+        self.fabric = TopologyFabric(self.network)
+        self.layout = layout_for(topology)
+        self.has_in_network = any(d.in_network_reduction for d in topology.devices)
+
+    def candidates(self, collective: str) -> list[str]:
+        """Algorithms ``auto`` considers for ``collective`` on this topology."""
+        algos = list(algorithms_for(collective))
+        if not self.has_in_network:
+            algos = [a for a in algos if not needs_in_network(a)]
+        return algos
+
+    def run(
+        self,
+        collective: str,
+        algorithm: str,
+        size_bytes: int,
+        *,
+        elem_bytes: int = 4,
+        channels: int = 1,
+        protocol: str = "Simple",
+        chunk_bytes: int | None = None,
+    ) -> tuple[SimResult, Schedule]:
+        """Simulate one collective of ``size_bytes`` with one algorithm."""
+        n = self.topology.n_gpus
+        count = element_count(collective, size_bytes, elem_bytes, n)
+        schedule = build_schedule(
+            collective,
+            algorithm,
+            nranks=n,
+            count=count,
+            elem_bytes=elem_bytes,
+            layout=self.layout,
+            channels=channels,
+            chunk_bytes=chunk_bytes,
+        )
+        return simulate(schedule, self.fabric, protocol=protocol), schedule
+
+    def sweep(
+        self,
+        collective: str,
+        algorithm: str,
+        sizes: Sequence[int],
+        *,
+        dtype: str = "float",
+        channels: int = 1,
+        protocol: str = "Simple",
+        chunk_bytes: int | None = None,
+    ) -> Sweep:
+        """nccl-tests-style rows for every size; ``algorithm="auto"`` keeps the fastest per size."""
+        elem = dtype_bytes(dtype)
+        proto = get_protocol(protocol).name
+        if channels < 1:
+            raise ScheduleError("must be at least 1", field="channels", value=channels)
+        names = self.candidates(collective) if algorithm == "auto" else [algorithm]
+        if algorithm != "auto" and needs_in_network(algorithm) and not self.has_in_network:
+            raise ScheduleError(
+                f"needs in-network reduction, and {self.topology.name} has no switch with "
+                "in_network_reduction (NVLS/SHARP)",
+                field="algorithm",
+                value=algorithm,
+            )
+        result = Sweep(
+            collective=collective,
+            algorithm=algorithm,
+            topology=self.topology.name,
+            ranks=self.topology.n_gpus,
+            nodes=self.topology.nodes,
+            dtype=dtype,
+            protocol=proto,
+            channels=channels,
+        )
+        for size in sizes:
+            best: tuple[SimResult, Schedule, str] | None = None
+            for name in names:
+                try:
+                    sim, sched = self.run(
+                        collective, name, size, elem_bytes=elem, channels=channels,
+                        protocol=proto, chunk_bytes=chunk_bytes,
+                    )  # fmt: skip
+                except ScheduleError:
+                    if algorithm != "auto":
+                        raise
+                    continue  # an algorithm this system cannot run (e.g. in-network across nodes)
+                if best is None or sim.time_s < best[0].time_s:
+                    best = (sim, sched, name)
+            if best is None:
+                raise ScheduleError(
+                    f"no algorithm can run {collective} here", field="algorithm", value=algorithm
+                )
+            sim, sched, name = best
+            size_out = sched.count * elem
+            result.points.append(
+                Point(
+                    size_bytes=size_out,
+                    count=sched.count,
+                    algorithm=name,
+                    time_s=sim.time_s,
+                    algbw_gbps=algbw_gbps(size_out, sim.time_s) if sim.time_s > 0 else 0.0,
+                    busbw_gbps=busbw_gbps(collective, sched.nranks, size_out, sim.time_s)
+                    if sim.time_s > 0
+                    else 0.0,
+                )
+            )
+            result.last, result.last_schedule = sim, sched
+        return result
