@@ -92,7 +92,8 @@ def test_fast_server_fabric_router_matches_global_shortest_paths(fabric):
 
 
 def test_tori_use_the_generic_router():
-    doc = template(nodes=4, gpus=2, fabric={"kind": "ring"})
+    nics = {"count": 1, "link": {"kind": "roce", "bandwidth": "100Gbps"}}
+    doc = template(nodes=4, gpus=2, fabric={"kind": "ring"}, nics=nics)
     net = Network(topology_from_dict(doc))
     assert net._fast is None
     assert len(net.route("n0.gpu0", "n2.gpu0").links) >= 4
