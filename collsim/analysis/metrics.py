@@ -1,0 +1,74 @@
+"""algbw and busbw exactly as nccl-tests defines them: the one definition all of collsim uses.
+
+nccl-tests (``src/*.cu``, ``GetBw`` functions; see its ``doc/PERFORMANCE.md``) reports
+
+* ``algbw = size_bytes / time_s / 1e9`` (GB/s, 1e9 bytes/s), where ``size_bytes`` is the size
+  it prints: the per-rank buffer for all_reduce, broadcast, reduce and sendrecv; the whole
+  (all ranks') buffer for all_gather and reduce_scatter; the per-rank send buffer for alltoall;
+* ``busbw = algbw * factor``, the factor making busbw comparable to link bandwidth:
+  ``2(n-1)/n`` for all_reduce; ``(n-1)/n`` for all_gather, reduce_scatter and alltoall;
+  ``1`` for broadcast, reduce and sendrecv.
+"""
+
+from __future__ import annotations
+
+from collsim.errors import ScheduleError
+from collsim.units import BYTES_PER_GB
+
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "alltoall",
+    "broadcast",
+    "reduce",
+    "sendrecv",
+)
+
+_ALIASES = {name.replace("_", ""): name for name in COLLECTIVES}
+
+
+def canonical_collective(collective: str) -> str:
+    """The collective's canonical name: ``AllReduce``, ``allreduce``, ``all-reduce`` ->
+    ``all_reduce``. Raises ``ScheduleError`` for unknown names."""
+    key = str(collective).lower().replace("_", "").replace("-", "").replace(" ", "")
+    if key not in _ALIASES:
+        raise ScheduleError(
+            f"unknown collective (choose from {', '.join(COLLECTIVES)})",
+            field="collective",
+            value=collective,
+        )
+    return _ALIASES[key]
+
+
+def bus_factor(collective: str, nranks: int) -> float:
+    """nccl-tests' busbw/algbw factor for ``collective`` on ``nranks`` ranks."""
+    if int(nranks) < 1:
+        raise ScheduleError("nranks must be at least 1", field="nranks", value=nranks)
+    n = int(nranks)
+    name = canonical_collective(collective)
+    if name == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if name in ("all_gather", "reduce_scatter", "alltoall"):
+        return (n - 1) / n
+    return 1.0
+
+
+def algbw_gbps(size_bytes: float, time_s: float) -> float:
+    """``size_bytes / time_s`` in GB/s (1e9 bytes/s); ``inf`` for a positive size in zero time,
+    0 for a zero size."""
+    if time_s < 0:
+        raise ScheduleError("time must be non-negative", field="time_s", value=time_s)
+    if size_bytes == 0:
+        return 0.0
+    if time_s == 0:
+        return float("inf")
+    return size_bytes / time_s / BYTES_PER_GB
+
+
+def busbw_gbps(collective: str, nranks: int, size_bytes: float, time_s: float) -> float:
+    """nccl-tests' bus bandwidth in GB/s: ``algbw * bus_factor`` (0 when the factor is 0)."""
+    factor = bus_factor(collective, nranks)
+    if factor == 0.0:
+        return 0.0
+    return algbw_gbps(size_bytes, time_s) * factor

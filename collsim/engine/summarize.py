@@ -1,0 +1,107 @@
+"""Turn a finished replay's per-operation arrays into :class:`SimResult` records."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from collsim.analysis.metrics import canonical_collective
+from collsim.collectives.schedule import NETWORK_REDUCE, TRANSFER
+from collsim.engine.prepare import NET
+from collsim.engine.results import LinkRecords, SimResult, TransferRecords
+from collsim.errors import ScheduleError
+
+if TYPE_CHECKING:
+    from collsim.engine.replay import Replay
+
+
+def _collective_name(name: str) -> str:
+    try:
+        return canonical_collective(name)
+    except ScheduleError:
+        return name  # a custom schedule: keep its name, bus factor lookups will say so
+
+
+def build_result(replay: Replay) -> SimResult:
+    """Transfer, link and rank records plus the headline numbers of ``replay``."""
+    schedule, fabric, prep = replay.schedule, replay.fabric, replay.prep
+    a = schedule.arrays
+    end_s = replay.end_s
+    time_s = float(end_s.max()) if end_s.size else 0.0
+
+    is_xfer = a["kind"] == TRANSFER
+    xfer = np.flatnonzero(is_xfer)
+    # Fancy-indexing two-million-row columns is costly: use views when every op is a transfer.
+    sel = slice(None) if xfer.shape[0] == len(schedule) else xfer
+    is_net = prep.cls[sel] == NET
+    all_net = bool(is_net.all())
+    nroutes = prep.route_ptr.shape[0] - 1
+    # Local copies use an extra empty route at the end of the route table.
+    route = prep.route[sel] if all_net else np.where(is_net, prep.route[sel], nroutes)
+    route_ptr = np.append(prep.route_ptr, prep.route_ptr[-1])
+    flow_start = replay.flow_start_s[sel]
+    if not all_net:
+        flow_start = np.where(is_net, flow_start, replay.start_s[sel])
+    wire = prep.wire_bytes[sel]
+    transfers = TransferRecords(
+        op_id=xfer,
+        src=a["src"][sel],
+        dst=a["dst"][sel],
+        bytes=prep.payload_bytes[sel],
+        wire_bytes=wire if all_net else np.where(is_net, wire, 0.0),
+        start_s=replay.start_s[sel],
+        flow_start_s=flow_start,
+        end_s=end_s[sel],
+        route=route,
+        route_ptr=route_ptr,
+        route_links=prep.route_links,
+    )
+
+    nlinks = len(fabric.link_names)
+    route_bytes = np.bincount(transfers.route, weights=transfers.wire_bytes, minlength=nroutes + 1)[
+        :nroutes
+    ]
+    link_bytes = np.bincount(
+        prep.route_links, weights=np.repeat(route_bytes, np.diff(prep.route_ptr)), minlength=nlinks
+    )
+    link_bytes = link_bytes + replay.in_network_link_bytes
+    capacity = np.asarray(fabric.capacity_bytes_per_s, dtype=np.float64)
+    busy_s = replay.network.busy_s.copy()
+    if time_s > 0:
+        utilization = link_bytes / (capacity * time_s)
+        busy_fraction = busy_s / time_s
+    else:
+        utilization = np.zeros(nlinks)
+        busy_fraction = np.zeros(nlinks)
+    links = LinkRecords(
+        name=tuple(fabric.link_names),
+        capacity_bytes_per_s=capacity,
+        bytes=link_bytes,
+        busy_s=busy_s,
+        utilization=utilization,
+        busy_fraction=busy_fraction,
+    )
+
+    rank_finish = np.zeros(schedule.nranks)
+    p2p = a["kind"] != NETWORK_REDUCE
+    np.maximum.at(rank_finish, a["src"][p2p], end_s[p2p])
+    np.maximum.at(rank_finish, a["dst"][p2p], end_s[p2p])
+    for op in np.flatnonzero(~p2p):
+        members = [*schedule.groups[a["src"][op]], *schedule.groups[a["dst"][op]]]
+        np.maximum.at(rank_finish, np.asarray(members, dtype=np.int64), end_s[op])
+
+    return SimResult(
+        collective=_collective_name(schedule.collective),
+        algorithm=schedule.algorithm,
+        nranks=schedule.nranks,
+        size_bytes=schedule.size_bytes,
+        protocol=replay.protocol.name,
+        time_s=time_s,
+        transfers=transfers,
+        links=links,
+        rank_finish_s=rank_finish,
+        op_start_s=replay.start_s,
+        op_end_s=end_s,
+        meta={"channels": schedule.channels, **schedule.meta},
+    )
