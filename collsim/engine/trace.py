@@ -17,6 +17,7 @@ import numpy as np
 
 from collsim.collectives.schedule import NETWORK_REDUCE, REDUCTION, Schedule
 from collsim.engine.results import SimResult
+from collsim.io import atomic_write_text
 
 RANK_PID, LINK_PID = 1, 2
 _US_PER_S = 1e6
