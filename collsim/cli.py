@@ -123,7 +123,9 @@ def _size(flag: str, text: str) -> int:
 @click.option("--nodes", type=int, default=None, help="Override the number of nodes.")
 @click.option("--gpus-per-node", type=int, default=None, help="Override the GPUs in each node.")
 @click.option("--algorithm", "-a", default="auto", show_default=True, help="Algorithm or 'auto'.")
-@click.option("-b", "--minbytes", default="8", show_default=True, help="Smallest size (nccl-tests).")
+@click.option(
+    "-b", "--minbytes", default="8", show_default=True, help="Smallest size (nccl-tests)."
+)
 @click.option("-e", "--maxbytes", default="128M", show_default=True, help="Largest size.")
 @click.option("-f", "--stepfactor", type=float, default=2.0, show_default=True, help="Size step.")
 @click.option("-d", "--datatype", default="float", show_default=True, help="nccl-tests type.")

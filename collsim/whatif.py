@@ -201,20 +201,22 @@ class WhatIf:
         )
         for size in sizes:
             best: tuple[SimResult, Schedule, str] | None = None
+            first_error: ScheduleError | None = None
             for name in names:
                 try:
                     sim, sched = self.run(
                         collective, name, size, elem_bytes=elem, channels=channels,
                         protocol=proto, chunk_bytes=chunk_bytes,
                     )  # fmt: skip
-                except ScheduleError:
+                except ScheduleError as exc:
                     if algorithm != "auto":
                         raise
+                    first_error = first_error or exc
                     continue  # an algorithm this system cannot run (e.g. in-network across nodes)
                 if best is None or sim.time_s < best[0].time_s:
                     best = (sim, sched, name)
             if best is None:
-                raise ScheduleError(
+                raise first_error or ScheduleError(
                     f"no algorithm can run {collective} here", field="algorithm", value=algorithm
                 )
             sim, sched, name = best

@@ -114,9 +114,13 @@ class Schedule:
     def __iter__(self) -> Iterator[Op]:
         return (self.op(i) for i in range(len(self)))
 
+    def _network_mask(self) -> np.ndarray:
+        a = self.arrays
+        return (a["kind"] == TRANSFER) & (a["src"] != a["dst"])
+
     def bytes_sent(self) -> np.ndarray:
-        """Bytes each rank sends over the network by point-to-point transfers."""
-        mask = self.arrays["kind"] == TRANSFER
+        """Bytes each rank sends over the network (transfers to other ranks; no local copies)."""
+        mask = self._network_mask()
         return np.bincount(
             self.arrays["src"][mask],
             weights=self.arrays["count"][mask] * self.elem_bytes,
@@ -124,7 +128,8 @@ class Schedule:
         )
 
     def n_transfers(self) -> int:
-        return int(np.count_nonzero(self.arrays["kind"] == TRANSFER))
+        """Transfers between different ranks (local copies are not counted)."""
+        return int(np.count_nonzero(self._network_mask()))
 
 
 class ScheduleBuilder:

@@ -127,7 +127,9 @@ def draw_topology(topology: Topology, path: str | os.PathLike[str], *, title: st
     ax.set_title(
         title
         or f"{topology.name}: {topology.nodes} x {gpn} {topology.gpu.model} "
-        f"({topology.intra_fabric}; {topology.inter_fabric})"
+        f"({topology.intra_fabric}; {topology.inter_fabric})",
+        fontsize=10,
+        wrap=True,
     )
     ax.set_yticks([])
     ax.set_xticks([])

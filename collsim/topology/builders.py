@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from collsim.errors import TopologyError
-from collsim.topology.schema import FabricIn, LinkClassIn, NodeIn
+from collsim.topology.schema import FabricIn, IntraIn, LinkClassIn, NodeIn
 from collsim.topology.spec import Device, Link
 
 # Preset pairs of the DGX-1 (V100) hybrid cube-mesh: (gpu, gpu, NVLink count), six links per GPU.
@@ -89,6 +89,7 @@ def build_node(parts: Parts, n: int, node: NodeIn, gpus: int, gpu_forwards: bool
         )
     nic_names = [parts.device(f"n{n}.nic{j}", "nic", node=n, index=j) for j in range(nics.count)]
     groups = min(nics.count, gpus)
+    hubs: list[str] = []
     for grp in range(groups):
         group_gpus = range(grp * gpus // groups, (grp + 1) * gpus // groups)
         group_nics = nic_names[grp * nics.count // groups : (grp + 1) * nics.count // groups]
@@ -104,11 +105,35 @@ def build_node(parts: Parts, n: int, node: NodeIn, gpus: int, gpu_forwards: bool
             hub = gpu_names[group_gpus[0]]
         else:
             hub = parts.device(f"n{n}.pcie{grp}", "pcie_switch", node=n, index=grp)
+            hubs.append(hub)
             for g in group_gpus:
                 parts.link(gpu_names[g], hub, pcie)
         for nic in group_nics:
             parts.link(hub, nic, pcie)
+    if hubs:
+        # The PCIe switches hang off the host's CPU sockets, which also join GPUs that share
+        # no NVLink (e.g. GPU 0 and GPU 5 of a DGX-1).
+        cpus = _sockets(parts, n, intra)
+        for k, hub in enumerate(hubs):
+            parts.link(hub, cpus[k * len(cpus) // len(hubs)], _require_pcie(node))
     return nic_names
+
+
+def _sockets(parts: Parts, n: int, intra: IntraIn) -> list[str]:
+    """The node's CPU sockets, joined pairwise by ``intra.cpu_link``."""
+    cpus = [
+        parts.device(f"n{n}.cpu{s}", "cpu", node=n, index=s, latency_s=intra.host_latency)
+        for s in range(intra.sockets)
+    ]
+    if intra.sockets > 1:
+        if intra.cpu_link is None:
+            raise TopologyError(
+                "several CPU sockets need a link between them", field="node.intra.cpu_link"
+            )
+        for s in range(intra.sockets):
+            for t in range(s + 1, intra.sockets):
+                parts.link(cpus[s], cpus[t], intra.cpu_link)
+    return cpus
 
 
 def _require_pcie(node: NodeIn) -> LinkClassIn:
@@ -145,18 +170,7 @@ def _pcie_tree(parts: Parts, n: int, node: NodeIn, gpu_names: list[str]) -> list
     if link is None:
         raise TopologyError("a PCIe node needs a PCIe link", field="node.intra.link")
     gpus = len(gpu_names)
-    cpus = [
-        parts.device(f"n{n}.cpu{s}", "cpu", node=n, index=s, latency_s=intra.host_latency)
-        for s in range(intra.sockets)
-    ]
-    if intra.sockets > 1:
-        if intra.cpu_link is None:
-            raise TopologyError(
-                "several CPU sockets need a link between them", field="node.intra.cpu_link"
-            )
-        for s in range(intra.sockets):
-            for t in range(s + 1, intra.sockets):
-                parts.link(cpus[s], cpus[t], intra.cpu_link)
+    cpus = _sockets(parts, n, intra)
     if not intra.p2p:
         homes = [cpus[i * intra.sockets // gpus] for i in range(gpus)]
         for g, home in zip(gpu_names, homes, strict=True):
@@ -339,7 +353,12 @@ def _torus(
 
 
 def _dragonfly(parts: Parts, fabric: FabricIn, endpoints: list[str], link: LinkClassIn) -> None:
-    """Groups of all-to-all routers; every pair of groups joined by one global link."""
+    """Groups of all-to-all routers; groups joined all-to-all by global links.
+
+    Each router has ``global_links_per_router`` global ports; every pair of groups gets an equal
+    share of a group's global ports (at least one link), spread round-robin over the routers of
+    both groups (parallel links between the same two routers become one wider link).
+    """
     p, a = fabric.nics_per_router, fabric.routers_per_group
     routers_needed = math.ceil(len(endpoints) / p)
     groups = math.ceil(routers_needed / a)
@@ -351,6 +370,17 @@ def _dragonfly(parts: Parts, fabric: FabricIn, endpoints: list[str], link: LinkC
         for i in range(a):
             for j in range(i + 1, a):
                 parts.link(grp[i], grp[j], link)
+    if groups < 2:
+        return
+    per_pair = max(1, a * fabric.global_links_per_router // (groups - 1))
+    cursor = [0] * groups
+    bundles: dict[tuple[str, str], int] = {}
     for g in range(groups):
         for h in range(g + 1, groups):
-            parts.link(routers[g][(h - 1) % a], routers[h][g % a], link)
+            for _ in range(per_pair):
+                key = (routers[g][cursor[g] % a], routers[h][cursor[h] % a])
+                bundles[key] = bundles.get(key, 0) + 1
+                cursor[g] += 1
+                cursor[h] += 1
+    for (u, v), count in bundles.items():
+        parts.link(u, v, link, count=count)

@@ -142,33 +142,48 @@ class Network:
         return result
 
     def injection_bandwidth_bytes_per_s(self) -> float:
-        """Scale-out bandwidth per GPU: NIC port rates in a node divided by its GPUs."""
+        """Scale-out bandwidth per GPU: what node 0 can send off-node, divided by its GPUs.
+
+        Counts NIC ports into the fabric (a NIC-to-NIC cable of a direct-connect torus counts
+        half, being shared by two nodes' NICs), or, for chip-level tori, the GPUs' own links to
+        other nodes. Zero for a single server with no way out.
+        """
+        node_of = [d.node for d in self.devices]
+        kind_of = [d.kind for d in self.devices]
         per_node = 0.0
-        nic_ports = {d.name for d in self.devices if d.kind == "nic" and d.node == 0}
         for i, lk in enumerate(self.topology.links):
-            for end, other in ((lk.a, lk.b), (lk.b, lk.a)):
-                if end in nic_ports and self.devices[self.index[other]].node is None:
+            a, b = self.index[lk.a], self.index[lk.b]
+            for here, there in ((a, b), (b, a)):
+                if node_of[here] != 0 or node_of[there] == 0:
+                    continue
+                if kind_of[here] == "nic" and node_of[there] is None:
                     per_node += self.capacity_bytes_per_s[2 * i]
-                elif end in nic_ports and self.devices[self.index[other]].kind == "nic":
+                elif kind_of[here] == "nic" and kind_of[there] == "nic":
                     per_node += self.capacity_bytes_per_s[2 * i] / 2
-        if per_node == 0.0:
-            # GPU-level fabrics (tori): the GPU's own off-node links.
-            node0 = {g.name for g in self.topology.gpus if g.node == 0}
-            for i, lk in enumerate(self.topology.links):
-                if (lk.a in node0) != (lk.b in node0):
+                elif kind_of[here] == "gpu" and node_of[there] is not None:
                     per_node += self.capacity_bytes_per_s[2 * i]
         return per_node / max(1, self.topology.gpus_per_node)
 
     def intra_bandwidth_bytes_per_s(self) -> float:
-        """Bandwidth out of one GPU over its non-network links (NVLink, xGMI, PCIe P2P ...)."""
+        """Bandwidth from one GPU towards its node's other GPUs.
+
+        The sum of its links to other GPUs and to NVSwitches (NVLink, xGMI, ...); for PCIe-only
+        servers, its PCIe link.
+        """
         gpu = self.gpu_names[0]
-        total = 0.0
+        node = self.devices[self.index[gpu]].node
+        total = pcie = 0.0
         for i, lk in enumerate(self.topology.links):
-            if gpu in (lk.a, lk.b):
-                other = lk.b if lk.a == gpu else lk.a
-                if self.devices[self.index[other]].kind != "nic":
-                    total += self.capacity_bytes_per_s[2 * i]
-        return total
+            if gpu not in (lk.a, lk.b):
+                continue
+            other = self.devices[self.index[lk.b if lk.a == gpu else lk.a]]
+            if other.node != node:
+                continue
+            if other.kind in ("gpu", "nvswitch"):
+                total += self.capacity_bytes_per_s[2 * i]
+            elif other.kind in ("pcie_switch", "cpu"):
+                pcie = max(pcie, self.capacity_bytes_per_s[2 * i])
+        return total or pcie
 
     def bisection_bandwidth_bytes_per_s(self) -> float:
         """Max flow from the first half of the GPUs (rank order) to the second half.

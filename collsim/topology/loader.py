@@ -208,6 +208,7 @@ def _from_explicit(spec: ExplicitIn, file: str | None) -> Topology:
             )
         )
     links = []
+    pairs: dict[frozenset[str], int] = {}
     for i, lk in enumerate(spec.links):
         for end in ("a", "b"):
             name = getattr(lk, end)
@@ -219,6 +220,14 @@ def _from_explicit(spec: ExplicitIn, file: str | None) -> Topology:
                 )
         if lk.a == lk.b:
             raise TopologyError("a link must join two devices", field=f"links.{i}.b", value=lk.b)
+        pair = frozenset((lk.a, lk.b))
+        if pair in pairs:
+            raise TopologyError(
+                f"a second link between {lk.a} and {lk.b} (first at links.{pairs[pair]}); give one "
+                "link with their total bandwidth",
+                field=f"links.{i}",
+            )
+        pairs[pair] = i
         links.append(Link(lk.a, lk.b, lk.kind, lk.bandwidth, lk.latency))
     gpus = [d for d in devices if d.kind == "gpu"]
     if not gpus:
@@ -248,36 +257,45 @@ def check_connected(topo: Topology) -> None:
     """Every GPU must reach every other GPU without passing through a third GPU.
 
     Two GPUs reach each other when they touch the same connected component of forwarding devices
-    (switches, NICs, CPUs) or share a direct link.
+    (switches, NICs, CPUs; relaying GPUs of a chip-level torus count as forwarding) or share a
+    direct link.
     """
     forwarding = {d.name for d in topo.devices if d.forwards}
     core = nx.Graph()
     core.add_nodes_from(forwarding)
     core.add_edges_from((lk.a, lk.b) for lk in topo.links if {lk.a, lk.b} <= forwarding)
     comp_of = {n: i for i, comp in enumerate(nx.connected_components(core)) for n in comp}
-    touches: dict[str, set[str | int]] = {
-        d.name: {comp_of[d.name]} if d.forwards else {d.name}
-        for d in topo.devices
-        if d.kind == "gpu" or not d.forwards
-    }
+    gpus = [g.name for g in topo.gpus]
+    comps: dict[str, set[int]] = {g: set() for g in gpus}
+    direct: dict[str, set[str]] = {g: set() for g in gpus}
+    for g in gpus:
+        if g in comp_of:
+            comps[g].add(comp_of[g])
     for lk in topo.links:
         for here, there in ((lk.a, lk.b), (lk.b, lk.a)):
-            if here in touches and here not in forwarding:
-                touches[here].add(comp_of.get(there, there))
-    gpus = [g.name for g in topo.gpus]
-    if set.intersection(*(touches[g] for g in gpus)):
+            if here in comps and here not in forwarding:
+                if there in comp_of:
+                    comps[here].add(comp_of[there])
+                else:
+                    direct[here].add(there)
+
+    def reach(a: str, b: str) -> bool:
+        return bool(comps[a] & comps[b]) or b in direct[a]
+
+    if set.intersection(*(comps[g] for g in gpus)):
         return
-    unreachable = [g for g in gpus if not touches[g] & touches[gpus[0]]]
+    first = gpus[0]
+    unreachable = [g for g in gpus[1:] if not reach(first, g)]
     if unreachable:
         shown = ", ".join(unreachable[:6]) + (" ..." if len(unreachable) > 6 else "")
         raise TopologyError(
-            f"{len(unreachable)} GPU(s) cannot reach {gpus[0]}: {shown}",
+            f"{len(unreachable)} GPU(s) cannot reach {first}: {shown}",
             field="links",
             value=len(unreachable),
         )
-    for a in gpus[:256]:
-        for b in gpus[:256]:
-            if a < b and not touches[a] & touches[b]:
+    for i, a in enumerate(gpus[:256]):
+        for b in gpus[i + 1 : 256]:
+            if not reach(a, b):
                 raise TopologyError(f"GPU {b} cannot reach {a}", field="links", value=b)
 
 

@@ -116,6 +116,7 @@ class FabricIn(Strict):
     attach: Literal["nic", "gpu"] = "nic"
     routers_per_group: Annotated[int, Field(ge=1)] = 8
     nics_per_router: Annotated[int, Field(ge=1)] = 16
+    global_links_per_router: Annotated[int, Field(ge=1)] = 1
     source: Source = None
 
 

@@ -1,0 +1,295 @@
+"""Ring algorithms (NCCL's default for bandwidth-bound sizes) and the vectorised ring-step helpers.
+
+Ring reduce-scatter (Patarasuk & Yuan 2009; NCCL ``runRing``): on a ring of ``m`` positions the data
+is cut into ``m`` blocks; at step ``s`` position ``i`` sends block ``(i - s - 1) mod m`` to position
+``i + 1``, which reduces it (NCCL's fused recv-reduce: a ``reduce=True`` transfer). After ``m - 1``
+steps position ``j`` holds block ``j`` fully reduced. Ring all-gather circulates each block
+onward in ``m - 1`` plain steps. All-reduce is the two back to back: ``2(m - 1)`` steps, each
+moving one block per rank, so each rank sends ``2(m - 1)/m`` of the buffer -- the bandwidth optimum.
+
+Each step's transfer depends only on the transfer that delivered its data in the previous step,
+so an engine replays the ring as fast as data arrives, without a global step barrier.
+
+Data flow and buffers. Partial sums accumulate in place in the *accumulation* buffer (the input for
+a first phase: NCCL's recvReduceSend never writes the output either). The last hop into a block's
+owner is a plain transfer into the owner's destination followed by a local ``REDUCTION`` adding the
+owner's own contribution (NCCL fuses the two as recvReduceCopy); when accumulation and destination
+coincide (a later phase of a hierarchical algorithm) the last hop is a ``reduce=True`` transfer.
+
+The helpers work on ``R`` independent rings of equal size at once (all nodes' intra-node rings, all
+columns of a 2D grid) and on blocks made of ``P`` pieces (non-contiguous blocks in hierarchical
+all-gather/reduce-scatter), so a whole phase is one numpy batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from collsim.collectives.common import (
+    BuildSpec,
+    add_reductions,
+    cat_deps,
+    no_deps,
+    self_copy,
+    split_even,
+)
+from collsim.collectives.schedule import Schedule, ScheduleBuilder
+
+
+@dataclass(frozen=True)
+class RingBlocks:
+    """``R`` rings of ``m`` positions and the block each position owns, as ``P`` pieces.
+
+    ``src_off[r, j, p]``: where piece ``p`` of block ``j`` is read from (reduce-scatter: its place
+    in every position's accumulation buffer; all-gather: its place in owner ``j``'s own buffer).
+    ``dst_off[r, j, p]``: where it ends up (reduce-scatter: at owner ``j``; all-gather: everywhere).
+    """
+
+    ranks: np.ndarray  # (R, m)
+    count: np.ndarray  # (R, m, P)
+    src_off: np.ndarray  # (R, m, P)
+    dst_off: np.ndarray  # (R, m, P)
+
+    @classmethod
+    def of(
+        cls, ranks: np.ndarray, count: np.ndarray, src_off: np.ndarray, dst_off: np.ndarray
+    ) -> RingBlocks:
+        """Blocks from arrays broadcastable to ``(R, m, P)`` (``(R, m)`` means one piece)."""
+        ranks = np.atleast_2d(np.asarray(ranks, dtype=np.int64))
+        arrs = [np.asarray(x, dtype=np.int64) for x in (count, src_off, dst_off)]
+        arrs = [x if x.ndim == 3 else np.broadcast_to(x, ranks.shape)[..., None] for x in arrs]
+        shape = np.broadcast_shapes(*(x.shape for x in arrs), (*ranks.shape, 1))
+        cnt, so, do = (np.ascontiguousarray(np.broadcast_to(x, shape)) for x in arrs)
+        return cls(ranks, cnt, so, do)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.count.shape  # type: ignore[return-value]
+
+
+def _ready(ready: np.ndarray | None, r: int, m: int) -> np.ndarray:
+    if ready is None:
+        return no_deps(r, m)
+    return np.asarray(ready, dtype=np.int64).reshape(r, m, -1)
+
+
+def _emit_steps(
+    b: ScheduleBuilder,
+    blk: RingBlocks,
+    steps: range,
+    shift: int,
+    ids: np.ndarray,
+    bufs: tuple[str, np.ndarray, str, np.ndarray],
+    ready: np.ndarray,
+    rx: np.ndarray,
+    reduce: bool,
+    channel: int,
+) -> None:
+    """Emit ring steps ``steps`` as one batch; fill their ids into ``ids[s]`` (shape (S,R,m,P)).
+
+    At step ``s`` position ``i`` sends block ``(i - s - shift) mod m`` to position ``i + 1``; it
+    depends on the transfer that brought that block to ``i`` at step ``s - 1`` (``ready[i]`` at
+    step 0) and on ``rx[i + 1]`` (the receiver's buffer being ready).
+    """
+    src_buf, src_tab, dst_buf, dst_tab = bufs
+    nr, m, npc = blk.shape
+    s = np.arange(steps.start, steps.stop)[:, None, None]
+    i = np.arange(m)[None, None, :]
+    rho = np.arange(nr)[None, :, None]
+    j = (i - s - shift) % m
+    shape = (len(steps), nr, m, npc)
+    base = len(b)
+    new = base + np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    ids[steps.start : steps.stop] = new
+    width = max(1, ready.shape[2])
+    data = np.full((*shape, width), -1, dtype=np.int64)
+    first = steps.start
+    if first == 0:
+        data[0, ..., : ready.shape[2]] = ready[:, :, None, :]
+        first = 1
+    if first < steps.stop:
+        prev = np.roll(ids[first - 1 : steps.stop - 1], 1, axis=2)  # ids[s-1][.., i-1, ..]
+        data[first - steps.start :, ..., 0] = prev
+    recv = np.roll(rx, -1, axis=1)[None, :, :, None, :]  # rx of position i + 1
+    deps = cat_deps(shape, data, recv)
+    src = np.broadcast_to(blk.ranks[None, :, :, None], shape)
+    dst = np.broadcast_to(np.roll(blk.ranks, -1, axis=1)[None, :, :, None], shape)
+    got = b.transfers(
+        src.reshape(-1),
+        dst.reshape(-1),
+        blk.count[rho, j].reshape(-1),
+        src_buf,
+        src_tab[rho, j].reshape(-1),
+        dst_buf,
+        dst_tab[rho, j].reshape(-1),
+        reduce=reduce,
+        deps=deps,
+        channel=channel,
+    )
+    if got.size and got[0] != base:  # pragma: no cover - builder contract
+        raise RuntimeError("ring step ids out of sync with the builder")
+
+
+def ring_reduce_scatter(
+    b: ScheduleBuilder,
+    blk: RingBlocks,
+    *,
+    acc_buf: str,
+    dst_buf: str,
+    channel: int,
+    ready: np.ndarray | None = None,
+) -> np.ndarray:
+    """Ring reduce-scatter of ``blk`` (accumulating in ``acc_buf``, result in ``dst_buf``).
+
+    ``ready[r, i]`` (ids, padded -1) must finish before position ``i``'s buffers are read or
+    written. Returns per position the ids after which its block is fully reduced, ``(R, m, k)``.
+    """
+    nr, m, npc = blk.shape
+    ready = _ready(ready, nr, m)
+    in_place = acc_buf == dst_buf and np.array_equal(blk.src_off, blk.dst_off)
+    if m == 1:
+        if in_place:
+            return ready
+        deps = np.broadcast_to(ready[:, :, None, :], (nr, m, npc, ready.shape[2]))
+        return self_copy(
+            b, np.broadcast_to(blk.ranks[..., None], blk.shape), blk.count, acc_buf,
+            blk.src_off, dst_buf, blk.dst_off, deps, channel,
+        )  # fmt: skip
+    ns = m - 1
+    ids = np.empty((ns, nr, m, npc), dtype=np.int64)
+    n_acc = ns if in_place else ns - 1
+    acc = (acc_buf, blk.src_off, acc_buf, blk.src_off)
+    if n_acc:
+        _emit_steps(b, blk, range(n_acc), 1, ids, acc, ready, ready, True, channel)
+    if in_place:
+        return np.roll(ids[ns - 1], 1, axis=1)  # the last hop into each owner
+    fin = (acc_buf, blk.src_off, dst_buf, blk.dst_off)
+    _emit_steps(b, blk, range(ns - 1, ns), 1, ids, fin, ready, ready, False, channel)
+    last_in = np.roll(ids[ns - 1], 1, axis=1)  # (R, m, P): final transfer into owner j
+    deps = np.concatenate(
+        [last_in[..., None], np.broadcast_to(ready[:, :, None, :], (nr, m, npc, ready.shape[2]))],
+        axis=-1,
+    )
+    return add_reductions(
+        b, np.broadcast_to(blk.ranks[..., None], blk.shape), blk.count, acc_buf, blk.src_off,
+        dst_buf, blk.dst_off, deps, channel,
+    )  # fmt: skip
+
+
+def ring_all_gather(
+    b: ScheduleBuilder,
+    blk: RingBlocks,
+    *,
+    own_buf: str,
+    dst_buf: str,
+    channel: int,
+    ready: np.ndarray | None = None,
+) -> np.ndarray:
+    """Ring all-gather: owner ``j``'s block (``own_buf`` at ``src_off``) reaches every ``dst_buf``.
+
+    When the owner's copy is elsewhere (all_gather's input), the owner also copies it locally, as
+    NCCL's copySend does. Returns per position every op that wrote into it, ``(R, m, k)``.
+    """
+    nr, m, npc = blk.shape
+    ready = _ready(ready, nr, m)
+    copy = not (own_buf == dst_buf and np.array_equal(blk.src_off, blk.dst_off))
+    done = []
+    if copy:
+        deps = np.broadcast_to(ready[:, :, None, :], (nr, m, npc, ready.shape[2]))
+        done.append(
+            self_copy(
+                b,
+                np.broadcast_to(blk.ranks[..., None], blk.shape),
+                blk.count,
+                own_buf,
+                blk.src_off,
+                dst_buf,
+                blk.dst_off,
+                deps,
+                channel,
+            )
+        )
+    if m > 1:
+        ns = m - 1
+        ids = np.empty((ns, nr, m, npc), dtype=np.int64)
+        relay = (dst_buf, blk.dst_off, dst_buf, blk.dst_off)
+        rx = no_deps(nr, m)
+        if copy:
+            first = (own_buf, blk.src_off, dst_buf, blk.dst_off)
+            _emit_steps(b, blk, range(1), 0, ids, first, ready, rx, False, channel)
+            if ns > 1:
+                _emit_steps(b, blk, range(1, ns), 0, ids, relay, ready, rx, False, channel)
+        else:
+            _emit_steps(b, blk, range(ns), 0, ids, relay, ready, rx, False, channel)
+        received = np.roll(ids, 1, axis=2)  # (S, R, m, P): into position i at each step
+        done.append(received.transpose(1, 2, 0, 3).reshape(nr, m, ns * npc))
+    if not done:
+        return ready
+    return np.concatenate([d.reshape(nr, m, -1) for d in done], axis=-1)
+
+
+def ring_all_reduce(
+    b: ScheduleBuilder,
+    blk: RingBlocks,
+    *,
+    acc_buf: str,
+    dst_buf: str,
+    channel: int,
+    ready: np.ndarray | None = None,
+) -> np.ndarray:
+    """Ring reduce-scatter then ring all-gather into ``dst_buf``; returns per-position done ids.
+
+    The reduce-scatter finishes in place in ``acc_buf`` (the last hop is a fused receive-reduce,
+    like every other), and the all-gather's first step sends each owner's reduced block straight
+    from there while the owner copies it into its own ``dst_buf`` on the side -- NCCL's
+    recvReduceCopySend. So the critical path is ``2(n-1)`` transfers and nothing else, and the
+    time is exactly the textbook ``2(n-1)(a + S/(nB))`` when the network is the bottleneck.
+    """
+    acc_blk = RingBlocks(blk.ranks, blk.count, blk.src_off, blk.src_off)
+    rs = ring_reduce_scatter(
+        b, acc_blk, acc_buf=acc_buf, dst_buf=acc_buf, channel=channel, ready=ready
+    )
+    ag = ring_all_gather(b, blk, own_buf=acc_buf, dst_buf=dst_buf, channel=channel, ready=rs)
+    return np.concatenate([rs, ag], axis=-1)
+
+
+# -- builders ---------------------------------------------------------------------------------
+
+
+def _ring(n: int) -> np.ndarray:
+    return np.arange(n, dtype=np.int64)[None, :]
+
+
+def build_all_reduce(spec: BuildSpec) -> Schedule:
+    """Ring all-reduce: ``2(n-1)`` steps per channel, one ``count/n`` transfer per rank and step."""
+    b = ScheduleBuilder()
+    n = spec.nranks
+    for c, lo, cnt in spec.channel_pieces(spec.count):
+        offs, cnts = split_even(cnt, n)
+        blk = RingBlocks.of(_ring(n), cnts[None], lo + offs[None], lo + offs[None])
+        ring_all_reduce(b, blk, acc_buf="input", dst_buf="output", channel=c)
+    return spec.finish(b)
+
+
+def build_reduce_scatter(spec: BuildSpec) -> Schedule:
+    """Ring reduce-scatter: ``n-1`` steps; block ``r`` of the sum ends on rank ``r``."""
+    b = ScheduleBuilder()
+    n, blk_n = spec.nranks, spec.block
+    for c, lo, cnt in spec.channel_pieces(blk_n):
+        j = np.arange(n)[None, :]
+        blk = RingBlocks.of(_ring(n), cnt, j * blk_n + lo, np.full((1, n), lo))
+        ring_reduce_scatter(b, blk, acc_buf="input", dst_buf="output", channel=c)
+    return spec.finish(b)
+
+
+def build_all_gather(spec: BuildSpec) -> Schedule:
+    """Ring all-gather: ``n-1`` steps; rank ``r``'s input circulates into block ``r`` everywhere."""
+    b = ScheduleBuilder()
+    n, blk_n = spec.nranks, spec.block
+    for c, lo, cnt in spec.channel_pieces(blk_n):
+        j = np.arange(n)[None, :]
+        blk = RingBlocks.of(_ring(n), cnt, np.full((1, n), lo), j * blk_n + lo)
+        ring_all_gather(b, blk, own_buf="input", dst_buf="output", channel=c)
+    return spec.finish(b)

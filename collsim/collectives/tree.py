@@ -1,0 +1,225 @@
+"""Trees: NCCL's double binary tree all-reduce, and pipelined reduce-up / broadcast-down helpers.
+
+Double binary tree (NCCL 2.4, after Sanders, Speck & Träff, "Two-tree algorithms for full
+bandwidth broadcast, reduction and scan", Parallel Computing 2009): two binary trees over the
+ranks, built so that a rank is a leaf in one where it is an inner node in the other; each tree
+carries half the data, so every rank sends and receives about the whole buffer once up and once
+down, at logarithmic latency. Tree 0 is NCCL's ``ncclGetBtree``; tree 1 is its mirror image
+(even ``n``) or its shift by one rank (odd ``n``), as in ``ncclGetDtree``.
+
+Each half is cut into pipeline chunks (``chunk_bytes``); chunk ``k`` goes up the tree (children
+reduce into their parent, NCCL's recvReduceSend, as ``reduce=True`` transfers into the parent's
+input) and then down from the root (recvCopySend). Chunks depend only on their own data, so an
+engine overlaps chunk ``k`` going down with chunk ``k + 1`` going up.
+
+:func:`tree_reduce` and :func:`tree_broadcast` take any parent array, so the pipelined chain and
+binary-tree broadcast/reduce (``pipeline.py``) use them too. They emit one numpy batch per tree
+level.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from collsim.collectives.common import (
+    MAX_CHUNKS,
+    BuildSpec,
+    add_reductions,
+    self_copy,
+    split_bounds,
+)
+from collsim.collectives.schedule import Schedule, ScheduleBuilder
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A rooted tree over ranks: ``parent`` (-1 at the root), children and depth levels."""
+
+    parent: np.ndarray
+    children: np.ndarray  # (n, max_children), padded with -1; first child first
+    levels: tuple[np.ndarray, ...]  # levels[d]: ranks at depth d (levels[0] == [root])
+
+    @property
+    def root(self) -> int:
+        return int(self.levels[0][0])
+
+    @classmethod
+    def from_parents(cls, parent: np.ndarray) -> Tree:
+        parent = np.asarray(parent, dtype=np.int64)
+        n = parent.shape[0]
+        depth = np.full(n, -1, dtype=np.int64)
+        depth[parent < 0] = 0
+        par = parent.tolist()
+        dep = depth.tolist()
+        for x in range(n):
+            path = []
+            while dep[x] < 0:
+                path.append(x)
+                x = par[x]
+                if len(path) > n:
+                    raise ValueError("parent array has a cycle")
+            d = dep[x]
+            for y in reversed(path):
+                d += 1
+                dep[y] = d
+        depth = np.asarray(dep, dtype=np.int64)
+        order = np.argsort(depth, kind="stable")
+        levels = tuple(order[depth[order] == d] for d in range(int(depth.max()) + 1))
+        kids: list[list[int]] = [[] for _ in range(n)]
+        for x in range(n):
+            if par[x] >= 0:
+                kids[par[x]].append(x)
+        width = max(1, max(len(k) for k in kids))
+        children = np.full((n, width), -1, dtype=np.int64)
+        for x, k in enumerate(kids):
+            children[x, : len(k)] = k
+        return cls(parent, children, levels)
+
+
+def btree_parents(n: int) -> np.ndarray:
+    """NCCL's ``ncclGetBtree`` rooted at rank 0 (the root has a single child)."""
+    parent = np.full(n, -1, dtype=np.int64)
+    for rank in range(1, n):
+        bit = 1
+        while bit < n and not bit & rank:
+            bit <<= 1
+        up = (rank ^ bit) | (bit << 1)
+        parent[rank] = up if up < n else rank ^ bit
+    return parent
+
+
+def double_tree_parents(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """NCCL's ``ncclGetDtree``: the btree and its mirror (even n) or shift by one (odd n)."""
+    t0 = btree_parents(n)
+    r = np.arange(n)
+    if n % 2:
+        src = t0[(r - 1) % n]
+        t1 = np.where(src < 0, -1, (src + 1) % n)
+    else:
+        src = t0[n - 1 - r]
+        t1 = np.where(src < 0, -1, n - 1 - src)
+    return t0, t1
+
+
+def heap_parents(n: int, root: int) -> np.ndarray:
+    """A balanced binary tree on ranks relabelled so that ``root`` is 0 (heap order)."""
+    v = np.arange(n)
+    return np.where(v == 0, -1, ((v - 1) // 2 + root) % n)[(np.arange(n) - root) % n]
+
+
+def chain_parents(n: int, root: int) -> np.ndarray:
+    """A chain ``root -> root+1 -> ...``: each rank's parent is its predecessor."""
+    v = (np.arange(n) - root) % n
+    return np.where(v == 0, -1, (np.arange(n) - 1) % n)
+
+
+def tree_reduce(b: ScheduleBuilder, tree: Tree, bounds: np.ndarray, *, channel: int) -> np.ndarray:
+    """Reduce each chunk ``bounds[k]:bounds[k+1]`` of the inputs up ``tree`` into the root's output.
+
+    Inner ranks accumulate their children's partial sums in place in their input; the root's first
+    child delivers plain into the root's output and a REDUCTION adds the root's own partial.
+    Returns the ids (K,) after which each chunk is complete at the root.
+    """
+    off, cnt = bounds[:-1, None], np.diff(bounds)[:, None]
+    nk, n = off.shape[0], tree.parent.shape[0]
+    up = np.full((nk, n), -1, dtype=np.int64)
+    root = tree.root
+    first = int(tree.children[root, 0])
+    for d in range(len(tree.levels) - 1, 0, -1):
+        xs = tree.levels[d]
+        for group, buf, reduce in (
+            (xs[xs != first], "input", True),
+            (xs[xs == first], "output", False),
+        ):
+            if not group.size:
+                continue
+            ch = tree.children[group]
+            deps = np.where(ch[None] >= 0, up[:, ch], -1)
+            shape = (nk, group.size)
+            ids = b.transfers(
+                np.broadcast_to(group, shape).reshape(-1),
+                np.broadcast_to(tree.parent[group], shape).reshape(-1),
+                np.broadcast_to(cnt, shape).reshape(-1),
+                "input",
+                np.broadcast_to(off, shape).reshape(-1),
+                buf,
+                np.broadcast_to(off, shape).reshape(-1),
+                reduce=reduce,
+                deps=deps.reshape(nk * group.size, -1),
+                channel=channel,
+            )
+            up[:, group] = ids.reshape(shape)
+    kids = tree.children[root]
+    if first < 0:  # a lone rank: the reduction is a copy
+        return self_copy(
+            b, np.full(nk, root), cnt[:, 0], "input", off[:, 0], "output", off[:, 0],
+            np.full((nk, 0), -1), channel,
+        )  # fmt: skip
+    deps = np.where(kids[None] >= 0, up[:, kids], -1)
+    return add_reductions(
+        b, np.full(nk, root), cnt[:, 0], "input", off[:, 0], "output", off[:, 0], deps, channel
+    )
+
+
+def tree_broadcast(
+    b: ScheduleBuilder,
+    tree: Tree,
+    bounds: np.ndarray,
+    *,
+    src_buf: str,
+    channel: int,
+    ready: np.ndarray | None = None,
+    copy_root: bool = False,
+) -> None:
+    """Send each chunk from the root's ``src_buf`` down ``tree`` into every output.
+
+    ``ready`` (K,) or (K, k): what each chunk waits for at the root. ``copy_root``: also copy it
+    into the root's own output (broadcast's root).
+    """
+    off, cnt = bounds[:-1, None], np.diff(bounds)[:, None]
+    nk, n = off.shape[0], tree.parent.shape[0]
+    ready = np.full((nk, 0), -1) if ready is None else np.asarray(ready).reshape(nk, -1)
+    root = tree.root
+    if copy_root:
+        self_copy(
+            b, np.full(nk, root), cnt[:, 0], src_buf, off[:, 0], "output", off[:, 0], ready,
+            channel,
+        )  # fmt: skip
+    down = np.full((nk, n), -1, dtype=np.int64)
+    for d in range(1, len(tree.levels)):
+        xs = tree.levels[d]
+        par = tree.parent[xs]
+        shape = (nk, xs.size)
+        deps = (
+            np.broadcast_to(ready[:, None, :], (*shape, ready.shape[1])) if d == 1 else down[:, par]
+        )
+        ids = b.transfers(
+            np.broadcast_to(par, shape).reshape(-1),
+            np.broadcast_to(xs, shape).reshape(-1),
+            np.broadcast_to(cnt, shape).reshape(-1),
+            src_buf if d == 1 else "output",
+            np.broadcast_to(off, shape).reshape(-1),
+            "output",
+            np.broadcast_to(off, shape).reshape(-1),
+            deps=deps.reshape(nk * xs.size, -1),
+            channel=channel,
+        )
+        down[:, xs] = ids.reshape(shape)
+
+
+def build_all_reduce(spec: BuildSpec) -> Schedule:
+    """Double binary tree all-reduce: half the data per tree, reduce up then broadcast down."""
+    b = ScheduleBuilder()
+    trees = [Tree.from_parents(p) for p in double_tree_parents(spec.nranks)]
+    for c, lo, cnt in spec.channel_pieces(spec.count):
+        halves = lo + split_bounds(cnt, 2)
+        for t, tree in enumerate(trees):
+            h_lo, h_hi = int(halves[t]), int(halves[t + 1])
+            if h_hi == h_lo:
+                continue
+            bounds = spec.chunks(h_lo, h_hi - h_lo, max_chunks=max(1, MAX_CHUNKS // 2))
+            done = tree_reduce(b, tree, bounds, channel=c)
+            tree_broadcast(b, tree, bounds, src_buf="output", channel=c, ready=done)
+    return spec.finish(b, trees=2)

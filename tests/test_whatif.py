@@ -1,0 +1,124 @@
+"""What-if sweeps and `collsim simulate`: nccl-tests rows, JSON, traces, auto, bad input."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from collsim.cli import cli
+from collsim.collectives.registry import COLLECTIVES, algorithms_for, needs_in_network
+from collsim.topology.loader import catalog_names, load_topology
+from collsim.whatif import WhatIf, dtype_bytes, element_count
+
+runner = CliRunner()
+
+
+def test_element_count_rounds_like_nccl_tests():
+    assert element_count("all_reduce", 1000, 4, 8) == 250
+    assert element_count("all_gather", 1000, 4, 8) == 248
+    assert element_count("alltoall", 8, 4, 8) == 0
+    assert dtype_bytes("bfloat16") == 2 and dtype_bytes("double") == 8
+
+
+def test_ring_all_reduce_inside_one_dgx_matches_the_closed_form():
+    # 8 GPUs on one NVSwitch: every ring step crosses gpu->nvswitch->gpu, uncontended.
+    topo = load_topology("dgx-h100", nodes=1)
+    whatif = WhatIf(topo)
+    size = 64 << 20
+    sweep = whatif.sweep("all_reduce", "ring", [size], protocol="Simple")
+    n = 8
+    link = topo.links[0]
+    alpha = 2 * link.latency_s + topo.device("n0.nvswitch").latency_s + 3.4e-6
+    expected = 2 * (n - 1) * (alpha + size / n / link.bandwidth_bytes_per_s)
+    assert sweep.points[0].time_s == pytest.approx(expected, rel=1e-9)
+    assert sweep.points[0].busbw_gbps == pytest.approx(
+        size / expected / 1e9 * 2 * (n - 1) / n, rel=1e-9
+    )
+
+
+def test_oversubscribed_fabric_is_slower():
+    import yaml
+
+    from collsim.topology.loader import CATALOG_DIR, topology_from_dict
+
+    doc = yaml.safe_load((CATALOG_DIR / "dgx-h100.yaml").read_text())
+    doc["fabric"].update(kind="fat_tree", radix=16)
+    times = {}
+    for ratio in (1, 3):
+        doc["fabric"]["oversubscription"] = ratio
+        whatif = WhatIf(topology_from_dict(doc, nodes=4))
+        times[ratio] = whatif.sweep("alltoall", "direct", [64 << 20]).points[0].time_s
+    assert times[3] > 1.15 * times[1]  # part of the traffic stays inside a leaf or a node
+
+
+@pytest.mark.parametrize("name", catalog_names())
+def test_every_collective_and_algorithm_runs_on_every_catalog_system(name):
+    topo = load_topology(name)
+    whatif = WhatIf(topo)
+    in_net = any(d.in_network_reduction for d in topo.devices)
+    for collective in COLLECTIVES:
+        if collective == "sendrecv" and topo.n_gpus < 2:
+            continue
+        for algorithm in algorithms_for(collective):
+            if needs_in_network(algorithm) and not in_net:
+                continue
+            try:
+                sweep = whatif.sweep(collective, algorithm, [4096, 1 << 20])
+            except Exception as exc:  # in-network across nodes without SHARP is a clean error
+                assert needs_in_network(algorithm), (collective, algorithm, exc)
+                continue
+            assert all(p.time_s > 0 for p in sweep.points), (collective, algorithm)
+            assert all(p.busbw_gbps >= 0 for p in sweep.points)
+
+
+def test_auto_picks_the_fastest_algorithm():
+    whatif = WhatIf(load_topology("dgx-h100", nodes=2))
+    auto = whatif.sweep("all_reduce", "auto", [1024, 256 << 20])
+    for point in auto.points:
+        for algo in whatif.candidates("all_reduce"):
+            try:
+                one = whatif.sweep("all_reduce", algo, [point.size_bytes]).points[0]
+            except Exception:
+                continue
+            assert point.time_s <= one.time_s * (1 + 1e-12)
+
+
+def test_simulate_cli_table_json_and_trace(tmp_path):
+    out, trace = tmp_path / "r.json", tmp_path / "t.json"
+    args = ["simulate", "all_reduce", "-t", "dgx-h100", "--nodes", "2", "-a", "ring", "-b", "8",
+            "-e", "1M", "-f", "4", "--json", str(out), "--trace", str(trace)]  # fmt: skip
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "algbw" in result.output and "busbw" in result.output
+    assert "bottleneck links" in result.output
+    doc = json.loads(out.read_text())
+    assert doc["collective"] == "all_reduce" and doc["ranks"] == 16 and doc["nodes"] == 2
+    assert [p["bytes"] for p in doc["points"]] == [8, 32, 128, 512, 2048, 8192, 32768,
+                                                   131072, 524288]  # fmt: skip
+    for p in doc["points"]:
+        assert set(p) >= {"bytes", "time_us", "algbw_gbps", "busbw_gbps"}
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("ph") == "X" for e in events)
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["simulate", "all_reduce", "-t", "dgx-h100", "-a", "bogus"], ["algorithm", "bogus"]),
+        (["simulate", "all_reduce", "-t", "dgx-a100", "-a", "in_network"], ["in_network"]),
+        (["simulate", "all_reduce", "-t", "dgx-h100", "-b", "1G", "-e", "8"], ["larger than"]),
+        (["simulate", "all_reduce", "-t", "dgx-h100", "-b", "8X"], ["-b", "8X"]),
+        (["simulate", "all_reduce", "-t", "dgx-h100", "-d", "float7"], ["dtype", "float7"]),
+        (["simulate", "all_reduce", "-t", "dgx-h100", "--channels", "0"], ["channels", "0"]),
+        (
+            ["simulate", "sendrecv", "-t", "dgx-h100", "--nodes", "1", "--gpus-per-node", "1"],
+            ["2", "ranks"],
+        ),
+    ],
+)
+def test_simulate_bad_input_is_one_line(args, words):
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    for word in words:
+        assert word in result.output, (word, result.output)
