@@ -25,6 +25,10 @@ class _Group(click.Group):
         except CollsimError as exc:
             click.echo(f"collsim: error: {exc}", err=True)
             ctx.exit(2)
+        except OSError as exc:  # a file we were asked to write or read: say which, and why
+            where = exc.filename or ""
+            click.echo(f"collsim: error: {where}: {exc.strerror or exc}", err=True)
+            ctx.exit(2)
 
 
 def topology_options(func: Callable[..., Any]) -> Callable[..., Any]:

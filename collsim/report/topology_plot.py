@@ -47,8 +47,20 @@ def _layer(dev: Device) -> float:
     return _LAYER[dev.kind]
 
 
+def grid_layout(topology: Topology) -> dict[str, tuple[float, float]]:
+    """Chip-level tori: chip (x, y, z) at (x + z * (X + 1), y), one panel per z-plane."""
+    dims = [*topology.grid_dims, 1, 1]
+    pos = {}
+    for v, gpu in enumerate(topology.gpus):
+        x, y, z = v % dims[0], (v // dims[0]) % dims[1], v // (dims[0] * dims[1])
+        pos[gpu.name] = (x + z * (dims[0] + 1.0), float(y))
+    return pos
+
+
 def layout(topology: Topology) -> dict[str, tuple[float, float]]:
     """x along servers (node-major), y by layer: GPUs at the bottom, core switches on top."""
+    if topology.grid_dims:
+        return grid_layout(topology)
     gpn = max(1, topology.gpus_per_node)
     width_per_node = gpn + 1.0
     pos: dict[str, tuple[float, float]] = {}
@@ -88,7 +100,15 @@ def draw_topology(topology: Topology, path: str | os.PathLike[str], *, title: st
         if thin:
             lw *= 0.4
         same_layer = y0 == y1
-        if same_layer:
+        far = abs(x1 - x0) + abs(y1 - y0) > 1.01
+        if topology.grid_dims and not far:
+            ax.plot([x0, x1], [y0, y1], color=colour, lw=lw, alpha=0.7, zorder=1)
+        elif topology.grid_dims:  # a wrap-around link: a dashed arc
+            mid_x = (x0 + x1) / 2 + (0.35 if x0 == x1 else 0)
+            mid_y = (y0 + y1) / 2 + (0.35 if y0 == y1 else 0)
+            ax.plot([x0, mid_x, x1], [y0, mid_y, y1], color=colour, lw=lw * 0.6, alpha=0.5,
+                    ls="--", zorder=1)  # fmt: skip
+        elif same_layer:
             # Links within a layer (meshes, tori): arcs so they do not hide each other.
             mid_x, mid_y = (x0 + x1) / 2, y0 - 0.25 - 0.05 * abs(x1 - x0) ** 0.5
             ax.plot([x0, mid_x, x1], [y0, mid_y, y1], color=colour, lw=lw, alpha=0.6, zorder=1)
@@ -103,7 +123,7 @@ def draw_topology(topology: Topology, path: str | os.PathLike[str], *, title: st
             xs, ys = zip(*pts, strict=True)
             ax.scatter(xs, ys, marker=marker, s=size, c=colour, zorder=3, label=kind)
     gpn = max(1, topology.gpus_per_node)
-    for node in range(topology.nodes):
+    for node in range(0 if topology.grid_dims else topology.nodes):
         ax.add_patch(
             FancyBboxPatch(
                 (node * (gpn + 1) - 0.1, -0.4),

@@ -334,13 +334,18 @@ def torus_dims(total: int, dims: Sequence[int] | None, ndims: int) -> list[int]:
     return sorted(shape, reverse=True)
 
 
+def fabric_shape(fabric: FabricIn, vertices: int) -> list[int]:
+    """The shape of a torus or ring fabric over ``vertices`` vertices."""
+    ndims = 1 if fabric.kind == "ring" else len(fabric.dims or (0, 0, 0))
+    return torus_dims(vertices, fabric.dims if fabric.kind == "torus" else None, ndims)
+
+
 def _torus(
     parts: Parts, fabric: FabricIn, vertices_by_node: list[list[str]], link: LinkClassIn
 ) -> None:
     """Wrap-around grid links; one torus per rail when each node brings several NICs."""
     n = len(vertices_by_node)
-    ndims = 1 if fabric.kind == "ring" else len(fabric.dims or (0, 0, 0))
-    dims = torus_dims(n, fabric.dims if fabric.kind == "torus" else None, ndims)
+    dims = fabric_shape(fabric, n)
     strides = [math.prod(dims[:i]) for i in range(len(dims))]
     for rail in range(len(vertices_by_node[0])):
         for v in range(n):

@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from collsim.errors import CollsimError, TopologyError
-from collsim.topology.builders import Parts, build_fabric, build_node
+from collsim.topology.builders import Parts, build_fabric, build_node, fabric_shape
 from collsim.topology.schema import ExplicitIn, GpuIn, TemplateIn
 from collsim.topology.spec import Device, GpuModel, Link, Topology
 
@@ -174,6 +174,7 @@ def _from_template(
         source_file=file,
         is_template=True,
         default_nodes=spec.nodes,
+        grid_dims=tuple(fabric_shape(spec.fabric, n_nodes * gpus)) if gpu_forwards else (),
         sources=_sources(spec),
     )
 

@@ -99,6 +99,8 @@ class Topology:
     is_template: bool = False
     """Templates accept ``--nodes``/``--gpus-per-node`` overrides; explicit graphs do not."""
     default_nodes: int = 1
+    grid_dims: tuple[int, ...] = ()
+    """Shape of a chip-level torus (GPUs linked directly), for pictures; empty otherwise."""
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """``source:`` notes of the file, by section, for provenance."""
 

@@ -1,0 +1,63 @@
+"""The catalog cites its figures, and every example in the format documentation loads."""
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from collsim.topology.graph import Network
+from collsim.topology.loader import CATALOG_DIR, catalog_names, topology_from_dict
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "topology-format.md"
+
+
+@pytest.mark.parametrize("name", catalog_names())
+def test_every_catalog_section_with_numbers_has_a_source(name):
+    doc = yaml.safe_load((CATALOG_DIR / f"{name}.yaml").read_text())
+    missing = []
+    if not doc.get("source"):
+        missing.append("(top level)")
+    if not doc["gpu"].get("source"):
+        missing.append("gpu")
+    if "node" in doc:
+        for key in ("intra", "nics", "pcie"):
+            section = doc["node"].get(key)
+            if section and not section.get("source"):
+                missing.append(f"node.{key}")
+        if doc.get("fabric", {}).get("kind", "none") != "none" and not doc["fabric"].get("source"):
+            missing.append("fabric")
+    else:
+        missing += [f"links.{i}" for i, lk in enumerate(doc["links"]) if not lk.get("source")]
+    assert not missing, f"{name}: no source: note in {missing}"
+
+
+def _examples():
+    return re.findall(r"^```yaml\n(.*?)^```", DOC.read_text(), flags=re.S | re.M)
+
+
+def test_the_format_doc_has_an_example_per_feature():
+    text = "\n".join(_examples())
+    for feature in ("nvswitch", "hybrid_cube_mesh", "mesh", "pcie", "p2p: false",
+                    "integrated", "single_switch", "fat_tree", "oversubscription",
+                    "rail_optimized", "dragonfly", "torus", "ring", "in_network_reduction",
+                    "devices:"):  # fmt: skip
+        assert feature in text, feature
+
+
+@pytest.mark.parametrize("index", range(len(_examples())))
+def test_every_format_doc_example_loads_and_routes(index):
+    topo = topology_from_dict(yaml.safe_load(_examples()[index]), file=f"{DOC.name}#{index}")
+    net = Network(topo)
+    for dst in net.gpu_names[1:]:
+        net.route(net.gpu_names[0], dst)
+
+
+def test_doc_template_and_explicit_pair_are_the_same_system():
+    loaded = {}
+    for text in _examples():
+        topo = topology_from_dict(yaml.safe_load(text))
+        loaded[topo.name] = topo
+    a, b = loaded["pair-template"], loaded["pair-explicit"]
+    assert sorted(a.devices, key=str) == sorted(b.devices, key=str)
+    assert sorted(a.links, key=str) == sorted(b.links, key=str)
