@@ -1,0 +1,9 @@
+"""The ``collsim`` command line: parse, call the library, print. No modelling happens here.
+
+Each command family lives in its own module and registers itself on the root group when imported.
+"""
+
+from collsim.cli import simulate, topo  # noqa: F401  (registers the commands)
+from collsim.cli.base import cli, main
+
+__all__ = ["cli", "main"]

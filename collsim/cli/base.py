@@ -1,0 +1,63 @@
+"""The root ``collsim`` group, shared options and the error handling every command gets.
+
+Every :class:`~collsim.errors.CollsimError` becomes one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from collsim.errors import CollsimError
+
+
+class CollsimGroup(click.Group):
+    """A click group that turns collsim's input errors into one clean line and exit code 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CollsimError as exc:
+            click.echo(f"collsim: error: {exc}", err=True)
+            ctx.exit(2)
+        except OSError as exc:  # a file we were asked to write or read: say which, and why
+            where = exc.filename or ""
+            click.echo(f"collsim: error: {where}: {exc.strerror or exc}", err=True)
+            ctx.exit(2)
+
+
+def topology_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """TOPOLOGY argument plus the --nodes / --gpus-per-node overrides."""
+
+    @click.argument("topology", metavar="NAME|PATH")
+    @click.option("--nodes", type=int, default=None, help="Override the number of nodes.")
+    @click.option("--gpus-per-node", type=int, default=None, help="Override the GPUs in each node.")
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+@click.group(cls=CollsimGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="collsim")
+def cli() -> None:
+    """collsim: what-if simulations of collective communication on GPU clusters."""
+
+
+def size_option(flag: str, text: str) -> int:
+    """Parse a size given to ``flag``; a bad one names the flag."""
+    from collsim import units
+
+    try:
+        return units.parse_size(text)
+    except CollsimError as exc:
+        raise exc.located(field=flag) from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    cli.main(args=argv, prog_name="collsim")
