@@ -258,8 +258,23 @@ def ring_all_reduce(
 # -- builders ---------------------------------------------------------------------------------
 
 
-def _ring(n: int) -> np.ndarray:
-    return np.arange(n, dtype=np.int64)[None, :]
+def ring_order(spec: BuildSpec, channel: int) -> np.ndarray:
+    """The ranks in ring order for ``channel``, shape ``(1, n)``.
+
+    Channel ``c`` of ``C`` rotates the order inside every full node by ``c * g // C`` local ranks,
+    so each channel enters and leaves a node through different GPUs and therefore different NICs,
+    as NCCL spreads its channels over the node's NICs. With one channel (or one node) the ring is
+    the plain rank order 0, 1, ..., n-1.
+    """
+    n, g = spec.nranks, spec.layout.ranks_per_node
+    order = np.arange(n, dtype=np.int64)
+    rot = (channel * g // spec.channels) % g if g > 1 else 0
+    full = (n // g) * g
+    if rot and n > g:
+        local = (np.arange(g) + rot) % g
+        order[:full] = (np.arange(full) // g * g).reshape(-1, g)[:, :1].repeat(g, 1).ravel()
+        order[:full] += np.tile(local, full // g)
+    return order[None, :]
 
 
 def build_all_reduce(spec: BuildSpec) -> Schedule:
@@ -268,7 +283,7 @@ def build_all_reduce(spec: BuildSpec) -> Schedule:
     n = spec.nranks
     for c, lo, cnt in spec.channel_pieces(spec.count):
         offs, cnts = split_even(cnt, n)
-        blk = RingBlocks.of(_ring(n), cnts[None], lo + offs[None], lo + offs[None])
+        blk = RingBlocks.of(ring_order(spec, c), cnts[None], lo + offs[None], lo + offs[None])
         ring_all_reduce(b, blk, acc_buf="input", dst_buf="output", channel=c)
     return spec.finish(b)
 
@@ -276,10 +291,10 @@ def build_all_reduce(spec: BuildSpec) -> Schedule:
 def build_reduce_scatter(spec: BuildSpec) -> Schedule:
     """Ring reduce-scatter: ``n-1`` steps; block ``r`` of the sum ends on rank ``r``."""
     b = ScheduleBuilder()
-    n, blk_n = spec.nranks, spec.block
+    blk_n = spec.block
     for c, lo, cnt in spec.channel_pieces(blk_n):
-        j = np.arange(n)[None, :]
-        blk = RingBlocks.of(_ring(n), cnt, j * blk_n + lo, np.full((1, n), lo))
+        ranks = ring_order(spec, c)
+        blk = RingBlocks.of(ranks, cnt, ranks * blk_n + lo, np.full(ranks.shape, lo))
         ring_reduce_scatter(b, blk, acc_buf="input", dst_buf="output", channel=c)
     return spec.finish(b)
 
@@ -287,9 +302,9 @@ def build_reduce_scatter(spec: BuildSpec) -> Schedule:
 def build_all_gather(spec: BuildSpec) -> Schedule:
     """Ring all-gather: ``n-1`` steps; rank ``r``'s input circulates into block ``r`` everywhere."""
     b = ScheduleBuilder()
-    n, blk_n = spec.nranks, spec.block
+    blk_n = spec.block
     for c, lo, cnt in spec.channel_pieces(blk_n):
-        j = np.arange(n)[None, :]
-        blk = RingBlocks.of(_ring(n), cnt, np.full((1, n), lo), j * blk_n + lo)
+        ranks = ring_order(spec, c)
+        blk = RingBlocks.of(ranks, cnt, np.full(ranks.shape, lo), ranks * blk_n + lo)
         ring_all_gather(b, blk, own_buf="input", dst_buf="output", channel=c)
     return spec.finish(b)

@@ -102,3 +102,18 @@ def test_empty_and_single_rank_schedules() -> None:
         assert len(build_schedule(collective, algorithm, nranks=5, count=0)) == 0
         one = build_schedule(collective, algorithm, nranks=1, count=10)
         assert network_bytes(one).sum() == 0
+
+
+def test_ring_channels_leave_each_node_through_different_gpus() -> None:
+    from collsim.collectives.layout import RankLayout
+
+    s = build_schedule(
+        "all_reduce", "ring", nranks=32, count=3200, layout=RankLayout(32, 8), channels=8
+    )
+    leaving = set()
+    for c in range(8):
+        m = (s.channel == c) & (s.kind == TRANSFER) & (s.src // 8 != s.dst // 8)
+        senders = {int(x) % 8 for x in s.src[m]}
+        assert len(senders) == 1  # one GPU per node carries the channel's inter-node hop
+        leaving |= senders
+    assert leaving == set(range(8))  # ... and the 8 channels use all 8 GPUs (and their NICs)
