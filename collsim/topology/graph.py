@@ -12,6 +12,7 @@ destination, hop) picks one: deterministic ECMP, the same answer on every run an
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from functools import cached_property
 
@@ -199,7 +200,7 @@ class Network:
         # scipy's max-flow takes int32 capacities: count in MB/s, coarser for very large systems.
         # The answer is at most what the first half can send; scale units so that fits 2**30.
         bound = float(self.capacity_bytes_per_s[np.isin(self.link_src, gpus[:half])].sum())
-        unit = max(1.0, bound / 2**30)
+        unit = 10.0 ** math.ceil(math.log10(max(1e6, bound / 2**30)))  # MB/s, or coarser
         cap = np.round(self.capacity_bytes_per_s / unit)
         cap = np.clip(cap, 1, 2**31 - 1).astype(np.int64)
         # In a max-flow, GPUs may relay (as NCCL's PXN does through NVLink), so use device ids.
