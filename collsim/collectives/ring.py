@@ -7,8 +7,10 @@ steps position ``j`` holds block ``j`` fully reduced. Ring all-gather circulates
 onward in ``m - 1`` plain steps. All-reduce is the two back to back: ``2(m - 1)`` steps, each
 moving one block per rank, so each rank sends ``2(m - 1)/m`` of the buffer -- the bandwidth optimum.
 
-Each step's transfer depends only on the transfer that delivered its data in the previous step,
-so an engine replays the ring as fast as data arrives, without a global step barrier.
+Each step's transfer depends on the transfer that delivered its data in the previous step and on
+the same rank's previous send (a channel's sends to its neighbour go in order over one connection,
+as in NCCL), so an engine replays the ring as fast as data arrives, without a global step barrier,
+and a slow link delays its own sender's later sends instead of being shared by them.
 
 Data flow and buffers. Partial sums accumulate in place in the *accumulation* buffer (the input for
 a first phase: NCCL's recvReduceSend never writes the output either). The last hop into a block's
@@ -91,7 +93,8 @@ def _emit_steps(
 
     At step ``s`` position ``i`` sends block ``(i - s - shift) mod m`` to position ``i + 1``; it
     depends on the transfer that brought that block to ``i`` at step ``s - 1`` (``ready[i]`` at
-    step 0) and on ``rx[i + 1]`` (the receiver's buffer being ready).
+    step 0), on its own send of step ``s - 1`` (sends on one connection go in order) and on
+    ``rx[i + 1]`` (the receiver's buffer being ready).
     """
     src_buf, src_tab, dst_buf, dst_tab = bufs
     nr, m, npc = blk.shape
@@ -112,8 +115,13 @@ def _emit_steps(
     if first < steps.stop:
         prev = np.roll(ids[first - 1 : steps.stop - 1], 1, axis=2)  # ids[s-1][.., i-1, ..]
         data[first - steps.start :, ..., 0] = prev
+    # FIFO per connection: position i's send at step s also waits for its own send at step s-1,
+    # as NCCL's channel sends to its ring neighbour in order (one connection, fixed buffers).
+    own = np.full((*shape, 1), -1, dtype=np.int64)
+    if first < steps.stop:
+        own[first - steps.start :, ..., 0] = ids[first - 1 : steps.stop - 1]
     recv = np.roll(rx, -1, axis=1)[None, :, :, None, :]  # rx of position i + 1
-    deps = cat_deps(shape, data, recv)
+    deps = cat_deps(shape, data, own, recv)
     src = np.broadcast_to(blk.ranks[None, :, :, None], shape)
     dst = np.broadcast_to(np.roll(blk.ranks, -1, axis=1)[None, :, :, None], shape)
     got = b.transfers(
@@ -251,7 +259,10 @@ def ring_all_reduce(
     rs = ring_reduce_scatter(
         b, acc_blk, acc_buf=acc_buf, dst_buf=acc_buf, channel=channel, ready=ready
     )
-    ag = ring_all_gather(b, blk, own_buf=acc_buf, dst_buf=dst_buf, channel=channel, ready=rs)
+    # The all-gather's first send from position i follows i's last reduce-scatter send (the hop
+    # into i + 1) on the same connection, besides the data that completes i's block.
+    ready_ag = np.concatenate([rs, np.roll(rs, -1, axis=1)], axis=-1) if rs.shape[1] > 1 else rs
+    ag = ring_all_gather(b, blk, own_buf=acc_buf, dst_buf=dst_buf, channel=channel, ready=ready_ag)
     return np.concatenate([rs, ag], axis=-1)
 
 

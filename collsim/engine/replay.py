@@ -9,13 +9,17 @@ operation that changes state at that time as one numpy batch:
 2. timed events due now (latencies elapsed -> flows start; local copies, reductions and fused
    receive-reduces finishing) are popped from a heap of batches;
 3. finished operations decrement their successors' dependency counters (CSR successor lists,
-   ``np.unique`` counts); operations whose counters reach zero start now: network transfers
+   ``np.subtract.at``); operations whose counters reach zero start now: network transfers
    after their latency, copies and reductions (serialised per GPU) for their local duration;
 4. link shares are recomputed once (max-min fairness) if any flow came or went.
 
 Events within a relative 1e-12 of the batch time are handled with it, so rounding noise does
 not split one logical instant into many batches. Authoritative times are the exactly computed
 floats (``t + latency``, ``t + bytes / rate``); ``env.now`` follows them.
+
+:func:`simulate` first tries the contention-free fast path (:mod:`collsim.engine.uncontended`),
+which returns these same results without events when no resource is ever shared; the replay
+runs when something is (or with ``fast_path=False``).
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from collsim.engine.fabric import Fabric
 from collsim.engine.network import FlowNetwork
 from collsim.engine.prepare import COPY, IN_NETWORK, LOCAL_REDUCE, NET, Prepared, prepare
 from collsim.engine.results import SimResult
-from collsim.engine.summarize import build_result
+from collsim.engine.summarize import Timeline, build_result
+from collsim.engine.uncontended import contention_free
 from collsim.errors import ScheduleError
 from collsim.protocols import Protocol, get_protocol
 
@@ -43,15 +48,29 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 
 
 def simulate(
-    schedule: Schedule, fabric: Fabric, *, protocol: str | Protocol = "Simple"
+    schedule: Schedule,
+    fabric: Fabric,
+    *,
+    protocol: str | Protocol = "Simple",
+    fast_path: bool = True,
 ) -> SimResult:
     """Time ``schedule`` on ``fabric`` with NCCL ``protocol`` (LL, LL128, Simple or a Protocol).
+
+    With ``fast_path`` (the default) the schedule is first timed as if no two flows ever shared
+    a link (:mod:`collsim.engine.uncontended`); if that assumption is then verified, its times
+    are exactly the replay's and are returned. Otherwise (or with ``fast_path=False``) the event
+    replay runs. ``result.meta["engine_path"]`` says which: "contention_free" or "replay".
 
     Raises ``ScheduleError`` if the schedule does not fit the fabric (ranks, groups, an
     in-network reduction on a fabric without a reducing switch).
     """
     proto = get_protocol(protocol)
-    replay = Replay(schedule, fabric, proto)
+    prep = prepare(schedule, fabric, proto)
+    if fast_path:
+        result = contention_free(schedule, fabric, proto, prep)
+        if result is not None:
+            return result
+    replay = Replay(schedule, fabric, proto, prep)
     env = simpy.Environment()
     env.process(replay.run(env))
     env.run()
@@ -61,11 +80,17 @@ def simulate(
 class Replay:
     """State of one replay: per-op times, dependency counters, the heap and the network."""
 
-    def __init__(self, schedule: Schedule, fabric: Fabric, protocol: Protocol) -> None:
+    def __init__(
+        self,
+        schedule: Schedule,
+        fabric: Fabric,
+        protocol: Protocol,
+        prep: Prepared | None = None,
+    ) -> None:
         self.schedule = schedule
         self.fabric = fabric
         self.protocol = protocol
-        self.prep: Prepared = prepare(schedule, fabric, protocol)
+        self.prep: Prepared = prep if prep is not None else prepare(schedule, fabric, protocol)
         n = len(schedule)
         self.src = schedule.arrays["src"]
         self.start_s = np.full(n, np.nan)
@@ -116,17 +141,21 @@ class Replay:
             if done.size:
                 self.end_s[done] = t
                 ready = np.concatenate((ready, self._release(done)))
-            done = self._dispatch(np.sort(ready), t) if ready.size else _EMPTY
+            if ready.size > 1:  # sorted, without the repeats _release may return
+                ready = np.sort(ready)
+                ready = ready[np.r_[True, ready[1:] != ready[:-1]]]
+            done = self._dispatch(ready, t) if ready.size else _EMPTY
             ready = _EMPTY
 
     def _release(self, done: np.ndarray) -> np.ndarray:
-        """Decrement successors' counters; return those with no unmet dependency left."""
+        """Decrement successors' counters; return those with no unmet dependency left (an op
+        released by several of ``done`` is listed that many times: the caller drops repeats)."""
         positions, _ = gather_rows(self.prep.succ_ptr, done)
         if positions.size == 0:
             return _EMPTY
-        targets, counts = np.unique(self.prep.succ_idx[positions], return_counts=True)
+        targets = self.prep.succ_idx[positions]
         waiting = self.prep.waiting
-        waiting[targets] -= counts
+        np.subtract.at(waiting, targets, 1)
         return targets[waiting[targets] == 0]
 
     def _push(self, times: np.ndarray, ids: np.ndarray, etype: int) -> None:
@@ -223,8 +252,11 @@ class Replay:
         """Flows of ``ops`` (one entry per flow) ended at ``t``; returns ops now complete.
 
         A fused receive-reduce completes at max(flow end, flow start + reduction time)."""
-        ops, counts = np.unique(ops, return_counts=True)
-        self.flows_left[ops] -= counts
+        if self.prep.in_network:  # several flows per operation: count them
+            ops, counts = np.unique(ops, return_counts=True)
+            self.flows_left[ops] -= counts
+        else:  # one flow per operation: ``ops`` has no repeats
+            self.flows_left[ops] -= 1
         complete = ops[self.flows_left[ops] == 0]
         late = self.prep.fused[complete] & (self.fused_end_s[complete] > t)
         if late.any():
@@ -238,4 +270,13 @@ class Replay:
         if np.isnan(self.end_s).any():
             stuck = int(np.flatnonzero(np.isnan(self.end_s))[0])
             raise ScheduleError("operation never completed", field="schedule", value=stuck)
-        return build_result(self)
+        timeline = Timeline(
+            start_s=self.start_s,
+            flow_start_s=self.flow_start_s,
+            end_s=self.end_s,
+            busy_s=self.network.busy_s,
+            in_network_link_bytes=self.in_network_link_bytes,
+        )
+        return build_result(
+            self.schedule, self.fabric, self.protocol, self.prep, timeline, "replay"
+        )

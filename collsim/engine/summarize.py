@@ -1,19 +1,40 @@
-"""Turn a finished replay's per-operation arrays into :class:`SimResult` records."""
+"""Turn per-operation times into :class:`SimResult` records.
+
+Both engine paths end here: the event replay (:mod:`collsim.engine.replay`) and the
+contention-free fast path (:mod:`collsim.engine.uncontended`) each fill a :class:`Timeline`, and
+:func:`build_result` turns it into the same records, so the two cannot drift apart in layout.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 
 from collsim.analysis.metrics import canonical_collective
-from collsim.collectives.schedule import NETWORK_REDUCE, TRANSFER
-from collsim.engine.prepare import NET
+from collsim.collectives.schedule import NETWORK_REDUCE, TRANSFER, Schedule
+from collsim.engine.fabric import Fabric
+from collsim.engine.prepare import NET, Prepared
 from collsim.engine.results import LinkRecords, SimResult, TransferRecords
 from collsim.errors import ScheduleError
+from collsim.protocols import Protocol
 
-if TYPE_CHECKING:
-    from collsim.engine.replay import Replay
+
+@dataclass(eq=False)
+class Timeline:
+    """What an engine path computed, one entry per operation or per link.
+
+    ``start_s``: dependencies met (for a local reduction: when its GPU took it up);
+    ``flow_start_s``: latency over, bytes on the wire (NaN for local operations); ``end_s``:
+    complete. ``busy_s``: per link, time with at least one flow on it;
+    ``in_network_link_bytes``: per link, wire bytes of in-network reductions.
+    """
+
+    start_s: np.ndarray
+    flow_start_s: np.ndarray
+    end_s: np.ndarray
+    busy_s: np.ndarray
+    in_network_link_bytes: np.ndarray
 
 
 def _collective_name(name: str) -> str:
@@ -23,11 +44,20 @@ def _collective_name(name: str) -> str:
         return name  # a custom schedule: keep its name, bus factor lookups will say so
 
 
-def build_result(replay: Replay) -> SimResult:
-    """Transfer, link and rank records plus the headline numbers of ``replay``."""
-    schedule, fabric, prep = replay.schedule, replay.fabric, replay.prep
+def build_result(
+    schedule: Schedule,
+    fabric: Fabric,
+    protocol: Protocol,
+    prep: Prepared,
+    timeline: Timeline,
+    engine_path: str,
+) -> SimResult:
+    """Transfer, link and rank records plus the headline numbers of ``timeline``.
+
+    ``engine_path`` ("replay" or "contention_free") is recorded in ``meta["engine_path"]``.
+    """
     a = schedule.arrays
-    end_s = replay.end_s
+    end_s = timeline.end_s
     time_s = float(end_s.max()) if end_s.size else 0.0
 
     is_xfer = a["kind"] == TRANSFER
@@ -40,9 +70,9 @@ def build_result(replay: Replay) -> SimResult:
     # Local copies use an extra empty route at the end of the route table.
     route = prep.route[sel] if all_net else np.where(is_net, prep.route[sel], nroutes)
     route_ptr = np.append(prep.route_ptr, prep.route_ptr[-1])
-    flow_start = replay.flow_start_s[sel]
+    flow_start = timeline.flow_start_s[sel]
     if not all_net:
-        flow_start = np.where(is_net, flow_start, replay.start_s[sel])
+        flow_start = np.where(is_net, flow_start, timeline.start_s[sel])
     wire = prep.wire_bytes[sel]
     transfers = TransferRecords(
         op_id=xfer,
@@ -50,7 +80,7 @@ def build_result(replay: Replay) -> SimResult:
         dst=a["dst"][sel],
         bytes=prep.payload_bytes[sel],
         wire_bytes=wire if all_net else np.where(is_net, wire, 0.0),
-        start_s=replay.start_s[sel],
+        start_s=timeline.start_s[sel],
         flow_start_s=flow_start,
         end_s=end_s[sel],
         route=route,
@@ -65,9 +95,9 @@ def build_result(replay: Replay) -> SimResult:
     link_bytes = np.bincount(
         prep.route_links, weights=np.repeat(route_bytes, np.diff(prep.route_ptr)), minlength=nlinks
     )
-    link_bytes = link_bytes + replay.in_network_link_bytes
+    link_bytes = link_bytes + timeline.in_network_link_bytes
     capacity = np.asarray(fabric.capacity_bytes_per_s, dtype=np.float64)
-    busy_s = replay.network.busy_s.copy()
+    busy_s = timeline.busy_s.copy()
     if time_s > 0:
         utilization = link_bytes / (capacity * time_s)
         busy_fraction = busy_s / time_s
@@ -96,12 +126,12 @@ def build_result(replay: Replay) -> SimResult:
         algorithm=schedule.algorithm,
         nranks=schedule.nranks,
         size_bytes=schedule.size_bytes,
-        protocol=replay.protocol.name,
+        protocol=protocol.name,
         time_s=time_s,
         transfers=transfers,
         links=links,
         rank_finish_s=rank_finish,
-        op_start_s=replay.start_s,
+        op_start_s=timeline.start_s,
         op_end_s=end_s,
-        meta={"channels": schedule.channels, **schedule.meta},
+        meta={"channels": schedule.channels, **schedule.meta, "engine_path": engine_path},
     )
