@@ -1,0 +1,141 @@
+"""nccl-tests' ``-J FILE`` JSON output, and the source-neutral facts both readers hand over.
+
+The JSON document (nccl-tests ``src/util.cu``, format version 2) holds ``args``, ``env``,
+``nccl_version`` (a version code), ``config`` (with ``devices``: one entry per process, so ranks are
+devices x ``nthreads`` x ``ngpus``), ``results`` (``size``, ``count``, ``type``, ``redop``,
+``root``,
+``out_of_place``/``in_place`` objects with ``time``, ``alg_bw``, ``bus_bw``, ``nwrong``, either may
+be ``null``) and ``average_bus_bandwidth``/``out_of_bounds``. nccl-tests writes the file as it
+goes, so a killed run leaves it truncated: that is reported with the line where it stops.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from collsim.calibration.rows import Draft, Group, Value
+from collsim.errors import CalibrationError
+
+if TYPE_CHECKING:
+    from collsim.calibration._text import Section
+
+
+@dataclass
+class Facts:
+    """What a log says about its run, whatever its format."""
+
+    collective: str | None = None
+    ranks: int | None = None
+    ranks_source: str = ""
+    hosts: list[str] = field(default_factory=list)
+    info_hosts: set[tuple[str, str, str]] = field(default_factory=set)  # (host, pid, device)
+    gpu: str | None = None
+    nccl_version: str | None = None
+    library_code: int | None = None
+    tests_version: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    avg_busbw: float | None = None
+    oob: tuple[int, str] | None = None
+    legacy: bool = False
+    json: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_section(cls, s: Section) -> Facts:
+        facts = cls(
+            collective=s.collective,
+            info_hosts=set(s.info_hosts),
+            nccl_version=s.nccl_version,
+            library_code=s.library_code,
+            tests_version=s.tests_version,
+            env=dict(s.env),
+            avg_busbw=s.avg_busbw,
+            oob=s.oob,
+            legacy=s.columns.legacy,
+        )
+        if s.devices:
+            facts.ranks, facts.ranks_source = len(s.devices), "devices"
+            ordered = [s.devices[r] for r in sorted(s.devices)]
+            facts.hosts = list(dict.fromkeys(host for host, _ in ordered))
+            facts.gpu = " / ".join(dict.fromkeys(name for _, name in ordered))
+        elif s.info_nranks:
+            facts.ranks, facts.ranks_source = s.info_nranks, "NCCL INFO 'nranks'"
+        elif s.command_ranks:
+            facts.ranks, facts.ranks_source = s.command_ranks, "the command line"
+        if s.info_inside_row:
+            facts.notes.append(f"{s.info_inside_row} row(s) split by NCCL INFO output, rejoined")
+        if s.avg_busbw is None:
+            facts.notes.append("no 'Avg bus bandwidth' line: an excerpt, or a run cut short")
+        return facts
+
+
+def _group(obj: Any, file: str, index: int) -> Any:
+    if obj is None:
+        return None
+    try:
+        values = [obj.get("time", obj.get("cpu_time")), obj["alg_bw"], obj["bus_bw"]]
+        wrong = obj.get("nwrong")
+        return Group(
+            *(Value(float(v), 5e-7) for v in values),
+            Value(None if wrong is None or wrong == "nan" else float(wrong)),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise CalibrationError(
+            "JSON result lacks time/alg_bw/bus_bw", file=file, field=f"results[{index}]", value=obj
+        ) from None
+
+
+def read(text: str, file: str) -> tuple[Facts, list[Draft]]:
+    """Facts and draft rows from a ``-J`` JSON document."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CalibrationError(
+            f"malformed or truncated JSON: {exc.msg}", file=file, field=f"line {exc.lineno}"
+        ) from None
+    results = doc.get("results") if isinstance(doc, dict) else None
+    if not isinstance(results, list) or not results:
+        raise CalibrationError(
+            "no nccl-tests results in this JSON document", file=file, field="results"
+        )
+    config = doc.get("config") or {}
+    devices = config.get("devices") or []
+    facts = Facts(json=True, library_code=doc.get("nccl_version"))
+    args = doc.get("args") or []
+    facts.collective = str(args[0]) if args else None
+    if devices:
+        per_process = int(config.get("nthreads", 1)) * int(config.get("ngpus", 1))
+        facts.ranks, facts.ranks_source = len(devices) * per_process, "devices"
+        facts.hosts = list(dict.fromkeys(str(d.get("hostname")) for d in devices))
+        facts.gpu = " / ".join(dict.fromkeys(str(d.get("device_info")) for d in devices))
+    for entry in doc.get("env") or []:
+        name, sep, value = str(entry).partition("=")
+        if sep and name.startswith("NCCL_"):
+            facts.env[name] = value
+    avg = doc.get("average_bus_bandwidth") or {}
+    facts.avg_busbw = avg.get("bandwidth")
+    oob = doc.get("out_of_bounds") or {}
+    if "count" in oob:
+        facts.oob = (int(oob["count"]), "OK" if oob.get("okay", True) else "FAILED")
+    drafts = []
+    for i, r in enumerate(results):
+        try:
+            root = str(r.get("root", "")).strip()
+            drafts.append(
+                Draft(
+                    0,
+                    int(r["size"]),
+                    int(r["count"]),
+                    str(r["type"]),
+                    r.get("redop") or None,
+                    int(root) if root else None,
+                    [_group(r.get("out_of_place"), file, i), _group(r.get("in_place"), file, i)],
+                )
+            )
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise CalibrationError(
+                "JSON result lacks size/count/type", file=file, field=f"results[{i}]", value=r
+            ) from None
+    return facts, drafts

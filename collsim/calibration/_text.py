@@ -1,0 +1,370 @@
+"""Scanning nccl-tests' text output: the result table and the facts around it.
+
+nccl-tests prints a preamble (parameters, ``# Using devices`` lines), one header, one row per size
+and
+a summary, but real logs wrap that in much else. This module copes with, in order of the pipeline:
+
+* launcher prefixes: ``[1,0]<stdout>:`` (Open MPI ``--tag-output``, also in the middle of a line,
+  where it acts as a line break) and ``  0: `` (``srun -l``);
+* NCCL's own ``host:pid:tid [dev] NCCL INFO ...`` lines, between rows *and* inside one: the text
+  before the marker is kept as a row fragment and the row is completed by the next numeric line;
+* headers and device lines with or without their ``#`` (documentation often strips it);
+* both table layouts: current (``redop root ... #wrong``) and legacy (no ``root`` column for most
+  collectives, an ``error`` column holding the maximum deviation instead of a count), with an
+  optional per-iteration block and a timestamp column;
+* anything else (shell echo, MPI warnings, job banners) is ignored.
+
+The scanner returns raw sections (one per result table); :mod:`collsim.calibration.nccltests`
+turns them into :class:`~collsim.calibration.nccltests.NcclTestsLog`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from collsim.errors import CalibrationError
+
+_PREFIX_ANYWHERE = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:")
+_SRUN_LABEL = re.compile(r"^\s*\d+: ")
+# host:pid:tid [dev] NCCL INFO|WARN ...; a host may follow a row fragment with no space
+# ("-1gcn151:..."), so a host starting with a digit must not be glued to preceding text.
+_NCCL_MARKER = re.compile(
+    r"(?P<host>(?<![\w.-])[A-Za-z0-9][\w.-]*|[A-Za-z][\w.-]*):(?P<pid>\d+):\d+ \[(?P<dev>\d+)\]"
+    r"(?: \S+)? "
+    r"NCCL (?:INFO|WARN|TRACE|ERROR|ABORT)\b ?"
+)
+_DEVICE = re.compile(
+    r"^Rank\s+(?P<rank>\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(?P<host>\S+)\s+device\s+"
+    r"(?P<dev>\d+)\s+\[[^\]]*\]\s+(?P<name>.+?)\s*$"
+)
+_VERSION = re.compile(r"\bNCCL version (\d+\.\d+\.\d+\S*)")
+_TESTS_VERSION = re.compile(r"nccl-tests version (\S+)(?:.*nccl-library=(\d+))?")
+_TEST_START = re.compile(r"Collective test starting: (\S+)")
+_BINARY = re.compile(
+    r"\b(all_reduce|all_gather|reduce_scatter|alltoall|broadcast|reduce|sendrecv|gather|scatter|"
+    r"hypercube|alltoallv)_perf(?:_mpi)?\b"
+)
+_ENV_ASSIGN = re.compile(r"\b(NCCL_[A-Z0-9_]+)=((?:\\.|[^\s\"'])+|\"[^\"]*\"|'[^']*')")
+_ENV_INFO = re.compile(r"\b(NCCL_[A-Z0-9_]+) set by environment to (\S+)")
+_NRANKS_INFO = re.compile(r"\bnranks (\d+)\b")
+_PARAMS = re.compile(r"nThread (\d+) nGpus (\d+)")
+_AVG = re.compile(r"Avg bus bandwidth\s*:\s*([0-9.eE+-]+)")
+_OOB = re.compile(r"Out of bounds values\s*:\s*(\d+)\s*(\w*)")
+_LAUNCHERS = re.compile(r"\b(mpirun|mpiexec|srun|orterun)\b")
+_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+_GROUP_KEYS = {
+    "time": "time",
+    "cputime": "time",
+    "algbw": "algbw",
+    "busbw": "busbw",
+    "#wrong": "wrong",
+    "error": "wrong",
+    "wrong": "wrong",
+}
+
+
+def is_number(token: str) -> bool:
+    """True for tokens nccl-tests prints as numbers (``12``, ``-1``, ``1e-07``, ``0.00``)."""
+    return bool(_NUMBER.match(token))
+
+
+@dataclass
+class Columns:
+    """What one header line says about the rows below it."""
+
+    has_redop: bool
+    has_root: bool
+    groups: list[dict[str, int]]  # per group (out-of-place, in-place): key -> index in the tail
+    tail: int  # numeric tokens after the text columns (timestamp counts as two)
+    legacy: bool  # ``error`` column (maximum deviation) instead of ``#wrong`` (count)
+
+
+@dataclass
+class RawRow:
+    """One row's tokens, split into text columns and the numeric tail."""
+
+    line: int
+    size: str
+    count: str
+    dtype: str
+    redop: str | None
+    root: str | None
+    groups: list[dict[str, str]]
+
+
+@dataclass
+class Section:
+    """One result table and the facts seen before and around it."""
+
+    columns: Columns
+    header_line: int
+    rows: list[RawRow] = field(default_factory=list)
+    devices: dict[int, tuple[str, str]] = field(default_factory=dict)  # rank -> (host, name)
+    info_hosts: set[tuple[str, str, str]] = field(default_factory=set)  # (host, pid, device)
+    nccl_version: str | None = None
+    library_code: int | None = None
+    tests_version: str | None = None
+    collective: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    info_nranks: int | None = None
+    command_ranks: int | None = None
+    threads_gpus: tuple[int, int] | None = None
+    avg_busbw: float | None = None
+    oob: tuple[int, str] | None = None
+    info_inside_row: int = 0
+
+
+def parse_header(body: str) -> Columns | None:
+    """Columns from a header line (``#`` already removed), or None if it is not one."""
+    names = body.split()
+    if names[:2] != ["size", "count"] or "algbw" not in names or "busbw" not in names:
+        return None
+    text = [n for n in names[: names.index("algbw")] if n in ("type", "redop", "root")]
+    rest = names[2 + len(text) :]
+    groups: list[dict[str, int]] = []
+    tail = 0
+    for name in rest:
+        if name in ("time", "cputime"):
+            groups.append({})
+        if name == "timestamp":
+            tail += 2
+            continue
+        if groups and name in _GROUP_KEYS:
+            groups[-1][_GROUP_KEYS[name]] = tail
+        tail += 1
+    if not groups or any(set(g) < {"time", "algbw", "busbw"} for g in groups):
+        return None
+    return Columns(
+        has_redop="redop" in text,
+        has_root="root" in text,
+        groups=groups,
+        tail=tail,
+        legacy="error" in rest,
+    )
+
+
+def split_row(tokens: list[str], cols: Columns) -> tuple[int, int] | None:
+    """(text columns, total tokens) a row needs, once enough tokens are there to tell; else None.
+
+    Legacy logs leave ``redop`` blank for collectives without one, so it is taken only when the
+    token is a word.
+    """
+    if len(tokens) < 3:
+        return None
+    left = 3
+    if cols.has_redop:
+        if len(tokens) < 4:
+            return None
+        if not is_number(tokens[3]):
+            left += 1
+    if cols.has_root:
+        left += 1
+    return left, left + cols.tail
+
+
+def make_row(tokens: list[str], cols: Columns, line: int) -> RawRow:
+    """A raw row from exactly the tokens one row needs."""
+    left, _ = split_row(tokens, cols) or (3, 0)
+    text = tokens[:left]
+    tail = tokens[left:]
+    redop = text[3] if cols.has_redop and len(text) > 3 and not is_number(text[3]) else None
+    root = text[-1] if cols.has_root else None
+    groups = [{key: tail[i] for key, i in g.items()} for g in cols.groups]
+    return RawRow(line, text[0], text[1], text[2], redop, root, groups)
+
+
+def clean_segments(raw: str) -> list[str]:
+    """A physical line without launcher prefixes; a prefix in mid-line starts a new segment."""
+    parts = _PREFIX_ANYWHERE.split(raw)
+    return [_SRUN_LABEL.sub("", part, count=1) if i == 0 else part for i, part in enumerate(parts)]
+
+
+def _ranks_from_command(line: str) -> int | None:
+    """Total ranks a command line would start: processes x ``-g`` x ``-t`` (None if unclear)."""
+    match = _BINARY.search(line)
+    if not match:
+        return None
+    before, after = line[: match.start()], line[match.end() :].split()
+    procs = 1
+    if _LAUNCHERS.search(before):
+        found = re.search(r"(?:^|\s)(?:-np|-n|--np|--ntasks)[\s=](\d+)", before)
+        if not found:
+            return None
+        procs = int(found.group(1))
+    opts = {"g": 1, "t": 1}
+    for flag, key in (("-g", "g"), ("--ngpus", "g"), ("-t", "t"), ("--nthreads", "t")):
+        if flag in after:
+            i = after.index(flag)
+            if i + 1 < len(after) and after[i + 1].isdigit():
+                opts[key] = int(after[i + 1])
+    return procs * opts["g"] * opts["t"]
+
+
+class Scanner:
+    """Line-by-line state machine over one text log; :meth:`scan` returns its sections."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.sections: list[Section] = []
+        self.current: Section | None = None  # the section whose table is open
+        self.pending: list[str] = []
+        self.pending_line = 0
+        # facts seen outside any table, handed to the next section
+        self.ctx = Section(columns=Columns(False, False, [], 0, False), header_line=0)
+
+    def error(self, line: int, message: str, value: object = None) -> CalibrationError:
+        return CalibrationError(message, file=self.file, field=f"line {line}", value=value)
+
+    def scan(self, text: str) -> list[Section]:
+        lineno = 0
+        for lineno, raw in enumerate(text.splitlines(), start=1):
+            for segment in clean_segments(raw):
+                marker = _NCCL_MARKER.search(segment)
+                if marker:
+                    who = (marker["host"], marker["pid"], marker["dev"])
+                    fragment = segment[: marker.start()]
+                    if fragment.strip():
+                        self.text(fragment, lineno)
+                        if self.pending and self.current is not None:
+                            self.current.info_inside_row += 1
+                    self.info(segment[marker.end() :], who)
+                else:
+                    self.text(segment, lineno)
+        if self.pending:
+            raise self.error(
+                self.pending_line,
+                "result row is cut short (file ends inside it)",
+                " ".join(self.pending),
+            )
+        self.close()
+        return self.sections
+
+    def close(self) -> None:
+        if self.current is not None:
+            if self.pending:
+                raise self.error(
+                    self.pending_line, "result row is cut short", " ".join(self.pending)
+                )
+            if self.current.rows:
+                self.sections.append(self.current)
+            self.current = None
+
+    def info(self, message: str, who: tuple[str, str, str]) -> None:
+        """Facts from one NCCL INFO/WARN message (``who``: host, pid, device)."""
+        target = self.current or self.ctx
+        target.info_hosts.add(who)
+        for name, value in _ENV_INFO.findall(message):
+            target.env[name] = value.rstrip(".")
+        if version := _VERSION.search(message):
+            target.nccl_version = version.group(1)
+        if "Init COMPLETE" in message and (nranks := _NRANKS_INFO.search(message)):
+            target.info_nranks = int(nranks.group(1))
+
+    def text(self, segment: str, lineno: int) -> None:
+        stripped = segment.strip()
+        body = stripped.lstrip("#").strip()
+        if self.pending:
+            self.continue_row(body.split(), lineno)
+            return
+        if not body:
+            return
+        if (cols := parse_header(body)) is not None:
+            self.close()
+            self.current = Section(columns=cols, header_line=lineno)
+            self.inherit(self.current)
+            return
+        section = self.current
+        tokens = body.split()
+        if section is not None and not stripped.startswith("#") and tokens[0].isdigit():
+            self.start_row(tokens, lineno)
+            return
+        self.fact(body, lineno)
+
+    def inherit(self, section: Section) -> None:
+        """Give a new table the facts seen before it (devices are per test, the rest carries on)."""
+        ctx = self.ctx
+        section.devices = dict(ctx.devices)
+        section.info_hosts = set(ctx.info_hosts)
+        section.env = dict(ctx.env)
+        for name in (
+            "nccl_version",
+            "library_code",
+            "tests_version",
+            "collective",
+            "info_nranks",
+            "command_ranks",
+            "threads_gpus",
+        ):
+            setattr(section, name, getattr(ctx, name))
+        section.info_inside_row = 0
+
+    def start_row(self, tokens: list[str], lineno: int) -> None:
+        assert self.current is not None
+        shape = split_row(tokens, self.current.columns)
+        if shape is not None and len(tokens) > shape[1]:
+            raise self.error(
+                lineno,
+                f"result row has {len(tokens)} values, the header has {shape[1]}",
+                " ".join(tokens),
+            )
+        if shape is not None and len(tokens) == shape[1]:
+            self.current.rows.append(make_row(tokens, self.current.columns, lineno))
+            return
+        self.pending, self.pending_line = tokens, lineno
+
+    def continue_row(self, tokens: list[str], lineno: int) -> None:
+        """More tokens for a row that an INFO line (or a launcher prefix) cut in two."""
+        assert self.current is not None
+        cols = self.current.columns
+        words_allowed = len(self.pending) < 5  # the text columns may still be missing
+        if not tokens or not all(
+            is_number(t) or t == "N/A" or (words_allowed and t.isalpha()) for t in tokens
+        ):
+            return  # job noise between the two halves
+        own = split_row(tokens, cols)
+        if tokens[0].isdigit() and own is not None and len(tokens) == own[1] and cols.tail:
+            raise self.error(self.pending_line, "result row is cut short", " ".join(self.pending))
+        joined = self.pending + tokens
+        shape = split_row(joined, cols)
+        if shape is None or len(joined) < shape[1]:
+            self.pending = joined
+            return
+        if len(joined) > shape[1]:
+            raise self.error(self.pending_line, "result row is cut short", " ".join(self.pending))
+        self.current.rows.append(make_row(joined, cols, self.pending_line))
+        self.pending = []
+
+    def fact(self, body: str, lineno: int) -> None:
+        """Anything that is not a row: preamble, summary, command lines."""
+        target = self.current or self.ctx
+        if body.startswith("Using devices"):
+            self.close()
+            self.ctx.devices = {}
+            return
+        if device := _DEVICE.match(body):
+            self.ctx.devices[int(device["rank"])] = (device["host"], device["name"])
+            return
+        if avg := _AVG.search(body):
+            target.avg_busbw = float(avg.group(1))
+            self.close()
+            return
+        if oob := _OOB.search(body):
+            target.oob = (int(oob.group(1)), oob.group(2))
+            return
+        if version := _VERSION.search(body):
+            target.nccl_version = version.group(1)
+        if tests := _TESTS_VERSION.search(body):
+            target.tests_version = tests.group(1)
+            target.library_code = int(tests.group(2)) if tests.group(2) else None
+        if start := _TEST_START.search(body):
+            target.collective = start.group(1)
+        elif binary := _BINARY.search(body):
+            target.collective = binary.group(0)
+            if (ranks := _ranks_from_command(body)) is not None:
+                target.command_ranks = ranks
+        if params := _PARAMS.search(body):
+            target.threads_gpus = (int(params.group(1)), int(params.group(2)))
+        for name, value in _ENV_ASSIGN.findall(body):
+            target.env[name] = value.strip("\"'").replace("\\", "")

@@ -1,0 +1,274 @@
+"""Reading nccl-tests results: :func:`read_log` -> :class:`NcclTestsLog` of typed rows.
+
+One reader serves published logs, logs from ``collsim calibrate run`` (nccl-tests or the torch
+benchmark, which prints the same table) and nccl-tests' ``-J`` JSON files, so that fitting and
+validation never care where a measurement came from.
+
+What is taken from a log, and from where (first source that says wins):
+
+* collective: ``# Collective test starting: X_perf``, else the binary named on a command line, else
+  the JSON ``args``, else the ``collective=`` hint, else the file name;
+* ranks: the ``# Using devices`` lines, else NCCL's ``Init COMPLETE ... nranks N``, else the command
+  line (processes x ``-g`` x ``-t``), else the ``ranks=`` hint, else the printed counts
+  (all_gather/reduce_scatter/alltoall print per-rank counts) or the busbw/algbw ratio;
+* nodes: distinct hosts of the device lines, else of NCCL INFO lines, else the ``nodes=`` hint;
+* GPU model, NCCL version (``NCCL version ...`` or ``nccl-library=NNNNN``), NCCL_* settings
+  (``-x NCCL_X=..``, ``NCCL_X=..``, ``NCCL_X set by environment to ..``).
+
+Every row is checked: ``#wrong > 0`` (or, in the legacy layout, a maximum error above nccl-tests'
+own tolerance for the type), algbw that does not match size/time, busbw that is not algbw times
+nccl-tests' factor for the rank count, and element counts that do not match size, type and ranks.
+Problems become ``anomalies`` (``strict=True`` raises on the first); format observations become
+``notes``. Structural problems (empty file, no table, a cut-off row) raise
+:class:`~collsim.errors.CalibrationError` naming the file and the line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from collsim.analysis.metrics import COLLECTIVES, canonical_collective
+from collsim.calibration import _json, _text
+from collsim.calibration.rows import Draft, Group, Row, Value, check_rows, infer_ranks
+from collsim.errors import CalibrationError, CollsimError
+
+__all__ = ["NcclTestsLog", "Row", "read_log", "read_logs"]
+
+
+@dataclass(frozen=True)
+class NcclTestsLog:
+    """Everything one nccl-tests result table says, plus where it came from."""
+
+    file: str
+    collective: str
+    ranks: int
+    nodes: int | None
+    gpu: str | None
+    nccl_version: str | None
+    nccl_env: dict[str, str]
+    dtype: str
+    redop: str | None
+    rows: tuple[Row, ...]
+    avg_busbw: float | None
+    anomalies: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    layout: str = "current"  # "current" (#wrong, root), "legacy" (error column), "json"
+    hosts: tuple[str, ...] = ()
+    nccl_tests_version: str | None = None
+    ranks_source: str = ""
+    nodes_source: str = ""
+
+    @property
+    def gpus_per_node(self) -> int | None:
+        """Ranks per node when the ranks divide evenly over the known nodes."""
+        if not self.nodes or self.ranks % self.nodes:
+            return None
+        return self.ranks // self.nodes
+
+
+@dataclass
+class Hints:
+    """What the caller (e.g. the dataset index) knows when the log does not say it."""
+
+    collective: str | None = None
+    ranks: int | None = None
+    nodes: int | None = None
+    gpu: str | None = None
+
+
+def _collective_name(text: str, file: str) -> str | None:
+    """``all_reduce_perf_mpi``/``AllReduce``/``all-reduce`` -> ``all_reduce``; error if unknown."""
+    name = re.sub(r"_perf(_mpi)?$", "", Path(text).name)
+    try:
+        return canonical_collective(name)
+    except CollsimError:
+        raise CalibrationError(
+            f"collective not supported by collsim (supported: {', '.join(COLLECTIVES)})",
+            file=file,
+            field="collective",
+            value=text,
+        ) from None
+
+
+def _from_file_name(path: str) -> str | None:
+    stem = Path(path).stem.lower()
+    found = [c for c in COLLECTIVES if re.search(rf"(^|[^a-z]){c}($|[^a-z])", stem)]
+    found = [c for c in found if not any(c != o and c in o for o in found)]  # reduce in all_reduce
+    return found[0] if len(found) == 1 else None
+
+
+def _drafts_from_text(section: _text.Section, file: str) -> list[Draft]:
+    drafts = []
+    for raw in section.rows:
+        try:
+            groups: list[Group | None] = []
+            for g in raw.groups:
+                group = Group(*(Value.parse(g.get(k)) for k in ("time", "algbw", "busbw", "wrong")))
+                groups.append(None if group.time.value is None else group)
+            root = None if raw.root is None else int(raw.root)
+            drafts.append(
+                Draft(raw.line, int(raw.size), int(raw.count), raw.dtype, raw.redop, root, groups)
+            )
+        except ValueError:
+            raise CalibrationError(
+                "result row has a value that is not a number",
+                file=file,
+                field=f"line {raw.line}",
+                value=" ".join(_raw_tokens(raw)),
+            ) from None
+    return drafts
+
+
+def _raw_tokens(raw: _text.RawRow) -> list[str]:
+    out = [raw.size, raw.count, raw.dtype, raw.redop or "", raw.root or ""]
+    for g in raw.groups:
+        out += [g.get(k, "") for k in ("time", "algbw", "busbw", "wrong")]
+    return [t for t in out if t]
+
+
+def _version_from_code(code: int | None) -> str | None:
+    """NCCL_VERSION_CODE -> ``2.26.2`` (codes >= 10000 are X.YY.ZZ, older ones X.Y.ZZ)."""
+    if not code:
+        return None
+    if code >= 10000:
+        return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+    return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
+
+
+def _build(
+    file: str, sec: _json.Facts, drafts: list[Draft], hints: Hints, strict: bool
+) -> NcclTestsLog:
+    """Resolve metadata (log first, then hints, then inference), check rows, make the log."""
+    notes: list[str] = list(sec.notes)
+    collective = None
+    if sec.collective:
+        collective = _collective_name(sec.collective, file)
+    if hints.collective:
+        hinted = _collective_name(hints.collective, file)
+        if collective and hinted != collective:
+            raise CalibrationError(
+                f"the log is a {collective} test, not {hinted}",
+                file=file,
+                field="collective",
+                value=hints.collective,
+            )
+        collective = collective or hinted
+    if not collective:
+        collective = _from_file_name(file)
+        if collective:
+            notes.append(f"collective '{collective}' taken from the file name")
+    if not collective:
+        raise CalibrationError(
+            "cannot tell which collective this log measures (no binary "
+            "name in it); pass collective=...",
+            file=file,
+            field="collective",
+        )
+    ranks, ranks_source = sec.ranks, sec.ranks_source
+    if ranks is None and hints.ranks:
+        ranks, ranks_source = hints.ranks, "given"
+    if ranks is None:
+        ranks, ranks_source = infer_ranks(collective, drafts)
+    if ranks is None:
+        raise CalibrationError(
+            "cannot tell the number of ranks (no device list); pass ranks=...",
+            file=file,
+            field="ranks",
+        )
+    if hints.ranks and hints.ranks != ranks:
+        notes.append(f"the log says {ranks} ranks ({ranks_source}), the caller said {hints.ranks}")
+    if ranks_source not in ("devices", "given"):
+        notes.append(f"ranks ({ranks}) from {ranks_source}")
+    nodes, nodes_source = (len(sec.hosts), "devices") if sec.hosts else (None, "")
+    if nodes is None and len(sec.info_hosts) == ranks:  # INFO lines from every rank seen
+        nodes, nodes_source = len({host for host, _, _ in sec.info_hosts}), "NCCL INFO lines"
+    if nodes is None and hints.nodes:
+        nodes, nodes_source = hints.nodes, "given"
+    dtypes = sorted({d.dtype for d in drafts})
+    redops = sorted({d.redop for d in drafts if d.redop})
+    anomalies = check_rows(collective, ranks, drafts, sec.legacy)
+    if len(dtypes) > 1:
+        anomalies.append(f"several data types in one table: {', '.join(dtypes)}")
+    if sec.oob and sec.oob[0] > 0:
+        anomalies.append(f"nccl-tests reports {sec.oob[0]} out-of-bounds values ({sec.oob[1]})")
+    if strict and anomalies:
+        raise CalibrationError(f"anomaly: {anomalies[0]}", file=file, field="rows")
+    return NcclTestsLog(
+        file=file,
+        collective=collective,
+        ranks=ranks,
+        nodes=nodes,
+        gpu=sec.gpu or hints.gpu,
+        nccl_version=sec.nccl_version or _version_from_code(sec.library_code),
+        nccl_env=dict(sec.env),
+        dtype=dtypes[0],
+        redop=redops[0] if len(redops) == 1 else None,
+        rows=tuple(d.row() for d in drafts),
+        avg_busbw=sec.avg_busbw,
+        anomalies=tuple(anomalies),
+        notes=tuple(notes),
+        layout="json" if sec.json else ("legacy" if sec.legacy else "current"),
+        hosts=tuple(sec.hosts),
+        nccl_tests_version=sec.tests_version,
+        ranks_source=ranks_source,
+        nodes_source=nodes_source,
+    )
+
+
+def read_logs(
+    path: str | Path,
+    *,
+    strict: bool = False,
+    collective: str | None = None,
+    ranks: int | None = None,
+    nodes: int | None = None,
+    gpu: str | None = None,
+) -> list[NcclTestsLog]:
+    """Every result table in one file (text or ``-J`` JSON), in order."""
+    file = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise CalibrationError(f"cannot read: {exc.strerror or exc}", file=file) from None
+    text = data.decode("utf-8", errors="replace")
+    if not text.strip():
+        raise CalibrationError("empty file: no nccl-tests output in it", file=file)
+    hints = Hints(collective, ranks, nodes, gpu)
+    if re.match(r'\s*\{\s*"', text):  # a JSON object ({'...' is a Python dict in a job log)
+        facts, drafts = _json.read(text, file)
+        return [_build(file, facts, drafts, hints, strict)]
+    sections = _text.Scanner(file).scan(text)
+    if not sections:
+        raise CalibrationError(
+            "no nccl-tests result table found (no 'size count type ... algbw busbw' header "
+            "followed by rows)",
+            file=file,
+        )
+    return [
+        _build(file, _json.Facts.from_section(s), _drafts_from_text(s, file), hints, strict)
+        for s in sections
+    ]
+
+
+def read_log(
+    path: str | Path,
+    *,
+    strict: bool = False,
+    collective: str | None = None,
+    ranks: int | None = None,
+    nodes: int | None = None,
+    gpu: str | None = None,
+) -> NcclTestsLog:
+    """The one result table in ``path`` (see the module docstring for what is read and checked).
+
+    The keyword hints are used only where the log itself does not say; ``strict=True`` turns the
+    first anomaly (e.g. ``#wrong > 0``) into a :class:`CalibrationError`.
+    """
+    logs = read_logs(path, strict=strict, collective=collective, ranks=ranks, nodes=nodes, gpu=gpu)
+    if len(logs) > 1:
+        raise CalibrationError(
+            f"{len(logs)} result tables in one file; use read_logs()", file=str(path)
+        )
+    return logs[0]

@@ -1,0 +1,186 @@
+"""Rows of nccl-tests tables: the public :class:`Row`, and the checks every row goes through.
+
+A row is first read into a :class:`Draft` that keeps, for every number, half of the last digit it
+was printed with (:class:`Value`): nccl-tests rounds time and bandwidths independently, so whether
+busbw equals algbw times the bus factor, or algbw equals size/time, can only be judged within that
+rounding. :func:`check_rows` does so, and also flags wrong results and element counts that do not
+match size, type and ranks.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from collsim.analysis.metrics import bus_factor
+from collsim.whatif import DTYPES, ROUNDED_TO_RANKS
+
+LEGACY_ERROR_LIMIT = {"half": 1e-2, "bfloat16": 1e-2, "float": 1e-5, "double": 1e-12}
+"""nccl-tests' ``DeltaMaxValue``: the largest ``error`` the legacy layout accepts (integers: 0)."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One size of one nccl-tests table. ``None`` where the log has no value (``N/A``, no in-place).
+
+    ``oop_wrong``/``ip_wrong`` hold ``#wrong`` (a count of wrong elements) in the current layout
+    and the maximum deviation in the legacy ``error`` layout (see ``NcclTestsLog.layout``).
+    """
+
+    size_bytes: int
+    count: int
+    dtype: str
+    redop: str | None
+    root: int | None
+    oop_time_us: float | None
+    oop_algbw_gbps: float | None
+    oop_busbw_gbps: float | None
+    oop_wrong: float | None
+    ip_time_us: float | None = None
+    ip_algbw_gbps: float | None = None
+    ip_busbw_gbps: float | None = None
+    ip_wrong: float | None = None
+    line: int = 0
+
+    @property
+    def time_us(self) -> float | None:
+        """The out-of-place time, or the in-place one where only that was measured."""
+        return self.oop_time_us if self.oop_time_us is not None else self.ip_time_us
+
+    @property
+    def busbw_gbps(self) -> float | None:
+        """The busbw belonging to :attr:`time_us`."""
+        return self.oop_busbw_gbps if self.oop_time_us is not None else self.ip_busbw_gbps
+
+    @property
+    def has_in_place(self) -> bool:
+        return self.ip_time_us is not None
+
+
+@dataclass
+class Value:
+    """A number as printed, with half its last printed digit (the rounding it carries)."""
+
+    value: float | None
+    half_unit: float = 0.0
+
+    @classmethod
+    def parse(cls, token: str | None, *, exact: bool = False) -> Value:
+        if token is None or token == "N/A" or token == "nan":
+            return cls(None)
+        match = re.match(r"^[-+]?\d*(?:\.(\d*))?(?:[eE]([-+]?\d+))?$", token)
+        if not match:
+            raise ValueError(token)
+        if exact:
+            return cls(float(token), 5e-7)
+        decimals = len(match.group(1) or "")
+        exponent = int(match.group(2) or 0)
+        return cls(float(token), 0.5 * 10.0 ** (exponent - decimals))
+
+
+@dataclass
+class Group:
+    """One (out-of-place or in-place) result of a row, with its printing precision."""
+
+    time: Value
+    algbw: Value
+    busbw: Value
+    wrong: Value
+
+
+@dataclass
+class Draft:
+    """A row before checks: values plus the precision they were printed with."""
+
+    line: int
+    size: int
+    count: int
+    dtype: str
+    redop: str | None
+    root: int | None
+    groups: list[Group | None] = field(default_factory=list)
+
+    def row(self) -> Row:
+        oop, ip = [*self.groups, None, None][:2]
+
+        def values(g: Group | None) -> list[float | None]:
+            if g is None:
+                return [None, None, None, None]
+            return [g.time.value, g.algbw.value, g.busbw.value, g.wrong.value]
+
+        return Row(
+            self.size,
+            self.count,
+            self.dtype,
+            self.redop,
+            self.root,
+            *values(oop),
+            *values(ip),
+            line=self.line,
+        )
+
+
+def infer_ranks(collective: str, drafts: list[Draft]) -> tuple[int | None, str]:
+    """Ranks from the printed numbers: counts (rounded collectives) or busbw/algbw."""
+    if collective in ROUNDED_TO_RANKS:
+        for d in drafts:
+            elem = DTYPES.get(d.dtype)
+            if elem and d.count > 0 and d.size % (d.count * elem) == 0:
+                return d.size // (d.count * elem), "element counts"
+    if collective in ("broadcast", "reduce", "sendrecv"):
+        return None, ""  # busbw = algbw whatever the rank count
+    best = max(
+        (d for d in drafts if d.groups and d.groups[0]),
+        default=None,
+        key=lambda d: d.groups[0].algbw.value or 0.0,
+    )  # type: ignore[union-attr]
+    if best is None or not best.groups[0] or not best.groups[0].algbw.value:
+        return None, ""
+    g = best.groups[0]
+    for n in range(2, 100_000):
+        f = bus_factor(collective, n)
+        if abs(g.busbw.value - g.algbw.value * f) <= g.busbw.half_unit + f * g.algbw.half_unit:
+            return n, "busbw/algbw ratio"
+    return None, ""
+
+
+def check_rows(collective: str, ranks: int, drafts: Iterable[Draft], legacy: bool) -> list[str]:
+    """Anomalies of the rows: wrong results and numbers inconsistent with each other."""
+    factor = bus_factor(collective, ranks)
+    out: list[str] = []
+    for d in drafts:
+        where = f"line {d.line}, size {d.size}" if d.line else f"size {d.size}"
+        elem = DTYPES.get(d.dtype)
+        if elem:
+            expect = d.size // elem // (ranks if collective in ROUNDED_TO_RANKS else 1)
+            if d.count != expect:
+                out.append(
+                    f"{where}: count {d.count}, but {d.size} B of {d.dtype} on {ranks} "
+                    f"ranks is {expect} elements"
+                )
+        for label, g in zip(("out-of-place", "in-place"), d.groups, strict=False):
+            if g is None:
+                continue
+            t, a, b, w = g.time, g.algbw, g.busbw, g.wrong
+            if w.value is not None:
+                limit = LEGACY_ERROR_LIMIT.get(d.dtype, 0.0) if legacy else 0.0
+                if w.value > limit:
+                    what = "max error" if legacy else "#wrong"
+                    out.append(f"{where} {label}: {what} = {w.value:g} (results are wrong)")
+            if t.value is None or a.value is None or b.value is None:
+                continue
+            if d.size > 0 and t.value > 0:
+                expect_a = d.size / t.value / 1e3
+                tol = a.half_unit + expect_a * t.half_unit / t.value * 1.01 + 1e-9
+                if abs(a.value - expect_a) > tol:
+                    out.append(
+                        f"{where} {label}: algbw {a.value:g} GB/s, but size/time gives "
+                        f"{expect_a:.4g}"
+                    )
+            if abs(b.value - a.value * factor) > b.half_unit + factor * a.half_unit + 1e-9:
+                out.append(
+                    f"{where} {label}: busbw {b.value:g} is not algbw {a.value:g} x "
+                    f"{factor:.4g} (nccl-tests' factor for {ranks} ranks)"
+                )
+    return out

@@ -1,0 +1,357 @@
+"""Measuring a real cluster: nccl-tests binaries or the torch benchmark, under a launcher.
+
+:func:`plan_commands` turns a :class:`RunConfig` into command lines (what ``--dry-run`` prints);
+:func:`check_tools` says, in one line, what is missing (binary, launcher, torch);
+:func:`run` executes the commands, streams their output into the result store (one nccl-tests log
+per collective, recorded only when complete; the torch benchmark records every point itself),
+reports each finished row to a progress callback, and stops a command that prints nothing for
+longer than the timeout (a hung collective) with a message saying what it was running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from collsim import units
+from collsim.calibration._process import execute
+from collsim.calibration.nccltests import read_log
+from collsim.calibration.store import ResultStore
+from collsim.errors import CalibrationError
+from collsim.io import atomic_write_text
+
+RUNNERS = ("nccl-tests", "torch")
+LAUNCHERS = ("local", "torchrun", "mpirun", "srun")
+_ENV_PREFIXES = ("NCCL_", "CUDA_", "UCX_", "FI_", "TORCH_NCCL_", "SLURM_JOB", "OMPI_MCA_")
+
+
+@dataclass
+class RunConfig:
+    """Everything ``collsim calibrate run`` was asked to do."""
+
+    runner: str
+    launcher: str
+    nprocs: int
+    nodes: int
+    collectives: list[str]
+    minbytes: str = "8"
+    maxbytes: str = "128M"
+    stepfactor: float = 2.0
+    dtype: str = "float"
+    warmup: int = 5
+    iters: int = 20
+    out: Path = Path("calibration")
+    binary_dir: Path | None = None
+    timeout: float = 300.0
+    backend: str = "auto"
+    launcher_args: list[str] = field(default_factory=list)
+    master_port: int | None = None
+
+    def sizes(self) -> list[int]:
+        return units.size_range(
+            units.parse_size(self.minbytes), units.parse_size(self.maxbytes), self.stepfactor
+        )
+
+    def validate(self) -> None:
+        if self.runner not in RUNNERS:
+            raise CalibrationError(
+                f"unknown runner (choose from {', '.join(RUNNERS)})",
+                field="--runner",
+                value=self.runner,
+            )
+        if self.nprocs < 1 or self.nodes < 1 or self.nprocs % self.nodes:
+            raise CalibrationError(
+                "--nprocs must be a positive multiple of --nodes",
+                field="--nprocs",
+                value=self.nprocs,
+            )
+        if self.launcher in ("local", "torchrun") and self.nodes > 1:
+            raise CalibrationError(
+                f"--launcher {self.launcher} runs on this machine only; use "
+                "srun or mpirun for several nodes",
+                field="--nodes",
+                value=self.nodes,
+            )
+        if self.runner == "nccl-tests" and self.launcher == "torchrun":
+            raise CalibrationError(
+                "nccl-tests is started by local, mpirun or srun",
+                field="--launcher",
+                value=self.launcher,
+            )
+        self.sizes()
+
+
+@dataclass
+class Step:
+    """One command to run; ``collective`` is None when it covers all (the torch benchmark)."""
+
+    argv: list[str]
+    collective: str | None
+    env: dict[str, str] = field(default_factory=dict)
+    points: int = 0
+
+    def shell(self) -> str:
+        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return (prefix + " " if prefix else "") + shlex.join(self.argv)
+
+
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 (the torch rendezvous of a local run binds only there)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _binary(cfg: RunConfig, collective: str) -> str:
+    name = f"{collective}_perf"
+    return str(cfg.binary_dir / name) if cfg.binary_dir else name
+
+
+def _launcher_prefix(cfg: RunConfig) -> list[str]:
+    per_node = str(cfg.nprocs // cfg.nodes)
+    if cfg.launcher == "mpirun":
+        return ["mpirun", "-np", str(cfg.nprocs), "-npernode", per_node, *cfg.launcher_args]
+    if cfg.launcher == "srun":
+        return [
+            "srun",
+            "-N",
+            str(cfg.nodes),
+            "-n",
+            str(cfg.nprocs),
+            "--ntasks-per-node",
+            per_node,
+            *cfg.launcher_args,
+        ]
+    return []
+
+
+def plan_commands(cfg: RunConfig) -> list[Step]:
+    """The command lines that perform ``cfg``, in order."""
+    cfg.validate()
+    sizes = cfg.sizes()
+    common = [
+        "-b",
+        cfg.minbytes,
+        "-e",
+        cfg.maxbytes,
+        "-f",
+        f"{cfg.stepfactor:g}",
+        "-w",
+        str(cfg.warmup),
+        "-n",
+        str(cfg.iters),
+        "-d",
+        cfg.dtype,
+    ]
+    if cfg.runner == "nccl-tests":
+        gpus = str(cfg.nprocs) if cfg.launcher == "local" else "1"
+        return [
+            Step(
+                [*_launcher_prefix(cfg), _binary(cfg, c), *common, "-g", gpus, "-c", "1"],
+                c,
+                points=len(sizes),
+            )
+            for c in cfg.collectives
+        ]
+    bench = [
+        "-m",
+        "collsim.calibration.torchbench",
+        "-c",
+        ",".join(cfg.collectives),
+        *common,
+        "--backend",
+        cfg.backend,
+        "--out",
+        str(cfg.out),
+        "--timeout",
+        f"{cfg.timeout:g}",
+    ]
+    points = len(sizes) * len(cfg.collectives)
+    env: dict[str, str] = {}
+    if cfg.launcher in ("local", "torchrun"):
+        port = str(cfg.master_port or free_loopback_port())
+        start = [sys.executable, "-m", "torch.distributed.run"]
+        if cfg.launcher == "torchrun":
+            start = ["torchrun"]
+        argv = [
+            *start,
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            str(cfg.nprocs),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            port,
+            *cfg.launcher_args,
+            *bench,
+        ]
+        return [Step(argv, None, points=points)]
+    if cfg.nodes == 1:
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(cfg.master_port or 29500)}
+    elif "MASTER_ADDR" not in os.environ and cfg.launcher == "mpirun":
+        raise CalibrationError(
+            "set MASTER_ADDR (and MASTER_PORT) to the first node's address for a multi-node mpirun",
+            field="MASTER_ADDR",
+        )
+    prefix = _launcher_prefix(cfg)
+    if cfg.launcher == "mpirun":
+        prefix[1:1] = ["-x", "MASTER_ADDR", "-x", "MASTER_PORT"]
+    return [Step([*prefix, sys.executable, *bench], None, env=env, points=points)]
+
+
+def check_tools(cfg: RunConfig, steps: list[Step]) -> None:
+    """Raise one clear error for the first thing missing: launcher, binary or torch."""
+    if cfg.launcher in ("mpirun", "srun", "torchrun") and shutil.which(cfg.launcher) is None:
+        raise CalibrationError(
+            f"launcher '{cfg.launcher}' not found on PATH", field="--launcher", value=cfg.launcher
+        )
+    if cfg.runner == "nccl-tests":
+        for c in cfg.collectives:
+            binary = _binary(cfg, c)
+            found = Path(binary) if cfg.binary_dir else shutil.which(binary)
+            if not found or not Path(found).is_file() or not os.access(found, os.X_OK):
+                where = f"in {cfg.binary_dir}" if cfg.binary_dir else "on PATH (use --binary-dir)"
+                raise CalibrationError(
+                    f"nccl-tests binary {c}_perf not found {where}",
+                    field="--binary-dir",
+                    value=binary,
+                )
+    else:
+        try:
+            metadata.version("torch")
+        except metadata.PackageNotFoundError:
+            raise CalibrationError(
+                "torch is not installed (pip install 'collsim[calib]')",
+                field="--runner",
+                value="torch",
+            ) from None
+
+
+def capture_environment(cfg: RunConfig, steps: list[Step]) -> Path:
+    """Write ``env.json`` (versions, relevant variables, commands) and ``topo.txt`` if possible."""
+    info: dict[str, object] = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "collsim": metadata.version("collsim"),
+        "runner": cfg.runner,
+        "launcher": cfg.launcher,
+        "commands": [s.shell() for s in steps],
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)},
+    }
+    try:
+        info["torch"] = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        info["torch"] = None
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        for args, name in ((["topo", "-m"], "topo.txt"), (["-L"], "gpus.txt")):
+            try:
+                done = subprocess.run([smi, *args], capture_output=True, text=True, timeout=30)
+                atomic_write_text(cfg.out / name, done.stdout + done.stderr)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                info[f"nvidia-smi {' '.join(args)}"] = f"failed: {exc}"
+    else:
+        info["nvidia-smi"] = "not found (no topology captured)"
+    return atomic_write_text(cfg.out / "env.json", json.dumps(info, indent=1) + "\n")
+
+
+def run(
+    cfg: RunConfig,
+    steps: list[Step],
+    on_line: Callable[[str], None],
+    on_skip: Callable[[int], None],
+    notify: Callable[[str], None],
+) -> list[Path]:
+    """Execute ``steps``; return the logs (``logs/<collective>.txt``) now complete in ``cfg.out``.
+
+    A SIGTERM (a batch system's time limit) ends the run like Ctrl-C: the launched commands are
+    stopped and everything recorded so far stays.
+    """
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminated)
+        try:
+            return _run(cfg, steps, on_line, on_skip, notify)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    return _run(cfg, steps, on_line, on_skip, notify)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _run(
+    cfg: RunConfig,
+    steps: list[Step],
+    on_line: Callable[[str], None],
+    on_skip: Callable[[int], None],
+    notify: Callable[[str], None],
+) -> list[Path]:
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    run_dir = cfg.out / "run"
+    run_dir.mkdir(exist_ok=True)
+    identity = {"runner": cfg.runner, "ranks": cfg.nprocs, "dtype": cfg.dtype}
+    store = ResultStore(cfg.out, identity)
+    for problem in store.problems():
+        notify(f"warning: {problem}")
+    store.clean()
+    capture_environment(cfg, steps)
+    for step in steps:
+        label = step.collective or "torchbench"
+        if step.collective and store.done(step.collective):
+            notify(f"{step.collective}: done in an earlier run, skipped")
+            on_skip(step.points)
+            continue
+        # the torch benchmark guards each point itself; allow for torch's start-up around it
+        silence = cfg.timeout + (60.0 if cfg.runner == "torch" else 0.0)
+        status, stdout, err = execute(step, run_dir, label, silence, on_line)
+        if status != 0:
+            ours = [e for e in err.splitlines() if "collsim torchbench:" in e]
+            lines = ours or [e for e in err.splitlines() if e.strip()]
+            detail = lines[-1].strip() if lines else f"exit status {status}"
+            raise CalibrationError(
+                f"{label} failed: {detail} (output kept in {run_dir})",
+                field="exit status",
+                value=status,
+            )
+        if step.collective:
+            staged = run_dir / f"{label}.stdout"
+            read_log(staged, collective=step.collective)  # refuse to record what does not parse
+            store.record(
+                step.collective,
+                f"logs/{step.collective}.txt",
+                stdout.encode(),
+                collective=step.collective,
+                kind="nccl-tests log",
+            )
+    logs = sorted((cfg.out / "logs").glob("*.txt"))
+    _note_versions(cfg.out, logs)
+    return logs
+
+
+def _note_versions(out: Path, logs: list[Path]) -> None:
+    """Add the NCCL version each log reports to ``env.json`` (the binaries link their own)."""
+    env_file = out / "env.json"
+    info = json.loads(env_file.read_text(encoding="utf-8"))
+    versions: dict[str, str | None] = {}
+    for path in logs:
+        try:
+            versions[path.stem] = read_log(path).nccl_version
+        except CalibrationError:
+            versions[path.stem] = None
+    info["nccl_version"] = versions
+    atomic_write_text(env_file, json.dumps(info, indent=1) + "\n")

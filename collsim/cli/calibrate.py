@@ -1,0 +1,202 @@
+"""``collsim calibrate``: measure a real cluster (``run``) and read measurement logs (``read``)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import asdict
+from pathlib import Path
+
+import click
+
+from collsim.cli.base import cli
+
+_COLLECTIVES = [
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "reduce",
+    "alltoall",
+    "sendrecv",
+]
+
+
+@cli.group()
+def calibrate() -> None:
+    """Measure collectives on a real system and read nccl-tests results."""
+
+
+def _collectives(text: str) -> list[str]:
+    from collsim.analysis.metrics import canonical_collective
+    from collsim.errors import CalibrationError, CollsimError
+
+    names = []
+    for item in text.split(","):
+        if item.strip() == "all":
+            names += _COLLECTIVES
+            continue
+        try:
+            names.append(canonical_collective(item.strip()))
+        except CollsimError as exc:
+            raise CalibrationError(exc.message, field="--collectives", value=item) from None
+    return list(dict.fromkeys(names))
+
+
+@calibrate.command("run")
+@click.option(
+    "--runner",
+    type=click.Choice(["nccl-tests", "torch"]),
+    default="nccl-tests",
+    show_default=True,
+    help="nccl-tests binaries, or the torch.distributed benchmark.",
+)
+@click.option(
+    "--launcher",
+    type=click.Choice(["local", "torchrun", "mpirun", "srun"]),
+    default="local",
+    show_default=True,
+    help="How processes are started.",
+)
+@click.option("--nprocs", type=int, default=2, show_default=True, help="Total ranks.")
+@click.option("--nodes", type=int, default=1, show_default=True, help="Nodes the ranks span.")
+@click.option(
+    "-c",
+    "--collectives",
+    default="all_reduce",
+    show_default=True,
+    help="Comma-separated collectives, or 'all'.",
+)
+@click.option("-b", "--minbytes", default="8", show_default=True, help="Smallest size.")
+@click.option("-e", "--maxbytes", default="128M", show_default=True, help="Largest size.")
+@click.option("-f", "--stepfactor", type=float, default=2.0, show_default=True, help="Size step.")
+@click.option("-d", "--datatype", default="float", show_default=True, help="nccl-tests type.")
+@click.option("-w", "--warmup", type=int, default=5, show_default=True, help="Warm-up calls.")
+@click.option("-n", "--iters", type=int, default=20, show_default=True, help="Timed calls.")
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="Results directory.")
+@click.option(
+    "--binary-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where the nccl-tests *_perf binaries are (default: PATH).",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "gloo", "nccl"]),
+    default="auto",
+    show_default=True,
+    help="torch runner: nccl on GPUs, gloo on CPUs.",
+)
+@click.option(
+    "--timeout",
+    type=float,
+    default=300.0,
+    show_default=True,
+    help="Seconds one collective may take before it counts as hung.",
+)
+@click.option("--launcher-args", default="", help="Extra arguments for the launcher (quoted).")
+@click.option("--dry-run", is_flag=True, help="Print the commands and stop.")
+def run_cmd(
+    runner: str,
+    launcher: str,
+    nprocs: int,
+    nodes: int,
+    collectives: str,
+    minbytes: str,
+    maxbytes: str,
+    stepfactor: float,
+    datatype: str,
+    warmup: int,
+    iters: int,
+    out: str,
+    binary_dir: str | None,
+    backend: str,
+    timeout: float,
+    launcher_args: str,
+    dry_run: bool,
+) -> None:
+    """Measure collectives with nccl-tests or torch.distributed; results go to --out.
+
+    Each completed measurement is kept at once (rerunning skips it; killing a run loses nothing
+    completed). The logs in OUT/logs/ are nccl-tests tables that 'collsim calibrate read' reads.
+    """
+    from collsim.calibration.runners import RunConfig, check_tools, plan_commands
+    from collsim.calibration.runners import run as execute
+
+    cfg = RunConfig(
+        runner=runner,
+        launcher=launcher,
+        nprocs=nprocs,
+        nodes=nodes,
+        collectives=_collectives(collectives),
+        minbytes=minbytes,
+        maxbytes=maxbytes,
+        stepfactor=stepfactor,
+        dtype=datatype,
+        warmup=warmup,
+        iters=iters,
+        out=Path(out),
+        binary_dir=Path(binary_dir) if binary_dir else None,
+        timeout=timeout,
+        backend=backend,
+        launcher_args=shlex.split(launcher_args),
+    )
+    steps = plan_commands(cfg)
+    if dry_run:
+        for step in steps:
+            click.echo(step.shell())
+        return
+    check_tools(cfg, steps)
+    total = sum(s.points for s in steps)
+    with click.progressbar(
+        length=total, label=f"{runner} via {launcher}", file=None, show_pos=True
+    ) as bar:
+        logs = execute(
+            cfg,
+            steps,
+            on_line=lambda _line: bar.update(1),
+            on_skip=bar.update,
+            notify=lambda msg: click.echo(f"\n# {msg}", err=True),
+        )
+    for log in logs:
+        click.echo(f"# wrote {log}")
+
+
+@calibrate.command("read")
+@click.argument("logs", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--collective", default=None, help="Collective, where the log does not name it.")
+@click.option("--ranks", type=int, default=None, help="Ranks, where the log does not say.")
+@click.option("--strict", is_flag=True, help="Fail on any anomaly (e.g. #wrong > 0).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def read_cmd(
+    logs: tuple[str, ...], collective: str | None, ranks: int | None, strict: bool, as_json: bool
+) -> None:
+    """Print what each nccl-tests LOG says: system, ranks, nodes, rows, anomalies."""
+    from collsim.calibration import read_logs
+    from collsim.calibration.writer import format_row
+
+    parsed = [
+        log
+        for path in logs
+        for log in read_logs(path, strict=strict, collective=collective, ranks=ranks)
+    ]
+    if as_json:
+        click.echo(json.dumps([asdict(p) for p in parsed], indent=1))
+        return
+    for log in parsed:
+        click.echo(
+            f"# {log.file}: {log.collective} on {log.ranks} ranks "
+            f"({log.nodes if log.nodes is not None else '?'} nodes), "
+            f"GPU {log.gpu or '?'}, NCCL {log.nccl_version or '?'}, {log.layout} layout"
+        )
+        if log.nccl_env:
+            click.echo("# NCCL settings: " + " ".join(f"{k}={v}" for k, v in log.nccl_env.items()))
+        for row in log.rows:
+            click.echo(format_row(row))
+        if log.avg_busbw is not None:
+            click.echo(f"# Avg bus bandwidth    : {log.avg_busbw:g}")
+        for note in log.notes:
+            click.echo(f"# note: {note}")
+        for anomaly in log.anomalies:
+            click.echo(f"# ANOMALY: {anomaly}")
+        click.echo(f"# {len(log.rows)} rows, {len(log.anomalies)} anomalies")

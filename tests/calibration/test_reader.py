@@ -1,0 +1,266 @@
+"""The nccl-tests reader on synthetic logs: every format quirk, every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from collsim.calibration import read_log, read_logs
+from collsim.calibration.writer import format_rows, row_from_times
+from collsim.errors import CalibrationError
+from tests.calibration.conftest import DEVICES, FOOTER, HEADER, ROWS, standard_log
+
+
+def test_standard_log(write):
+    log = read_log(write(standard_log()))
+    assert (log.collective, log.ranks, log.nodes, log.gpus_per_node) == ("all_reduce", 4, 2, 2)
+    assert log.gpu == "NVIDIA H100 80GB HBM3"
+    assert log.nccl_version == "2.21.5+cuda12.4"
+    assert (log.dtype, log.redop, log.layout) == ("float", "sum", "current")
+    assert [r.size_bytes for r in log.rows] == [1024, 2048, 4096]
+    row = log.rows[0]
+    assert (row.count, row.root, row.oop_time_us, row.oop_algbw_gbps, row.oop_busbw_gbps) == (
+        256,
+        -1,
+        20.48,
+        0.05,
+        0.08,
+    )
+    assert (row.ip_time_us, row.ip_wrong, row.line) == (20.48, 0, row.line)
+    assert log.avg_busbw == pytest.approx(0.126667)
+    assert log.anomalies == () and log.notes == ()
+
+
+def test_launcher_prefixes_openmpi_and_srun(write):
+    text = standard_log()
+    tagged = "\n".join(f"[1,0]<stdout>:{line}" for line in text.splitlines())
+    labelled = "\n".join(f"  0: {line}" for line in text.splitlines())
+    for variant in (tagged, labelled):
+        log = read_log(write(variant))
+        assert len(log.rows) == 3 and log.ranks == 4 and log.anomalies == ()
+
+
+def test_prefix_in_mid_line_splits_the_line(write):
+    # another rank's tagged INFO output lands in the middle of rank 0's row
+    rows = [
+        ROWS[0],
+        ROWS[1][:52] + "[1,1]<stdout>:node2:2002:2010 [1] NCCL INFO Connected all rings",
+        "[1,0]<stdout>:" + ROWS[1][52:],
+        ROWS[2],
+    ]
+    log = read_log(write(standard_log(rows)))
+    assert [r.size_bytes for r in log.rows] == [1024, 2048, 4096]
+    assert log.rows[1].ip_busbw_gbps == 0.15
+
+
+def test_info_lines_between_and_inside_rows(write):
+    info = "node1:1001:1050 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM"
+    rows = [
+        ROWS[0],
+        info,
+        ROWS[1][:52] + info,
+        info.replace("Channel", "Ring"),
+        ROWS[1][52:],
+        ROWS[2],
+        "node2:2001:2001 [0] NCCL INFO NCCL_IB_HCA set by environment to mlx5_0",
+    ]
+    log = read_log(write(standard_log(rows)))
+    assert [r.size_bytes for r in log.rows] == [1024, 2048, 4096]
+    assert log.rows[1].oop_time_us == 20.48 and log.rows[1].ip_busbw_gbps == 0.15
+    assert log.nccl_env == {"NCCL_IB_HCA": "mlx5_0"}
+    assert any("split by NCCL INFO" in n for n in log.notes)
+
+
+def test_stripped_hash_markers(write):
+    text = "\n".join(line.lstrip("#") for line in standard_log().splitlines())
+    log = read_log(write(text))
+    assert (log.ranks, log.nodes, len(log.rows)) == (4, 2, 3)
+
+
+def test_legacy_layout_without_root_and_error_column(write):
+    text = (
+        "# nThread 1 nGpus 4 minBytes 1024 maxBytes 2048 step: 2(factor) warmup iters: 5 iters: 20 "
+        "validation: 1\n#\n# Using devices\n"
+        + "".join(
+            f"#   Rank  {r} Pid 4242 on localhost device  {r} [0x00] Tesla V100-SXM2-32GB\n"
+            for r in range(4)
+        )
+        + "#       size         count    type   redop     time   algbw   busbw  error     time"
+        "   algbw   busbw  error\n"
+        "        1024           256   float     sum    20.48    0.05    0.08  5e-07    20.48    "
+        "0.05    0.08  5e-07\n"
+        "        2048           512   float     sum    20.48    0.10    0.15  2e-03    20.48    "
+        "0.10    0.15  1e-07\n" + FOOTER
+    )
+    log = read_log(write(text), collective="all_reduce")
+    assert (log.layout, log.ranks, log.nodes, log.rows[0].root) == ("legacy", 4, 1, None)
+    assert log.rows[0].oop_wrong == 5e-07  # a maximum deviation, below float's 1e-5: fine
+    assert len(log.anomalies) == 1 and "max error = 0.002" in log.anomalies[0]
+
+
+def test_legacy_blank_redop_column(write):
+    # legacy alltoall: the header has 'redop', the rows leave it blank
+    text = (
+        "#       size         count    type   redop     time   algbw   busbw  error     time   "
+        "algbw   busbw  error\n"
+        "        1024           128   float             10.24    0.10    0.05    N/A    10.24    "
+        "0.10    0.05    N/A\n"
+    )
+    log = read_log(write(text, "x-alltoall.txt"), ranks=2)
+    assert (log.collective, log.redop, log.rows[0].oop_wrong) == ("alltoall", None, None)
+    assert any("file name" in n for n in log.notes)
+
+
+def test_json_output(write):
+    doc = {
+        "version": 2,
+        "args": ["./build/all_gather_perf", "-b", "1K"],
+        "env": ["NCCL_ALGO=Ring"],
+        "nccl_version": 22602,
+        "config": {
+            "nthreads": 1,
+            "ngpus": 2,
+            "devices": [
+                {"rank": 0, "hostname": "a", "device": 0, "device_info": "NVIDIA A100-SXM4-80GB"},
+                {"rank": 2, "hostname": "b", "device": 0, "device_info": "NVIDIA A100-SXM4-80GB"},
+            ],
+        },
+        "results": [
+            {
+                "size": 4096,
+                "count": 256,
+                "type": "float",
+                "redop": "none",
+                "root": "    -1",
+                "out_of_place": {"time": 40.96, "alg_bw": 0.1, "bus_bw": 0.075, "nwrong": 0.0},
+                "in_place": None,
+            },
+        ],
+        "average_bus_bandwidth": {"bandwidth": 0.075, "okay": "unchecked"},
+    }
+    log = read_log(write(json.dumps(doc), "run.json"))
+    assert (log.collective, log.ranks, log.nodes, log.layout) == ("all_gather", 4, 2, "json")
+    assert (log.nccl_version, log.nccl_env) == ("2.26.2", {"NCCL_ALGO": "Ring"})
+    assert log.rows[0].ip_time_us is None and not log.rows[0].has_in_place
+    assert log.anomalies == ()
+    truncated = json.dumps(doc, indent=1)[:-40]
+    with pytest.raises(CalibrationError, match=r"run2.json: field 'line \d+': malformed or trunc"):
+        read_log(write(truncated, "run2.json"))
+
+
+def test_wrong_results_are_anomalies_and_strict_raises(write):
+    rows = [ROWS[0], ROWS[1].replace("0.15      0    20.48", "0.15     17    20.48"), ROWS[2]]
+    path = write(standard_log(rows))
+    log = read_log(path)
+    assert len(log.anomalies) == 1 and "#wrong = 17" in log.anomalies[0]
+    with pytest.raises(CalibrationError, match="#wrong = 17"):
+        read_log(path, strict=True)
+
+
+def test_inconsistent_numbers_are_anomalies(write):
+    rows = [
+        ROWS[0].replace("20.48    0.05    0.08", "20.48    0.09    0.14"),  # algbw != size/time
+        ROWS[1].replace("0.10    0.15      0    20.48", "0.10    0.19      0    20.48"),
+        ROWS[2].replace("4096          1024", "4096          1000"),
+    ]
+    anomalies = read_log(write(standard_log(rows))).anomalies
+    assert any("algbw 0.09" in a for a in anomalies)
+    assert any("busbw 0.19 is not algbw 0.1 x 1.5" in a for a in anomalies)
+    assert any("count 1000" in a for a in anomalies)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "empty file"),
+        ("   \n\n", "empty file"),
+        ("job started\nsome output\nNCCL version 2.18.1\n", "no nccl-tests result table"),
+        (HEADER + FOOTER, "no nccl-tests result table"),
+        (
+            standard_log()[: standard_log().index(ROWS[2]) + 40],
+            r"line 16': result row is cut short",
+        ),
+        (standard_log([ROWS[0], ROWS[1][:50], ROWS[2]]), r"line 15': result row is cut short"),
+    ],
+)
+def test_bad_input_is_one_clear_error(write, text, message):
+    path = write(text)
+    with pytest.raises(CalibrationError, match=message) as info:
+        read_log(path)
+    assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)
+
+
+def test_unknown_collective_and_conflicting_hint(write):
+    with pytest.raises(CalibrationError, match="cannot tell which collective"):
+        read_log(write(HEADER + ROWS[0] + "\n", "mystery.txt"), ranks=4)
+    with pytest.raises(CalibrationError, match="not supported by collsim"):
+        read_log(write(standard_log(start="hypercube_perf")))
+    with pytest.raises(CalibrationError, match="is a all_reduce test, not all_gather"):
+        read_log(write(standard_log()), collective="all_gather")
+
+
+def test_several_tables_in_one_file(write):
+    path = write(standard_log() + standard_log(start="all_reduce_perf_mpi"))
+    assert len(read_logs(path)) == 2
+    with pytest.raises(CalibrationError, match="2 result tables"):
+        read_log(path)
+
+
+def test_ranks_inferred_when_the_log_does_not_say(write):
+    log = read_log(write(HEADER + "\n".join(ROWS) + "\n", "x-all_reduce.txt"))
+    assert (log.ranks, log.nodes) == (4, None)  # 2(n-1)/n = 1.5 -> 4 ranks
+    assert any("busbw/algbw" in n for n in log.notes)
+    given = read_log(write(HEADER + "\n".join(ROWS) + "\n", "y-all_reduce.txt"), ranks=4, nodes=2)
+    assert (given.ranks, given.nodes, given.ranks_source) == (4, 2, "given")
+
+
+def test_writer_round_trip(write):
+    rows = [
+        row_from_times(
+            "reduce_scatter",
+            8,
+            s,
+            "bfloat16",
+            oop_time_s=1e-5 + s / 4e10,
+            ip_time_s=2e-5 + s / 5e10,
+            oop_wrong=0,
+            ip_wrong=0,
+        )
+        for s in (64, 4096, 1 << 20, 1 << 30, 1 << 34)
+    ]
+    text = format_rows(rows, preamble=["# Collective test starting: reduce_scatter_perf"])
+    log = read_log(write(text), ranks=8)
+    assert log.anomalies == ()
+    for got, want in zip(log.rows, rows, strict=True):
+        assert (got.size_bytes, got.count, got.dtype) == (want.size_bytes, want.count, "bfloat16")
+        assert got.oop_time_us == pytest.approx(want.oop_time_us, rel=1e-3)
+        assert got.ip_busbw_gbps == pytest.approx(want.ip_busbw_gbps, rel=1e-2, abs=0.006)
+    assert log.avg_busbw == pytest.approx(
+        sum(r.oop_busbw_gbps + r.ip_busbw_gbps for r in rows) / 10, rel=1e-4
+    )
+
+
+def test_devices_block_fixture_is_consistent():
+    assert DEVICES.count("Rank") == 4
+
+
+def test_cli_read_prints_what_was_parsed(write):
+    from click.testing import CliRunner
+
+    from collsim.cli import cli
+
+    rows = [ROWS[0], ROWS[1].replace("0.15      0    20.48", "0.15      2    20.48"), ROWS[2]]
+    path = write(standard_log(rows))
+    result = CliRunner().invoke(cli, ["calibrate", "read", str(path)])
+    assert result.exit_code == 0
+    assert f"# {path}: all_reduce on 4 ranks (2 nodes), GPU NVIDIA H100 80GB HBM3" in result.output
+    assert "# ANOMALY: line 15, size 2048 out-of-place: #wrong = 2" in result.output
+    assert "# 3 rows, 1 anomalies" in result.output
+    strict = CliRunner().invoke(cli, ["calibrate", "read", "--strict", str(path)])
+    assert strict.exit_code == 2 and len(strict.output.strip().splitlines()) == 1
+    empty = CliRunner().invoke(cli, ["calibrate", "read", str(write("", "empty.txt"))])
+    assert empty.exit_code == 2
+    assert empty.output.strip() == f"collsim: error: {path.parent / 'empty.txt'}: empty file: " + (
+        "no nccl-tests output in it"
+    )

@@ -1,0 +1,211 @@
+"""``collsim calibrate run`` with nccl-tests: command lines, missing tools, a fake nccl-tests."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import stat
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from collsim.calibration.dataset import DATA_DIR
+from collsim.cli import cli
+
+SAMPLE = DATA_DIR / "logs" / "h100-snellius-ib-2n-all_reduce-1.txt"
+
+
+def _cli(*args: str):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def _fake_binaries(folder: Path, body: str, names=("all_reduce", "all_gather")) -> Path:
+    """nccl-tests stand-ins: shell scripts that print a published log (or misbehave)."""
+    folder.mkdir(exist_ok=True)
+    for name in names:
+        script = folder / f"{name}_perf"
+        script.write_text("#!/bin/sh\n" + body.replace("NAME", name))
+        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return folder
+
+
+def test_dry_run_mpirun_and_srun_commands(tmp_path):
+    result = _cli(
+        "calibrate",
+        "run",
+        "--launcher",
+        "mpirun",
+        "--nprocs",
+        "16",
+        "--nodes",
+        "2",
+        "-c",
+        "all_reduce,alltoall",
+        "-b",
+        "8",
+        "-e",
+        "8G",
+        "--binary-dir",
+        "/opt/nt",
+        "--launcher-args",
+        "--hostfile hosts -x NCCL_DEBUG=INFO",
+        "--out",
+        str(tmp_path / "r"),
+        "--dry-run",
+    )
+    assert result.exit_code == 0
+    assert result.output.splitlines() == [
+        "mpirun -np 16 -npernode 8 --hostfile hosts -x NCCL_DEBUG=INFO /opt/nt/all_reduce_perf "
+        "-b 8 -e 8G -f 2 -w 5 -n 20 -d float -g 1 -c 1",
+        "mpirun -np 16 -npernode 8 --hostfile hosts -x NCCL_DEBUG=INFO /opt/nt/alltoall_perf "
+        "-b 8 -e 8G -f 2 -w 5 -n 20 -d float -g 1 -c 1",
+    ]
+    result = _cli(
+        "calibrate",
+        "run",
+        "--launcher",
+        "srun",
+        "--nprocs",
+        "8",
+        "--nodes",
+        "2",
+        "-c",
+        "all_gather",
+        "-d",
+        "half",
+        "-w",
+        "2",
+        "-n",
+        "50",
+        "--out",
+        str(tmp_path / "r"),
+        "--dry-run",
+    )
+    assert result.output.strip() == (
+        "srun -N 2 -n 8 --ntasks-per-node 4 all_gather_perf -b 8 -e 128M -f 2 -w 2 -n 50 -d half "
+        "-g 1 -c 1"
+    )
+    result = _cli(
+        "calibrate", "run", "--nprocs", "4", "-c", "all", "--out", str(tmp_path / "r"), "--dry-run"
+    )
+    lines = result.output.splitlines()
+    assert len(lines) == 7 and lines[0].startswith("all_reduce_perf -b 8 -e 128M")
+    assert lines[0].endswith("-g 4 -c 1")  # local: one process drives all GPUs
+    assert not (tmp_path / "r").exists()  # a dry run writes nothing
+
+
+def test_dry_run_torch_uses_loopback_only(tmp_path):
+    result = _cli(
+        "calibrate",
+        "run",
+        "--runner",
+        "torch",
+        "--nprocs",
+        "4",
+        "-c",
+        "all_reduce",
+        "--out",
+        str(tmp_path / "r"),
+        "--dry-run",
+    )
+    argv = shlex.split(result.output)
+    assert argv[1:3] == ["-m", "torch.distributed.run"]
+    assert argv[argv.index("--master-addr") + 1] == "127.0.0.1"
+    assert argv[argv.index("--nproc-per-node") + 1] == "4"
+    assert "collsim.calibration.torchbench" in argv
+    result = _cli(
+        "calibrate",
+        "run",
+        "--runner",
+        "torch",
+        "--launcher",
+        "srun",
+        "--nprocs",
+        "8",
+        "--nodes",
+        "2",
+        "--out",
+        str(tmp_path / "r"),
+        "--dry-run",
+    )
+    assert result.output.startswith("srun -N 2 -n 8 --ntasks-per-node 4 ")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--binary-dir", "/nonexistent"], "nccl-tests binary all_reduce_perf not found in "),
+        (["--launcher", "srun", "--nodes", "2", "--nprocs", "4"], "launcher 'srun' not found"),
+        (["--launcher", "local", "--nodes", "2", "--nprocs", "4"], "runs on this machine only"),
+        (["--nprocs", "3", "--nodes", "2", "--launcher", "mpirun"], "multiple of --nodes"),
+        (["-c", "all_reduce,allgatherv"], "unknown collective"),
+    ],
+)
+def test_missing_tools_and_bad_options_are_one_line_exit_2(tmp_path, monkeypatch, args, message):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no srun/mpirun/binaries anywhere
+    result = CliRunner().invoke(cli, ["calibrate", "run", "--out", str(tmp_path / "r"), *args])
+    assert result.exit_code == 2
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_fake_nccl_tests_run_records_logs_and_resumes(tmp_path):
+    bins = _fake_binaries(
+        tmp_path / "bin",
+        f"echo '# Collective test starting: NAME_perf'\ngrep -v 'Collective test' {SAMPLE}\n",
+    )
+    out = tmp_path / "res"
+    args = [
+        "calibrate",
+        "run",
+        "--nprocs",
+        "8",
+        "-c",
+        "all_reduce",
+        "--binary-dir",
+        str(bins),
+        "--out",
+        str(out),
+    ]
+    result = _cli(*args)
+    assert result.exit_code == 0, result.output
+    assert "wrote" in result.output and (out / "logs" / "all_reduce.txt").exists()
+    read = _cli("calibrate", "read", str(out / "logs" / "all_reduce.txt"), "--json")
+    parsed = json.loads(read.output)[0]
+    assert (parsed["collective"], parsed["ranks"], len(parsed["rows"])) == ("all_reduce", 8, 31)
+    env = json.loads((out / "env.json").read_text())
+    assert env["runner"] == "nccl-tests" and "all_reduce_perf" in env["commands"][0]
+    again = _cli(*args)  # rerun: nothing left to do
+    assert "all_reduce: done in an earlier run, skipped" in again.output
+
+
+def test_failing_or_hung_binary_is_a_clear_error(tmp_path):
+    out = tmp_path / "res"
+    bins = _fake_binaries(tmp_path / "bad", "echo 'NCCL failure common.cu:900' >&2\nexit 3\n")
+    result = CliRunner().invoke(
+        cli, ["calibrate", "run", "-c", "all_reduce", "--binary-dir", str(bins), "--out", str(out)]
+    )
+    assert result.exit_code == 2
+    assert "all_reduce failed: NCCL failure common.cu:900" in result.output
+    bins = _fake_binaries(tmp_path / "hang", "echo '# nThread 1 nGpus 2'\nexec sleep 30\n")
+    result = CliRunner().invoke(
+        cli,
+        [
+            "calibrate",
+            "run",
+            "-c",
+            "all_gather",
+            "--binary-dir",
+            str(bins),
+            "--out",
+            str(out),
+            "--timeout",
+            "1",
+        ],
+    )
+    assert result.exit_code == 2
+    assert "all_gather: no output for 1 s after '# nThread 1 nGpus 2': a hung collective?" in (
+        result.output
+    )
+    assert (out / "run" / "all_gather.partial").exists()  # what it printed is kept, not used
+    assert not (out / "logs" / "all_gather.txt").exists()
