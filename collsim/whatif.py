@@ -42,6 +42,12 @@ _ALIASES = {"fp16": "half", "float16": "half", "fp32": "float", "float32": "floa
 ROUNDED_TO_RANKS = frozenset({"all_gather", "reduce_scatter", "alltoall"})
 """Collectives whose element count nccl-tests rounds down to a multiple of the rank count."""
 
+ENGINES = ("des", "analytic")
+"""``des``: the discrete-event engine (exact, with contention); ``analytic``: the closed forms."""
+MODELS = ("collsim", "nccl")
+"""Cost models for ``--engine analytic`` and the ``auto`` tuner: collsim's analytic model or
+NCCL's own tuning model (the baseline)."""
+
 
 def dtype_bytes(dtype: str) -> int:
     """Bytes per element of an nccl-tests type name (``float``, ``half``, ``bfloat16``, ...)."""
@@ -131,6 +137,34 @@ class WhatIf:
         self.fabric = TopologyFabric(self.network)
         self.layout = layout_for(topology)
         self.has_in_network = any(d.in_network_reduction for d in topology.devices)
+        self._models: dict[str, Any] = {}
+
+    def cost_model(self, name: str = "collsim") -> Any:
+        """The analytic model ``name`` (``collsim`` or ``nccl``) of this topology (cached)."""
+        if name not in MODELS:
+            raise ScheduleError(
+                f"unknown model (choose from {', '.join(MODELS)})", field="model", value=name
+            )
+        if name not in self._models:
+            if name == "nccl":
+                from collsim.model.nccl import NcclModel
+
+                self._models[name] = NcclModel(self.topology, can_run=self._can_run)
+            else:
+                from collsim.model.analytic import AnalyticModel
+
+                self._models[name] = AnalyticModel(self)
+        return self._models[name]
+
+    def _can_run(self, collective: str, algorithm: str) -> bool:
+        """Whether this system can run ``algorithm`` (in-network needs a reachable switch)."""
+        if not needs_in_network(algorithm):
+            return True
+        try:
+            self.cost_model("collsim").structure(collective, algorithm)
+        except ScheduleError:
+            return False
+        return True
 
     def candidates(self, collective: str) -> list[str]:
         """Algorithms ``auto`` considers for ``collective`` on this topology."""
@@ -175,13 +209,32 @@ class WhatIf:
         channels: int = 1,
         protocol: str = "Simple",
         chunk_bytes: int | None = None,
+        engine: str = "des",
+        model: str = "collsim",
     ) -> Sweep:
-        """nccl-tests-style rows for every size; ``algorithm="auto"`` keeps the fastest per size."""
+        """nccl-tests-style rows for every size.
+
+        ``algorithm="auto"``: the tuner (:mod:`collsim.model.tuner`, over ``model``'s
+        predictions, with this protocol and channel count) picks each size's algorithm.
+        ``engine``: ``des`` times it on the discrete-event engine, ``analytic`` with ``model``.
+        """
         elem = dtype_bytes(dtype)
         proto = get_protocol(protocol).name
         if channels < 1:
             raise ScheduleError("must be at least 1", field="channels", value=channels)
-        names = self.candidates(collective) if algorithm == "auto" else [algorithm]
+        if engine not in ENGINES:
+            raise ScheduleError(
+                f"unknown engine (choose from {', '.join(ENGINES)})", field="engine", value=engine
+            )
+        cost = self.cost_model(model)
+        if algorithm == "auto":
+            from collsim.model.tuner import tuned_algorithms
+
+            picks = tuned_algorithms(
+                cost, collective, list(sizes), elem_bytes=elem, protocol=proto, channels=channels
+            )
+        else:
+            picks = [algorithm] * len(sizes)
         if algorithm != "auto" and needs_in_network(algorithm) and not self.has_in_network:
             raise ScheduleError(
                 f"needs in-network reduction, and {self.topology.name} has no switch with "
@@ -199,39 +252,32 @@ class WhatIf:
             protocol=proto,
             channels=channels,
         )
-        for size in sizes:
-            best: tuple[SimResult, Schedule, str] | None = None
-            first_error: ScheduleError | None = None
-            for name in names:
-                try:
-                    sim, sched = self.run(
-                        collective, name, size, elem_bytes=elem, channels=channels,
-                        protocol=proto, chunk_bytes=chunk_bytes,
-                    )  # fmt: skip
-                except ScheduleError as exc:
-                    if algorithm != "auto":
-                        raise
-                    first_error = first_error or exc
-                    continue  # an algorithm this system cannot run (e.g. in-network across nodes)
-                if best is None or sim.time_s < best[0].time_s:
-                    best = (sim, sched, name)
-            if best is None:
-                raise first_error or ScheduleError(
-                    f"no algorithm can run {collective} here", field="algorithm", value=algorithm
-                )
-            sim, sched, name = best
-            size_out = sched.count * elem
+        n = self.topology.n_gpus
+        for size, name in zip(sizes, picks, strict=True):
+            if engine == "des":
+                sim, sched = self.run(
+                    collective, name, size, elem_bytes=elem, channels=channels, protocol=proto,
+                    chunk_bytes=chunk_bytes,
+                )  # fmt: skip
+                time_s, count = sim.time_s, sched.count
+                result.last, result.last_schedule = sim, sched
+            else:
+                count = element_count(collective, size, elem, n)
+                time_s = float(
+                    cost.predict(
+                        collective, name, [size], elem_bytes=elem, protocol=proto,
+                        channels=channels,
+                    )[0]
+                )  # fmt: skip
+            size_out = count * elem
             result.points.append(
                 Point(
                     size_bytes=size_out,
-                    count=sched.count,
+                    count=count,
                     algorithm=name,
-                    time_s=sim.time_s,
-                    algbw_gbps=algbw_gbps(size_out, sim.time_s) if sim.time_s > 0 else 0.0,
-                    busbw_gbps=busbw_gbps(collective, sched.nranks, size_out, sim.time_s)
-                    if sim.time_s > 0
-                    else 0.0,
+                    time_s=time_s,
+                    algbw_gbps=algbw_gbps(size_out, time_s) if time_s > 0 else 0.0,
+                    busbw_gbps=busbw_gbps(collective, n, size_out, time_s) if time_s > 0 else 0.0,
                 )
             )
-            result.last, result.last_schedule = sim, sched
         return result

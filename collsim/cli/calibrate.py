@@ -200,3 +200,61 @@ def read_cmd(
         for anomaly in log.anomalies:
             click.echo(f"# ANOMALY: {anomaly}")
         click.echo(f"# {len(log.rows)} rows, {len(log.anomalies)} anomalies")
+
+
+@calibrate.command("fit")
+@click.argument("logs", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--topology", "-t", required=True, metavar="NAME|PATH", help="Catalog name or file.")
+@click.option("--nodes", type=int, default=None, help="Override the nodes the logs report.")
+@click.option("--gpus-per-node", type=int, default=None, help="Override the GPUs per node.")
+@click.option("--collective", default=None, help="Collective, where a log does not name it.")
+@click.option("--ranks", type=int, default=None, help="Ranks, where a log does not say.")
+@click.option("--allow-anomalies", is_flag=True, help="Fit logs with anomalies (#wrong > 0).")
+@click.option(
+    "-o", "--output", required=True, type=click.Path(dir_okay=False), help="Profile YAML to write."
+)
+def fit_cmd(
+    logs: tuple[str, ...],
+    topology: str,
+    nodes: int | None,
+    gpus_per_node: int | None,
+    collective: str | None,
+    ranks: int | None,
+    allow_anomalies: bool,
+    output: str,
+) -> None:
+    """Fit a calibration profile of TOPOLOGY to nccl-tests LOGS (least squares on time error).
+
+    Ranks and nodes come from each log (--nodes/--gpus-per-node override). The profile holds a
+    few physical parameters (per link class: bandwidth efficiency and latency scale; base
+    latency; size-dependent efficiency) that 'simulate', 'validate' and 'step' accept as --profile.
+    """
+    from collsim.calibration.session import load_samples
+
+    samples = load_samples(
+        logs, topology, nodes=nodes, gpus_per_node=gpus_per_node, collective=collective,
+        ranks=ranks, allow_anomalies=allow_anomalies, for_fit=True,
+    )  # fmt: skip
+    from collsim.calibration.fit import fit_samples
+
+    profile = fit_samples(samples)
+    profile.save(output)
+    doc = profile.doc
+    click.echo(f"# fitted {doc.topology.name} on {len(samples)} logs ({doc.provenance.method})")
+    for name, c in doc.link_classes.items():
+        click.echo(
+            f"#   {name}: bandwidth efficiency {c.bandwidth_efficiency:.3f}, "
+            f"latency scale {c.latency_scale:.3f}"
+        )
+    click.echo(f"#   base latency {doc.base_latency_us:.2f} us")
+    click.echo(
+        "#   size efficiency " + ", ".join(f"{int(s)}B: {f:.3f}" for s, f in doc.size_efficiency)
+    )
+    if doc.fit_error is not None:
+        for name, err in doc.fit_error.per_log.items():
+            click.echo(f"#   {name}: in-sample MAPE {100 * err:.1f}%")
+        click.echo(
+            f"# in-sample MAPE {100 * doc.fit_error.mape:.1f}% mean, "
+            f"{100 * doc.fit_error.median_mape:.1f}% median"
+        )
+    click.echo(f"# wrote {output}")

@@ -33,6 +33,24 @@ _COLLECTIVES = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "redu
     show_default=True,
 )
 @click.option("--chunk-bytes", default=None, help="Pipelining chunk for tree/chain algorithms.")
+@click.option(
+    "--engine",
+    default="des",
+    show_default=True,
+    help="des (discrete-event, with contention) or analytic (closed forms, instant).",
+)
+@click.option(
+    "--model",
+    default="collsim",
+    show_default=True,
+    help="Cost model for --engine analytic and for auto's choices: collsim or nccl.",
+)
+@click.option(
+    "--profile",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Calibration profile (collsim calibrate fit) for this topology.",
+)
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here.")
 @click.option("--trace", type=click.Path(dir_okay=False), help="Chrome/Perfetto trace (max size).")
 def simulate(
@@ -48,13 +66,18 @@ def simulate(
     channels: int,
     protocol: str,
     chunk_bytes: str | None,
+    engine: str,
+    model: str,
+    profile: str | None,
     json_file: str | None,
     trace: str | None,
 ) -> None:
     """Simulate COLLECTIVE over message sizes, printed like nccl-tests.
 
-    Sizes go from -b to -e multiplying by -f, as nccl-tests' flags do. With --algorithm auto each
-    size is run with every algorithm the system supports and the fastest is kept.
+    Sizes go from -b to -e multiplying by -f, as nccl-tests' flags do. With --algorithm auto the
+    tuner picks each size's algorithm from the cost model (--model), with the given protocol and
+    channels; --engine des (the default) then times it on the discrete-event engine, --engine
+    analytic with the cost model itself.
     """
     from collsim import units
     from collsim.engine import write_chrome_trace
@@ -70,7 +93,19 @@ def simulate(
     except CollsimError as exc:
         raise exc.located(field=exc.field or "-b/-e/-f") from None
     chunk = size_option("--chunk-bytes", chunk_bytes) if chunk_bytes else None
-    whatif = WhatIf(load_topology(topology, nodes=nodes, gpus_per_node=gpus_per_node))
+    if trace and engine != "des":
+        raise CollsimError("a trace needs the discrete-event engine", field="--trace", value=engine)
+    topo = load_topology(topology, nodes=nodes, gpus_per_node=gpus_per_node)
+    if profile:
+        from collsim.model.profile import load_profile, whatif_with_profile
+
+        prof = load_profile(profile)
+        for note in prof.check_topology(topo):
+            click.echo(f"# note: {note}")
+        whatif = whatif_with_profile(topo, prof, engine)
+        click.echo(f"# calibrated with {profile}")
+    else:
+        whatif = WhatIf(topo)
     sweep = whatif.sweep(
         collective,
         algorithm,
@@ -79,7 +114,11 @@ def simulate(
         channels=channels,
         protocol=protocol,
         chunk_bytes=chunk,
+        engine=engine,
+        model=model,
     )
+    if engine == "analytic":
+        click.echo(f"# analytic estimate (model {model}); no per-link detail")
     click.echo(sweep_table(sweep))
     if sweep.last is not None:
         click.echo(bottleneck_table(sweep.last))

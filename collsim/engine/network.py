@@ -1,9 +1,26 @@
 """Flow-level network model: active flows share directed links by max-min fairness.
 
 Every in-flight transfer is a *flow* of wire bytes over a fixed set of directed links. Whenever
-the set of flows changes, rates are recomputed by progressive filling (water-filling), fully
-vectorised over all active flows: the flow/link incidence is a pair list sorted by flow, link
-loads come from ``np.bincount`` and per-flow minima from ``np.minimum.reduceat``.
+the set of flows changes, rates are recomputed by progressive filling
+(:mod:`collsim.engine.maxmin`) -- but only for the flows the change can affect
+(:mod:`collsim.engine.incremental`): the links touched since the last recomputation (those of
+flows that started or ended) are the seeds, the per-link member sets lead from them to the
+flows to recompute, and every other flow keeps its rate and its finish time untouched. The
+``mode`` picks the scheme: "components" (bit-identical to "all"), "local" (fastest under heavy
+contention; equal up to rounding), "auto" (the default: "components" until a component spans
+half of the active flows -- ECMP collisions percolating into a giant component -- then "local"
+for the rest of the run), "all" (recompute every active flow: the old behaviour, kept as the
+tests' reference). A batch touching more links than ``_MAX_SEEDS`` or than there are active
+flows, or an affected set beyond a fraction of the active flows, is recomputed all at once,
+vectorised.
+
+Storage: flows live in *slots* of preallocated arrays that double when full, and a finished
+flow's slot is reused, so starting or ending flows never copies the other flows' state. Each
+flow has a start sequence number; flows always reach the rate computation in that order (the
+order the old concatenated arrays had), which is what keeps results bit-identical. The Python
+side (each slot's links as a tuple, each link's member set) serves the incremental walks; the
+numpy side (per-slot arrays, a -1 padded slot x link table) serves vectorised recomputation,
+finish detection (``end_s <= until``) and the next finish time (``end_s.min()``).
 
 Exactness: a flow's finish time is ``anchor_s + remaining_bytes / rate``, and the anchor moves
 only when the flow's rate changes, so an uncontended flow of ``S`` bytes started at ``t`` on a
@@ -14,78 +31,87 @@ from __future__ import annotations
 
 import numpy as np
 
+from collsim.engine.incremental import component, settle
+from collsim.engine.maxmin import max_min_rates, max_min_small
+
+__all__ = ["FlowNetwork", "max_min_rates", "max_min_small"]
+
 _EMPTY_I = np.zeros(0, dtype=np.int64)
-_EMPTY_F = np.zeros(0, dtype=np.float64)
-
-
-def max_min_rates(
-    pair_link: np.ndarray, nlinks: np.ndarray, capacity_bytes_per_s: np.ndarray
-) -> np.ndarray:
-    """Max-min fair rates (bytes/s) of flows crossing links.
-
-    Flow ``f`` crosses ``nlinks[f] >= 1`` links, listed contiguously in ``pair_link`` (flows in
-    order). Each round computes every link's fair share (remaining capacity / unfrozen flows on
-    it) and freezes, at their path minimum, all flows through any link whose share is the
-    smallest seen by every flow crossing it (a local bottleneck). Several bottleneck levels are
-    settled per round; a flow limited elsewhere gets more than an equal split.
-    """
-    nflows = nlinks.shape[0]
-    rates = np.empty(nflows, dtype=np.float64)
-    if nflows == 0:
-        return rates
-    if capacity_bytes_per_s.shape[0] <= 4 * pair_link.shape[0]:
-        local, remaining = pair_link, capacity_bytes_per_s.astype(np.float64, copy=True)
-    else:  # few active links in a large fabric: work on those only
-        links, local = np.unique(pair_link, return_inverse=True)
-        remaining = capacity_bytes_per_s[links].astype(np.float64, copy=True)
-    nl = remaining.shape[0]
-    flows = np.arange(nflows)
-    lengths = nlinks
-    while flows.shape[0]:
-        count = np.bincount(local, minlength=nl)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            share = remaining / count
-        starts = np.zeros(lengths.shape[0], dtype=np.int64)
-        np.cumsum(lengths[:-1], out=starts[1:])
-        pair_share = share[local]
-        flow_min = np.minimum.reduceat(pair_share, starts)
-        if count.max() <= 1:  # no link shared: every flow runs at its path's bottleneck
-            rates[flows] = flow_min
-            break
-        pair_min = np.repeat(flow_min, lengths)
-        link_min = np.full(nl, np.inf)
-        np.minimum.at(link_min, local, pair_min)
-        fixed = np.logical_or.reduceat((link_min == share)[local], starts)
-        rates[flows[fixed]] = flow_min[fixed]
-        pair_fixed = np.repeat(fixed, lengths)
-        remaining -= np.bincount(local[pair_fixed], weights=pair_min[pair_fixed], minlength=nl)
-        np.maximum(remaining, 0.0, out=remaining)
-        keep = ~fixed
-        flows, lengths, local = flows[keep], lengths[keep], local[~pair_fixed]
-    return rates
+MODES = ("auto", "components", "local", "all")
+_MAX_SEEDS = 4096
+"""More changed (flow, link) pairs than this in one batch, or than active flows: recompute
+everything (vectorised) at once."""
+_SMALL_PAIRS = 192
+"""Components with at most this many (flow, link) pairs are solved on Python floats."""
+_COMPONENT_FLOWS = 64
+"""The component walk gives up past max(this, half of the active flows)."""
+_LOCAL_FLOWS = 256
+"""The local re-settling gives up past max(this, a quarter of the active flows)."""
 
 
 class FlowNetwork:
-    """The set of active flows, their rates and finish times, and per-link busy time."""
+    """The set of active flows, their rates and finish times, and per-link busy time.
 
-    def __init__(self, capacity_bytes_per_s: np.ndarray) -> None:
+    ``mode`` picks which flows a reshare recomputes (see the module doc).
+    """
+
+    def __init__(self, capacity_bytes_per_s: np.ndarray, *, mode: str = "auto") -> None:
+        if mode not in MODES:
+            raise ValueError(f"reshare mode must be one of {MODES}, not {mode!r}")
         self.capacity_bytes_per_s = np.asarray(capacity_bytes_per_s, dtype=np.float64)
+        self.mode = mode
+        self._scheme = "components" if mode == "auto" else mode  # the one in use now
         nl = self.capacity_bytes_per_s.shape[0]
-        self.op = _EMPTY_I  # owning operation of each active flow
-        self.remaining_bytes = _EMPTY_F  # wire bytes left at anchor_s
-        self.anchor_s = _EMPTY_F
-        self.rate_bytes_per_s = _EMPTY_F
-        self.end_s = _EMPTY_F
-        self.nlinks = _EMPTY_I
-        self.pair_link = _EMPTY_I  # links of active flows, contiguous per flow, flows in order
+        self._capacity = self.capacity_bytes_per_s.tolist()
         self.link_flows = np.zeros(nl, dtype=np.int64)
         self.busy_since_s = np.zeros(nl)
         self.busy_s = np.zeros(nl)
+        self._members: dict[int, set[int]] = {}  # link -> slots of the flows crossing it
+        self._touched: list[int] = []  # links whose flows changed since the last reshare
+        self._free: list[int] = []  # free slots, a stack
+        self._paths: list[tuple[int, ...]] = []  # per slot, its links
+        self._seq: list[int] = []  # per slot, the start order of its flow
+        self._rate: list[float] = []  # per slot, rate_bytes_per_s as Python floats
+        self._bottleneck: list[int] = []  # per slot, a link its rate is settled at (-1: unknown)
+        self._next_seq = 0
+        self._active = 0
         self._dirty = False
         self._next_end_s = np.inf
+        self._grow(64, 4)
+
+    _FIELDS = (  # per-slot arrays: name, fill value of a free slot, dtype
+        ("op", 0, np.int64),  # owning operation
+        ("remaining_bytes", 0.0, np.float64),  # wire bytes left at anchor_s
+        ("anchor_s", 0.0, np.float64),
+        ("rate_bytes_per_s", 0.0, np.float64),
+        ("end_s", np.inf, np.float64),
+        ("nlinks", 0, np.int64),
+        ("order", 0, np.int64),  # start sequence number
+        ("live", False, np.bool_),
+    )
+
+    def _grow(self, slots: int, width: int) -> None:
+        """Make room for ``slots`` slots (at least doubling) of up to ``width`` links each."""
+        old = len(self._paths)
+        size = max(slots, 2 * old) if slots > old else old
+        for name, fill, dtype in self._FIELDS:
+            out = np.full(size, fill, dtype=dtype)
+            if old:
+                out[:old] = getattr(self, name)
+            setattr(self, name, out)
+        w = self._links.shape[1] if old else 0
+        links = np.full((size, max(width, w)), -1, dtype=np.int64)  # per slot, -1 padded
+        if old:
+            links[:old, :w] = self._links
+        self._links = links
+        self._paths.extend([()] * (size - old))
+        self._seq.extend([0] * (size - old))
+        self._rate.extend([0.0] * (size - old))
+        self._bottleneck.extend([-1] * (size - old))
+        self._free.extend(range(size - 1, old - 1, -1))
 
     def __len__(self) -> int:
-        return int(self.op.shape[0])
+        return self._active
 
     def next_end_s(self) -> float:
         """Earliest finish time among active flows (``inf`` when none)."""
@@ -100,43 +126,83 @@ class FlowNetwork:
         links: np.ndarray,
     ) -> None:
         """Start flows at ``now_s`` (each with > 0 bytes and >= 1 link; ``links`` concatenated)."""
-        if op.shape[0] == 0:
+        k = op.shape[0]
+        if k == 0:
             return
-        self.op = np.concatenate((self.op, op))
-        self.remaining_bytes = np.concatenate((self.remaining_bytes, wire_bytes))
-        self.anchor_s = np.concatenate((self.anchor_s, np.full(op.shape[0], now_s)))
-        self.rate_bytes_per_s = np.concatenate((self.rate_bytes_per_s, np.zeros(op.shape[0])))
-        self.end_s = np.concatenate((self.end_s, np.full(op.shape[0], np.inf)))
-        self.nlinks = np.concatenate((self.nlinks, nlinks))
-        self.pair_link = np.concatenate((self.pair_link, links))
+        width = int(nlinks.max())
+        if k > len(self._free) or width > self._links.shape[1]:
+            self._grow(len(self._paths) - len(self._free) + k, width)
+        slots_list = self._free[-k:][::-1]
+        del self._free[-k:]
+        slots = np.array(slots_list, dtype=np.int64)
+        self.op[slots] = op
+        self.remaining_bytes[slots] = wire_bytes
+        self.anchor_s[slots] = now_s
+        self.rate_bytes_per_s[slots] = 0.0
+        self.end_s[slots] = np.inf
+        self.nlinks[slots] = nlinks
+        self.live[slots] = True
+        seq0 = self._next_seq
+        self._next_seq += k
+        self.order[slots] = np.arange(seq0, seq0 + k)
+        first = np.cumsum(nlinks) - nlinks
+        column = np.arange(links.shape[0]) - np.repeat(first, nlinks)
+        self._links[np.repeat(slots, nlinks), column] = links
+        flat = links.tolist()
+        members, paths, seqs = self._members, self._paths, self._seq
+        rate, bottleneck = self._rate, self._bottleneck
+        lo = 0
+        for i, (s, n) in enumerate(zip(slots_list, nlinks.tolist(), strict=True)):
+            path = tuple(flat[lo : lo + n])
+            lo += n
+            paths[s] = path
+            seqs[s] = seq0 + i
+            rate[s] = 0.0
+            bottleneck[s] = -1
+            for link in path:
+                got = members.get(link)
+                if got is None:
+                    members[link] = {s}
+                else:
+                    got.add(s)
+        self._touched.extend(flat)
         # Repeated link ids only ever write the same value, so no np.unique is needed here.
         self.busy_since_s[links[self.link_flows[links] == 0]] = now_s
         np.add.at(self.link_flows, links, 1)
+        self._active += k
         self._dirty = True
 
     def pop_finished(self, now_s: float, until_s: float) -> np.ndarray:
         """Remove flows finishing by ``until_s`` (treated as finishing at ``now_s``, the batch's
-        time); returns their operations, with repeats for multi-flow operations."""
-        done = self.end_s <= until_s
-        if not done.any():
+        time); returns their operations in start order, with repeats for multi-flow ops."""
+        if self._next_end_s > until_s:
             return _EMPTY_I
-        pair_done = np.repeat(done, self.nlinks)
-        gone = self.pair_link[pair_done]
+        done = np.flatnonzero(self.end_s <= until_s)
+        if done.shape[0] > 1:
+            done = done[np.argsort(self.order[done])]
+        members, paths = self._members, self._paths
+        gone_list: list[int] = []
+        done_list = done.tolist()
+        for s in done_list:
+            path = paths[s]
+            paths[s] = ()
+            for link in path:
+                members[link].discard(s)
+            gone_list.extend(path)
+        self._touched.extend(gone_list)
+        gone = np.array(gone_list, dtype=np.int64)
         np.subtract.at(self.link_flows, gone, 1)
         idle = gone[self.link_flows[gone] == 0]
         # Assignment (not +=) so a link listed twice is still credited once.
         self.busy_s[idle] = self.busy_s[idle] + (now_s - self.busy_since_s[idle])
         finished = self.op[done]
-        keep = ~done
-        self.op = self.op[keep]
-        self.remaining_bytes = self.remaining_bytes[keep]
-        self.anchor_s = self.anchor_s[keep]
-        self.rate_bytes_per_s = self.rate_bytes_per_s[keep]
-        self.end_s = self.end_s[keep]
-        self.nlinks = self.nlinks[keep]
-        self.pair_link = self.pair_link[~pair_done]
+        self.end_s[done] = np.inf
+        self.rate_bytes_per_s[done] = 0.0
+        self.live[done] = False
+        self._links[done] = -1
+        self._free.extend(done_list)
+        self._active -= len(done_list)
         self._dirty = True
-        self._next_end_s = float(self.end_s.min()) if self.end_s.shape[0] else np.inf
         return finished
 
     def close_busy(self, now_s: float) -> None:
@@ -150,22 +216,77 @@ class FlowNetwork:
         if not self._dirty:
             return
         self._dirty = False
-        if self.op.shape[0] == 0:
+        touched, self._touched = self._touched, []
+        if self._active == 0:
             self._next_end_s = np.inf
             return
-        new = max_min_rates(self.pair_link, self.nlinks, self.capacity_bytes_per_s)
-        changed = new != self.rate_bytes_per_s
-        if changed.all():
-            moved = self.rate_bytes_per_s * (now_s - self.anchor_s)
-            self.remaining_bytes = np.maximum(self.remaining_bytes - moved, 0.0)
-            self.anchor_s = np.full(new.shape[0], now_s)
-            self.end_s = now_s + self.remaining_bytes / new
-        elif changed.any():
-            old = self.rate_bytes_per_s[changed]
-            left = self.remaining_bytes[changed] - old * (now_s - self.anchor_s[changed])
+        # Changes on the scale of the whole network (a batch as large as what is in flight):
+        # recompute everything at once rather than walk out from each change.
+        small = len(touched) <= min(_MAX_SEEDS, self._active)
+        found = self._affected(touched) if small else None
+        if found is None:  # everything, in start order, vectorised
+            idx = np.flatnonzero(self.live)
+            idx = idx[np.argsort(self.order[idx])]
+            rows = self._links[idx]
+            new = max_min_rates(rows[rows >= 0], self.nlinks[idx], self.capacity_bytes_per_s)
+            if self._scheme == "local":
+                self._bottleneck = [-1] * len(self._paths)
+        else:
+            slots, new = found
+            if not slots:
+                self._next_end_s = float(self.end_s.min())
+                return
+            idx = np.array(slots, dtype=np.int64)
+        old = self.rate_bytes_per_s[idx]
+        changed = new != old
+        if changed.any():
+            idx, old, new = idx[changed], old[changed], new[changed]
+            left = self.remaining_bytes[idx] - old * (now_s - self.anchor_s[idx])
             left = np.maximum(left, 0.0)
-            self.remaining_bytes[changed] = left
-            self.anchor_s[changed] = now_s
-            self.end_s[changed] = now_s + left / new[changed]
-        self.rate_bytes_per_s = new
+            self.remaining_bytes[idx] = left
+            self.anchor_s[idx] = now_s
+            self.end_s[idx] = now_s + left / new
+            self.rate_bytes_per_s[idx] = new
+            if self._scheme == "local" and found is None:
+                self._rate = self.rate_bytes_per_s.tolist()
+            elif self._scheme == "local":
+                for s, r in zip(idx.tolist(), new.tolist(), strict=True):
+                    self._rate[s] = r
         self._next_end_s = float(self.end_s.min())
+
+    def _affected(self, touched: list[int]) -> tuple[list[int], np.ndarray] | None:
+        """Flows to recompute after changes on ``touched`` links and their new rates, by the
+        current scheme; ``None``: recompute everything."""
+        if self._scheme == "local":
+            limit = max(_LOCAL_FLOWS, self._active // 4)
+            found = settle(
+                touched,
+                self._members,
+                self._paths,
+                self._rate,
+                self._bottleneck,
+                self._capacity,
+                self._seq,
+                limit,
+            )
+            if found is None:
+                return None
+            slots, rates, bottlenecks = found
+            for s, b in zip(slots, bottlenecks, strict=True):
+                self._bottleneck[s] = b
+            return slots, np.array(rates)
+        if self._scheme != "components":
+            return None
+        limit = max(_COMPONENT_FLOWS, self._active // 2)
+        slots = component(touched, self._members, self._paths, self._seq, limit)
+        if slots is None:
+            if self.mode == "auto":  # a giant component: settle locally from now on
+                self._scheme = "local"
+                self._rate = self.rate_bytes_per_s.tolist()
+            return None
+        nlinks = self.nlinks[slots]
+        if int(nlinks.sum()) <= _SMALL_PAIRS:
+            rates, _ = max_min_small([self._paths[s] for s in slots], self._capacity)
+            return slots, np.array(rates)
+        rows = self._links[slots]
+        return slots, max_min_rates(rows[rows >= 0], nlinks, self.capacity_bytes_per_s)

@@ -11,7 +11,8 @@ operation that changes state at that time as one numpy batch:
 3. finished operations decrement their successors' dependency counters (CSR successor lists,
    ``np.subtract.at``); operations whose counters reach zero start now: network transfers
    after their latency, copies and reductions (serialised per GPU) for their local duration;
-4. link shares are recomputed once (max-min fairness) if any flow came or went.
+4. link shares are recomputed once (max-min fairness) if any flow came or went, for the flows
+   the change can affect only (:mod:`collsim.engine.incremental`).
 
 Events within a relative 1e-12 of the batch time are handled with it, so rounding noise does
 not split one logical instant into many batches. Authoritative times are the exactly computed
@@ -53,6 +54,7 @@ def simulate(
     *,
     protocol: str | Protocol = "Simple",
     fast_path: bool = True,
+    reshare: str = "auto",
 ) -> SimResult:
     """Time ``schedule`` on ``fabric`` with NCCL ``protocol`` (LL, LL128, Simple or a Protocol).
 
@@ -70,7 +72,7 @@ def simulate(
         result = contention_free(schedule, fabric, proto, prep)
         if result is not None:
             return result
-    replay = Replay(schedule, fabric, proto, prep)
+    replay = Replay(schedule, fabric, proto, prep, reshare=reshare)
     env = simpy.Environment()
     env.process(replay.run(env))
     env.run()
@@ -86,6 +88,8 @@ class Replay:
         fabric: Fabric,
         protocol: Protocol,
         prep: Prepared | None = None,
+        *,
+        reshare: str = "auto",
     ) -> None:
         self.schedule = schedule
         self.fabric = fabric
@@ -99,7 +103,7 @@ class Replay:
         self.flows_left = np.zeros(n, dtype=np.int64)
         self.fused_end_s = np.zeros(n)
         self.gpu_free_s = np.zeros(fabric.nranks)
-        self.network = FlowNetwork(fabric.capacity_bytes_per_s)
+        self.network = FlowNetwork(fabric.capacity_bytes_per_s, mode=reshare)
         self.in_network_link_bytes = np.zeros(len(fabric.capacity_bytes_per_s))
         self._heap: list[tuple[float, int, int, np.ndarray]] = []
         self._seq = itertools.count()

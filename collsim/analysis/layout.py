@@ -1,0 +1,212 @@
+"""A workload's parallel layout on a cluster: sizes checked, ranks placed on GPUs, memory per GPU.
+
+Ranks are ordered as Megatron-LM orders them: tensor-parallel ranks are consecutive (so a TP group
+of up to 8 sits inside one DGX node), then data-parallel, then pipeline stages outermost:
+``rank = tp_rank + tp * (dp_rank + dp * pp_rank)``, rank ``r`` on the ``r``-th GPU of the
+topology (node-major). Expert-parallel groups are the first ``ep`` ranks of a data-parallel
+group (EP inside DP, as Megatron-Core and DeepSpeed-MoE place them).
+
+Memory per GPU (mixed-precision Adam, Rajbhandari et al. 2020, ZeRO, arXiv:1910.02054, section
+3.1): 2 bytes of 16-bit weights, 2 of gradients (4 when gradients are reduced in fp32, as
+Megatron's main grads) and 12 of fp32 optimizer state (master weights, momentum, variance) per
+parameter, i.e. 16 bytes; ZeRO-1 shards the 12 over DP, ZeRO-2 also the gradients, ZeRO-3/FSDP
+everything. Activations: Korthikanti et al. 2022 (see :mod:`collsim.analysis.transformer`) per
+layer, times the layers whose activations the first stage holds: ``p`` micro-batches of its
+``l/p`` layers with 1F1B, ``m`` with GPipe, and ``(1 + (p-1)/(p v))`` times that with ``v``
+interleaved stages (Korthikanti 2022, section 4.2.3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from collsim.analysis.workload import DTYPE_BYTES, WorkloadError, WorkloadIn
+from collsim.topology.spec import Topology
+
+OPTIMIZER_STATE_BYTES = {"adam": 12.0, "sgd": 8.0, "none": 0.0}
+"""fp32 master weights + moments per parameter (ZeRO's K: 12 for Adam; SGD with momentum 8)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Resolved parallel sizes of one workload on ``n_gpus`` GPUs."""
+
+    n_gpus: int
+    tp: int
+    pp: int
+    dp: int
+    ep: int
+    v: int
+    micro: int
+    m: int
+    """Micro-batches per pipeline per step (``global_batch / (dp * micro)``)."""
+    schedule: str
+    sequence_parallel: bool
+    zero: int
+
+    def rank(self, tp_rank: int, dp_rank: int, pp_rank: int) -> int:
+        return tp_rank + self.tp * (dp_rank + self.dp * pp_rank)
+
+    def label(self) -> str:
+        text = f"tp{self.tp}-pp{self.pp}-dp{self.dp}"
+        if self.v > 1:
+            text += f"-v{self.v}"
+        if self.ep > 1:
+            text += f"-ep{self.ep}"
+        if self.zero:
+            text += f"-zero{self.zero}"
+        return text + f"-mb{self.micro}"
+
+
+def resolve_layout(w: WorkloadIn, n_gpus: int) -> Layout:
+    """Check the layout against the GPU count and the model; fill in ``dp: auto``."""
+    par = w.parallel
+    if n_gpus % (par.tp * par.pp):
+        raise WorkloadError(
+            f"tp x pp = {par.tp * par.pp} does not divide the {n_gpus} GPUs",
+            field="parallel",
+            value=f"tp={par.tp}, pp={par.pp}",
+        )
+    dp = n_gpus // (par.tp * par.pp) if par.dp == "auto" else par.dp
+    if par.tp * par.pp * dp != n_gpus:
+        raise WorkloadError(
+            f"tp x pp x dp = {par.tp * par.pp * dp}, but the cluster has {n_gpus} GPUs "
+            "(use dp: auto or --nodes)",
+            field="parallel.dp",
+            value=par.dp,
+        )
+    if w.global_batch % (dp * w.micro_batch):
+        raise WorkloadError(
+            f"global_batch {w.global_batch} is not a multiple of dp x micro_batch = "
+            f"{dp} x {w.micro_batch}",
+            field="global_batch",
+            value=w.global_batch,
+        )
+    if dp % par.ep:
+        raise WorkloadError("ep must divide dp", field="parallel.ep", value=par.ep)
+    v = par.virtual_stages if par.schedule == "interleaved" else 1
+    model = w.model
+    if model.layers < par.pp * v:
+        raise WorkloadError(
+            f"{model.layers} layers cannot fill pp x virtual_stages = {par.pp * v} stages",
+            field="parallel.pp",
+            value=par.pp,
+        )
+    if v > 1 and model.layers % (par.pp * v):
+        raise WorkloadError(
+            f"interleaving needs layers ({model.layers}) divisible by pp x virtual_stages",
+            field="parallel.virtual_stages",
+            value=v,
+        )
+    if model.kind == "transformer" and model.heads % par.tp:
+        raise WorkloadError(
+            f"tp must divide the {model.heads} attention heads", field="parallel.tp", value=par.tp
+        )
+    zero = 3 if par.fsdp else par.zero
+    return Layout(
+        n_gpus=n_gpus,
+        tp=par.tp,
+        pp=par.pp,
+        dp=dp,
+        ep=par.ep,
+        v=v,
+        micro=w.micro_batch,
+        m=w.global_batch // (dp * w.micro_batch),
+        schedule=par.schedule,
+        sequence_parallel=par.sequence_parallel,
+        zero=zero,
+    )
+
+
+@dataclass(frozen=True)
+class Groups:
+    """The representative communication groups (GPU names) of rank 0's position."""
+
+    tp: list[str]
+    dp: list[str]
+    ep: list[str]
+    pp_pair: list[str]
+
+
+def place(layout: Layout, topology: Topology) -> Groups:
+    """Rank 0's TP, DP and EP groups and its pipeline neighbour, on the topology's GPUs."""
+    names = [g.name for g in topology.gpus]
+    if len(names) < layout.n_gpus:
+        raise WorkloadError(
+            f"the layout needs {layout.n_gpus} GPUs; the topology has {len(names)}",
+            field="--nodes",
+            value=topology.nodes,
+        )
+    tp = [names[layout.rank(i, 0, 0)] for i in range(layout.tp)]
+    dp = [names[layout.rank(0, j, 0)] for j in range(layout.dp)]
+    ep = [names[layout.rank(0, j, 0)] for j in range(layout.ep)]
+    pp = [names[layout.rank(0, 0, k)] for k in range(min(layout.pp, 2))]
+    return Groups(tp=tp, dp=dp, ep=ep, pp_pair=pp)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes per GPU on the fullest stage."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    reserve: float
+    capacity: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.reserve
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+    def as_json(self) -> dict[str, float]:
+        gb = 1e9
+        return {
+            "weights": self.weights / gb,
+            "gradients": self.gradients / gb,
+            "optimizer": self.optimizer / gb,
+            "activations": self.activations / gb,
+            "reserve": self.reserve / gb,
+            "total": self.total / gb,
+            "capacity": self.capacity / gb,
+        }
+
+
+def memory_per_gpu(
+    w: WorkloadIn,
+    layout: Layout,
+    params_per_gpu: float,
+    act_bytes_per_layer: float,
+    full_act_bytes_per_layer: float,
+    stage_layers: int,
+    capacity_bytes: float,
+) -> Memory:
+    """Weights, gradients, optimizer state and activations of one GPU (module docstring)."""
+    elem = DTYPE_BYTES[w.dtype]
+    grad_elem = DTYPE_BYTES[w.training.grad_reduce_dtype or w.dtype]
+    dp, zero = layout.dp, layout.zero
+    weights = params_per_gpu * elem / (dp if zero >= 3 else 1)
+    grads = params_per_gpu * grad_elem / (dp if zero >= 2 else 1)
+    optim = params_per_gpu * OPTIMIZER_STATE_BYTES[w.training.optimizer] / (dp if zero >= 1 else 1)
+    p, m, v = layout.pp, layout.m, layout.v
+    if layout.schedule == "gpipe":
+        in_flight = stage_layers * m
+    elif v > 1:
+        in_flight = stage_layers * p * (1 + (p - 1) / (p * v))
+    else:
+        in_flight = stage_layers * min(p, m)
+    acts = act_bytes_per_layer * layout.micro * in_flight
+    if w.recompute != "none":  # the layer being recomputed holds its full activations
+        acts += full_act_bytes_per_layer * layout.micro
+    return Memory(
+        weights=weights,
+        gradients=grads,
+        optimizer=optim,
+        activations=acts,
+        reserve=float(w.compute.memory_reserve),
+        capacity=capacity_bytes,
+    )

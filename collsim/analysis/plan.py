@@ -1,0 +1,242 @@
+"""Capacity planning: rank cluster options (topology x nodes x searched layout) for a workload by
+step time, time to train a token budget and cost, discarding layouts that do not fit in memory.
+
+The candidates file (YAML, validated like every collsim input)::
+
+    tokens: 300B                 # training budget
+    clusters:
+      - {name: dgx-h100 x 64, topology: dgx-h100, nodes: [32, 64], gpu_hour_usd: 3.5}
+    search:                      # every combination is tried (valid ones only)
+      tp: [1, 2, 4, 8]
+      pp: [1, 2, 4, 8]
+      micro_batch: [1, 2]
+      zero: [0, 1]
+      recompute: [selective, full]
+
+Cost = GPUs x hours x price per GPU-hour. The Pareto front is the options no other option beats
+on both time and cost.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, ValidationError
+
+from collsim.analysis.comm import make_timer
+from collsim.analysis.step import StepModel, StepResult
+from collsim.analysis.workload import WorkloadError, WorkloadIn, parse_count, with_changes
+from collsim.errors import CollsimError
+from collsim.topology import loader as _topo_loader
+from collsim.topology.loader import load_topology
+from collsim.topology.schema import Strict
+
+Pos = Annotated[int, Field(ge=1)]
+
+
+class ClusterIn(Strict):
+    name: str | None = None
+    topology: str
+    nodes: list[Pos] | Pos
+    gpu_hour_usd: Annotated[float, Field(gt=0)]
+
+
+class SearchIn(Strict):
+    tp: list[Pos] | None = None
+    pp: list[Pos] | None = None
+    micro_batch: list[Pos] | None = None
+    zero: list[Literal[0, 1, 2, 3]] | None = None
+    sequence_parallel: list[bool] | None = None
+    recompute: list[Literal["none", "selective", "full"]] | None = None
+    schedule: list[Literal["1f1b", "gpipe", "interleaved"]] | None = None
+    virtual_stages: list[Pos] | None = None
+
+
+class CandidatesIn(Strict):
+    tokens: Annotated[float, BeforeValidator(parse_count), Field(gt=0)] = 1e9
+    clusters: Annotated[list[ClusterIn], Field(min_length=1)]
+    search: SearchIn = SearchIn()
+
+
+def load_candidates(path: str | os.PathLike[str]) -> CandidatesIn:
+    """Read and validate a candidates file (errors: one line with file, field, value)."""
+    p = Path(path)
+    if not p.is_file():
+        raise WorkloadError("no such candidates file", file=str(p))
+    try:
+        data = _topo_loader.read_yaml(p)
+    except CollsimError as exc:
+        raise WorkloadError(exc.message, file=str(p)) from None
+    if not isinstance(data, dict):
+        raise WorkloadError("a candidates file must be a mapping with 'clusters'", file=str(p))
+    try:
+        return CandidatesIn.model_validate(data)
+    except ValidationError as exc:
+        err = _topo_loader._one_line(exc, CandidatesIn)
+        raise WorkloadError(
+            err.message, file=str(p), field=err.field, value=err.value, has_value=err.has_value
+        ) from None
+
+
+@dataclass
+class Option:
+    """One evaluated cluster option."""
+
+    cluster: str
+    topology: str
+    nodes: int
+    result: StepResult
+    hours: float
+    cost_usd: float
+    pareto: bool = False
+
+    def row(self) -> dict[str, Any]:
+        r = self.result
+        return {
+            "cluster": self.cluster,
+            "nodes": self.nodes,
+            "gpus": r.n_gpus,
+            "layout": r.layout.label(),
+            "recompute": r.details.get("recompute", ""),
+            "step_s": r.step_time_s,
+            "mfu_%": 100 * r.mfu,
+            "mem_GB": r.memory.total / 1e9,
+            "days": self.hours / 24,
+            "cost_usd": self.cost_usd,
+            "pareto": "*" if self.pareto else "",
+        }
+
+
+def layouts(w: WorkloadIn, search: SearchIn) -> list[WorkloadIn]:
+    """Every combination of the searched values (the workload's own where a list is absent)."""
+    par = w.parallel
+    axes: dict[str, list[Any]] = {
+        "tp": search.tp or [par.tp],
+        "pp": search.pp or [par.pp],
+        "micro_batch": search.micro_batch or [w.micro_batch],
+        "zero": search.zero or [par.zero],
+        "sequence_parallel": search.sequence_parallel or [par.sequence_parallel],
+        "recompute": search.recompute or [w.recompute],
+        "schedule": search.schedule or [par.schedule],
+        "virtual_stages": search.virtual_stages or [par.virtual_stages],
+    }
+    out = []
+    seen: set[tuple[Any, ...]] = set()
+    for combo in itertools.product(*axes.values()):
+        c = dict(zip(axes, combo, strict=True))
+        if c["schedule"] != "interleaved":
+            c["virtual_stages"] = 1
+        key = tuple(c.values())
+        if key in seen:
+            continue
+        seen.add(key)
+        if c["sequence_parallel"] and c["tp"] == 1:
+            continue
+        try:
+            out.append(
+                with_changes(
+                    w,
+                    parallel={
+                        "tp": c["tp"], "pp": c["pp"], "dp": "auto", "zero": c["zero"],
+                        "fsdp": False, "sequence_parallel": c["sequence_parallel"],
+                        "schedule": c["schedule"], "virtual_stages": c["virtual_stages"],
+                    },
+                    micro_batch=c["micro_batch"],  # type: ignore[arg-type]
+                    recompute=c["recompute"],  # type: ignore[arg-type]
+                )
+            )  # fmt: skip
+        except WorkloadError:
+            continue
+    return out
+
+
+def plan(
+    w: WorkloadIn,
+    cand: CandidatesIn,
+    *,
+    engine: str = "analytic",
+    efficiency: float | None = None,
+    params: Any = None,
+    keep: str = "best",
+) -> tuple[list[Option], int]:
+    """Evaluate every cluster x node count x layout; returns the options that fit, fastest
+    first (``keep="best"``: the fastest layout per cluster size; ``"all"``: every layout), and
+    how many layouts were discarded because they do not fit in memory."""
+    options: list[Option] = []
+    rejected = 0
+    tokens_per_step = w.global_batch * (w.model.seq_len if w.model.kind == "transformer" else 1)
+    steps = math.ceil(cand.tokens / tokens_per_step)
+    variants = layouts(w, cand.search)
+    for cl in cand.clusters:
+        node_counts = cl.nodes if isinstance(cl.nodes, list) else [cl.nodes]
+        biggest = load_topology(cl.topology, nodes=max(node_counts))
+        model = StepModel(biggest, make_timer(engine, biggest, params=params), efficiency)
+        for nodes in node_counts:
+            n = nodes * biggest.gpus_per_node
+            found: list[Option] = []
+            for v in variants:
+                try:
+                    res = model.evaluate(v, n)
+                except WorkloadError:
+                    continue
+                if not res.fits:
+                    rejected += 1
+                    continue
+                res.details["recompute"] = v.recompute
+                hours = steps * res.step_time_s / 3600
+                found.append(
+                    Option(
+                        cluster=cl.name or f"{cl.topology} x {nodes}",
+                        topology=cl.topology,
+                        nodes=nodes,
+                        result=res,
+                        hours=hours,
+                        cost_usd=hours * n * cl.gpu_hour_usd,
+                    )
+                )
+            found.sort(key=lambda o: o.result.step_time_s)
+            options.extend(found if keep == "all" else found[:1])
+    options.sort(key=lambda o: (o.hours, o.cost_usd))
+    mark_pareto(options)
+    return options, rejected
+
+
+def mark_pareto(options: list[Option]) -> None:
+    """Flag the options no other option beats on both time and cost."""
+    for o in options:
+        o.pareto = not any(
+            (p.hours <= o.hours and p.cost_usd <= o.cost_usd)
+            and (p.hours < o.hours or p.cost_usd < o.cost_usd)
+            for p in options
+        )
+
+
+def plot_pareto(options: list[Option], path: str | os.PathLike[str], title: str = "") -> Path:
+    """Time to train vs cost, one point per option, the Pareto front joined."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from collsim.analysis.amdahl import save_figure
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for o in options:
+        ax.scatter(o.hours / 24, o.cost_usd / 1e6, c="C1" if o.pareto else "C0", s=18)
+        ax.annotate(
+            f"{o.cluster} ({o.result.layout.label()})", (o.hours / 24, o.cost_usd / 1e6),
+            fontsize=6, alpha=0.7,
+        )  # fmt: skip
+    front = sorted((o for o in options if o.pareto), key=lambda o: o.hours)
+    if front:
+        ax.plot([o.hours / 24 for o in front], [o.cost_usd / 1e6 for o in front], "C1-")
+    ax.set_xlabel("days to train")
+    ax.set_ylabel("cost (million USD)")
+    ax.set_title(title or "capacity plan: time vs cost (Pareto front in orange)")
+    fig.tight_layout()
+    return save_figure(fig, path)

@@ -1,0 +1,43 @@
+"""Scaling curves of a workload: the step model at several cluster sizes, then the Amdahl fit.
+
+Strong scaling keeps the workload's global batch (data parallelism grows, micro-batches per
+pipeline shrink); weak scaling keeps the batch per data-parallel replica, so the global batch
+grows with the GPU count. Sizes where the layout is invalid (the batch does not divide, too few
+GPUs for TP x PP) are skipped and reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from collsim.analysis.amdahl import ScalingCurve, scaling_curve
+from collsim.analysis.step import StepModel, StepResult
+from collsim.analysis.workload import WorkloadError, WorkloadIn, with_changes
+from collsim.errors import CollsimError
+
+
+def scale_workload(
+    model: StepModel, w: WorkloadIn, node_counts: Sequence[int], mode: str = "strong"
+) -> tuple[ScalingCurve, list[StepResult], list[str]]:
+    """Step results at each node count (on the first nodes of ``model``'s topology), the
+    scaling curve fitted to them, and why any count was skipped."""
+    per_node = model.topology.gpus_per_node
+    base_gpus = min(node_counts) * per_node
+    results: list[StepResult] = []
+    skipped: list[str] = []
+    for nodes in sorted(node_counts):
+        n = nodes * per_node
+        wl = with_changes(w, parallel={"dp": "auto"})
+        if mode == "weak":
+            wl = with_changes(wl, global_batch=max(1, w.global_batch * n // base_gpus))  # type: ignore[arg-type]
+        try:
+            results.append(model.evaluate(wl, n))
+        except WorkloadError as exc:
+            skipped.append(f"{nodes} node(s): {exc.message}")
+    if len(results) < 2:
+        raise CollsimError(
+            "fewer than two node counts give a valid layout: " + "; ".join(skipped),
+            field="--nodes",
+        )
+    curve = scaling_curve([r.n_gpus for r in results], [r.step_time_s for r in results], mode)
+    return curve, results, skipped

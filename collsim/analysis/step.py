@@ -1,0 +1,432 @@
+"""The training step model: a workload on a cluster -> step time, its breakdown, memory per GPU.
+
+Per micro-batch and pipeline stage (one GPU's view; ``b`` sequences, TP size ``t``):
+
+* compute = GEMM FLOPs / (peak x ``efficiency``) + non-GEMM bytes x ``elementwise_traffic`` /
+  memory bandwidth; backward = 2 x forward; recomputation adds a forward (full) or the attention
+  core (selective) to the backward (FLOPs: :mod:`collsim.analysis.transformer`);
+* tensor parallelism: 2 all-reduces of ``b s h`` elements in the forward and 2 in the backward
+  per layer (Shoeybi et al. 2019, arXiv:1909.08053, Fig. 4), reduce-scatter + all-gather pairs
+  with sequence parallelism (Korthikanti et al. 2022, section 4.2.2); full recomputation repeats
+  the forward's; not overlapped (Megatron-LM does not overlap them);
+* pipeline (Narayanan et al. 2021, section 2.2): with ``m`` micro-batches, ``p`` stages and ``v``
+  virtual stages, ``m x max(stage) + (p-1)/v x mean(stage)``: the bubble fraction
+  ``(p-1)/(m+p-1)`` for GPipe and 1F1B, ``/v`` interleaved; each micro-batch sends ``b s h``
+  elements forward and back (``/t`` per rank with the scatter/gather optimisation, plus an
+  all-gather inside the TP group), ``m v + p - 1`` times on the critical path;
+* data parallelism: gradients (the fullest stage's parameters) all-reduced in buckets that
+  overlap the last micro-batch's backward (PyTorch DDP; Li et al. 2020, arXiv:2006.15704): with
+  ``n`` buckets of ``c`` seconds each in a backward of ``W``, ``max(n c - W (1 - 1/n), c)`` is
+  exposed; without overlap one all-reduce of all gradients. ZeRO-1/2: reduce-scatter + all-gather
+  (the all-reduce's volume); ZeRO-3/FSDP: all-gather weights in the forward and again in the
+  backward, reduce-scatter gradients (1.5x the all-reduce's volume; Rajbhandari et al. 2020,
+  section 7), per micro-batch, prefetched in buckets that overlap compute;
+* expert parallelism: 2 all-to-alls (dispatch, combine) forward and 2 backward per MoE layer;
+* optimizer: memory-bound (Adam: 34 bytes per local parameter, SGD: 14);
+* stragglers: per-GPU compute multipliers (mean 1, seeded), the synchronous step waits for the
+  slowest of all GPUs: ``(E[max] - 1) x (compute + bubble)``;
+* local SGD divides the data-parallel time by the period; asynchronous training hides it behind
+  ``staleness`` steps and does not wait for stragglers; compression divides gradient bytes by the
+  ratio and adds encode + decode time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from collsim.analysis.comm import CommTimer
+from collsim.analysis.dataparallel import (
+    data_parallel,
+    expected_max_multiplier,
+    overlapped_buckets,
+)
+from collsim.analysis.layout import Groups, Layout, Memory, memory_per_gpu, place, resolve_layout
+from collsim.analysis.transformer import (
+    LayerCosts,
+    generic_layer_costs,
+    is_moe_layer,
+    layer_costs,
+    logits_flops,
+    model_flops_per_sample,
+)
+from collsim.analysis.workload import DTYPE_BYTES, PEAK_KEY, WorkloadError, WorkloadIn
+from collsim.topology.spec import Topology
+
+DEFAULT_EFFICIENCY = 0.67
+"""GEMM efficiency (achieved / peak tensor FLOP/s) when neither the workload nor a profile gives
+one: the value calibrated on korthikanti2022-t5-175B-seqsel (reports/steptime_validation.md)."""
+OPTIMIZER_BYTES = {"adam": 34.0, "sgd": 14.0, "none": 0.0}
+"""Bytes read + written per local parameter by the optimizer step: Adam reads fp32 gradient,
+master weight, momentum, variance (16), writes the last three (12) and the 16-bit copy (2), plus
+the gradient-norm pass (4); SGD with momentum: 14."""
+BREAKDOWN_KEYS = (
+    "compute", "tp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm", "optimizer", "compression",
+    "straggler_wait",
+)  # fmt: skip
+
+
+@dataclass
+class StepResult:
+    """One workload on one cluster: the step time and where it goes (seconds per step)."""
+
+    workload: str
+    topology: str
+    layout: Layout
+    step_time_s: float
+    breakdown: dict[str, float]
+    model_flops: float
+    hardware_flops: float
+    peak_flops: float
+    memory: Memory
+    tokens_per_step: float
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_gpus(self) -> int:
+        return self.layout.n_gpus
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        """Model FLOP/s per GPU (no recomputation counted), in TFLOP/s."""
+        return self.model_flops / self.step_time_s / self.n_gpus / 1e12
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation (Chowdhery et al. 2022; Korthikanti et al. 2022 App. A)."""
+        return self.model_flops / (self.step_time_s * self.n_gpus * self.peak_flops)
+
+    @property
+    def hfu(self) -> float:
+        """Hardware FLOPs utilisation (recomputation counted)."""
+        return self.hardware_flops / (self.step_time_s * self.n_gpus * self.peak_flops)
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.fits
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "workload": self.workload,
+            "topology": self.topology,
+            "gpus": self.n_gpus,
+            "layout": self.layout.label(),
+            "step_time_s": self.step_time_s,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "mfu": self.mfu,
+            "hfu": self.hfu,
+            "tokens_per_s": self.tokens_per_step / self.step_time_s,
+            "breakdown": {k: self.breakdown[k] for k in BREAKDOWN_KEYS},
+            "memory_gb_per_gpu": self.memory.total / 1e9,
+            "memory": self.memory.as_json(),
+            "fits_in_memory": self.fits,
+            "details": self.details,
+        }
+
+
+def peak_flops(topology: Topology, dtype: str) -> float:
+    """The GPU's dense tensor FLOP/s for ``dtype`` (from the topology's ``peak_tflops``)."""
+    key = PEAK_KEY[dtype]
+    if key not in topology.gpu.peak_flops:
+        raise WorkloadError(
+            f"{topology.gpu.model} has no {key} peak in {topology.name} "
+            f"(has: {', '.join(topology.gpu.peak_flops)})",
+            field="dtype",
+            value=dtype,
+        )
+    return topology.gpu.peak_flops[key]
+
+
+def stage_layer_counts(layers: int, pp: int) -> list[int]:
+    """Layers per pipeline stage: even, the remainder on the first stages."""
+    base, extra = divmod(layers, pp)
+    return [base + (1 if i < extra else 0) for i in range(pp)]
+
+
+def bubble_fraction(p: int, m: int, v: int = 1) -> float:
+    """Pipeline bubble as a fraction of the step: ``((p-1)/v) / (m + (p-1)/v)`` (Narayanan 2021)."""
+    return ((p - 1) / v) / (m + (p - 1) / v)
+
+
+class StepModel:
+    """Step times of workloads on one topology, timing collectives with ``timer``."""
+
+    def __init__(self, topology: Topology, timer: CommTimer, efficiency: float | None = None):
+        self.topology = topology
+        self.timer = timer
+        self.efficiency = efficiency
+        self.force_efficiency: float | None = None
+        """Overrides the workload's own ``compute.efficiency`` (``--efficiency``)."""
+
+    def _efficiency(self, w: WorkloadIn) -> float:
+        """``--efficiency`` > the workload's > the profile's > :data:`DEFAULT_EFFICIENCY`."""
+        return (
+            self.force_efficiency or w.compute.efficiency or self.efficiency or DEFAULT_EFFICIENCY
+        )
+
+    def _coll(self, collective: str, gpus: list[str], size: float, algorithm: str) -> float:
+        return self.timer.time_s(collective, gpus, size, algorithm)
+
+    def evaluate(self, w: WorkloadIn, n_gpus: int | None = None) -> StepResult:
+        """The step of ``w`` on the first ``n_gpus`` GPUs (default: all) of the topology."""
+        n = n_gpus if n_gpus is not None else self.topology.n_gpus
+        lay = resolve_layout(w, n)
+        groups = place(lay, self.topology)
+        eff = self._efficiency(w)
+        peak = peak_flops(self.topology, w.dtype)
+        flops_s = peak * eff
+        mem_bw = self.topology.gpu.memory_bandwidth_bytes_per_s
+        elem = DTYPE_BYTES[w.dtype]
+        algo = w.training.algorithm
+        b = lay.micro
+        traffic = w.compute.elementwise_traffic
+
+        costs = self._layer_costs(w, lay, elem)
+        counts = stage_layer_counts(w.model.layers, lay.pp)
+        stages = []
+        first = 0
+        for i, count in enumerate(counts):
+            idx = range(first, first + count)
+            first += count
+            stages.append(
+                self._stage(w, lay, groups, [costs[j] for j in idx], i, b, flops_s, mem_bw, traffic)
+            )
+        per_mb = np.array([s["total"] for s in stages])
+        slow = int(np.argmax(per_mb))
+        crit = stages[slow]
+        p, m, v = lay.pp, lay.m, lay.v
+        bubble = (p - 1) / v * float(per_mb.mean())
+        pp_comm = 0.0
+        if p > 1:
+            act = self._stage_bytes(w, b, elem)
+            per_rank = act / lay.tp if w.parallel.scatter_gather and lay.tp > 1 else act
+            hop = self._coll("sendrecv", groups.pp_pair, per_rank, algo)
+            if per_rank < act:
+                hop += self._coll("all_gather", groups.tp, act, algo)
+            pp_comm = (m * v + p - 1) * 2 * hop
+        compute = m * crit["compute"]
+        tp_comm = m * crit["tp"]
+        ep_comm = m * crit["ep"]
+
+        # Data parallelism on the stage holding the most parameters.
+        params_gpu = max(s["params"] for s in stages)
+        dp_comm, compression, dp_detail = data_parallel(
+            self._coll, w, lay, groups, params_gpu, crit, m, algo
+        )
+        local_params = params_gpu / (lay.dp if lay.zero >= 1 else 1)
+        optimizer = local_params * OPTIMIZER_BYTES[w.training.optimizer] / mem_bw
+
+        sync = w.training.sync
+        strag = w.training.stragglers
+        mult = expected_max_multiplier(n, strag.cv, strag.distribution, strag.seed, strag.samples)
+        wait = (mult - 1.0) * (compute + bubble)
+        if sync.mode == "async":
+            wait = 0.0
+        breakdown = {
+            "compute": compute,
+            "tp_comm": tp_comm,
+            "ep_comm": ep_comm,
+            "pp_comm": pp_comm,
+            "bubble": bubble,
+            "dp_comm": dp_comm,
+            "optimizer": optimizer,
+            "compression": compression,
+            "straggler_wait": wait,
+        }
+        step = sum(breakdown.values())
+        mem = self._memory(w, lay, stages, costs, counts)
+        samples = w.global_batch
+        if w.model.kind == "transformer":
+            model_flops = samples * model_flops_per_sample(w.model)
+            tokens = samples * w.model.seq_len
+        else:
+            model_flops = samples * w.model.flops_per_sample
+            tokens = float(samples)
+        hw = model_flops + m * lay.dp * lay.tp * sum(s["recompute_flops"] for s in stages)
+        details = {
+            "efficiency": eff,
+            "micro_batches": m,
+            "bubble_fraction": bubble_fraction(p, m, v) if p > 1 else 0.0,
+            "slowest_stage": slow,
+            "stage_time_s": [float(x) for x in per_mb],
+            "straggler_max_multiplier": mult,
+            "sync": sync.mode,
+            **dp_detail,
+        }
+        if sync.mode == "async":
+            details["staleness_steps"] = sync.staleness
+        return StepResult(
+            workload=w.name,
+            topology=self.topology.name,
+            layout=lay,
+            step_time_s=step,
+            breakdown=breakdown,
+            model_flops=model_flops,
+            hardware_flops=hw,
+            peak_flops=peak,
+            memory=mem,
+            tokens_per_step=tokens,
+            details=details,
+        )
+
+    def layer_times(self, w: WorkloadIn, n_gpus: int | None = None) -> tuple[float, float]:
+        """Forward and backward (recomputation included) seconds of ONE transformer layer for
+        one micro-batch, TP communication included: what Korthikanti et al. 2022 Table 4 lists."""
+        n = n_gpus if n_gpus is not None else self.topology.n_gpus
+        lay = resolve_layout(w, n)
+        eff = self._efficiency(w)
+        costs = self._layer_costs(w, lay, DTYPE_BYTES[w.dtype])
+        one = self._stage(
+            w, lay, place(lay, self.topology), costs[:1], -1, lay.micro,
+            peak_flops(self.topology, w.dtype) * eff,
+            self.topology.gpu.memory_bandwidth_bytes_per_s, w.compute.elementwise_traffic,
+        )  # fmt: skip
+        calls = 4 + (2 if w.recompute == "full" else 0)
+        tp_fwd = one["tp"] * 2 / calls
+        return one["fwd"] + tp_fwd, one["bwd"] + one["tp"] - tp_fwd
+
+    # -- pieces --------------------------------------------------------------------------------
+
+    def _layer_costs(self, w: WorkloadIn, lay: Layout, elem: int) -> list[LayerCosts]:
+        model = w.model
+        if model.kind == "generic":
+            one = generic_layer_costs(model, tp=lay.tp, elem_bytes=elem)
+            return [one] * model.layers
+        cache: dict[bool, LayerCosts] = {}
+        out = []
+        for i in range(model.layers):
+            moe = is_moe_layer(model, i)
+            if moe not in cache:
+                cache[moe] = layer_costs(
+                    model, tp=lay.tp, sequence_parallel=lay.sequence_parallel,
+                    recompute=w.recompute, elem_bytes=elem, moe=moe,
+                )  # fmt: skip
+            out.append(cache[moe])
+        return out
+
+    def _stage_bytes(self, w: WorkloadIn, b: int, elem: int) -> float:
+        """Bytes of one micro-batch's activations between two stages (``b s h`` elements)."""
+        if w.model.kind == "generic":
+            return float(w.model.activation_bytes) * b
+        return float(b * w.model.seq_len * w.model.hidden * elem)
+
+    def _stage(
+        self,
+        w: WorkloadIn,
+        lay: Layout,
+        groups: Groups,
+        layers: list[LayerCosts],
+        index: int,
+        b: int,
+        flops_s: float,
+        mem_bw: float,
+        traffic: float,
+    ) -> dict[str, float]:
+        """One micro-batch on one stage: compute, TP and EP communication, parameters."""
+        gemm = sum(c.fwd_flops for c in layers) * b
+        elementwise = sum(c.elementwise_bytes for c in layers) * b * traffic
+        fwd = gemm / flops_s + elementwise / mem_bw
+        recompute_flops = 0.0
+        if w.recompute == "full":
+            recompute_flops = gemm
+            redo = fwd
+        elif w.recompute == "selective":
+            recompute_flops = sum(c.attn_core_flops for c in layers) * b
+            redo = recompute_flops / flops_s
+            redo += sum(c.attn_elementwise_bytes for c in layers) * b * traffic / mem_bw
+        else:
+            redo = 0.0
+        params = sum(c.params for c in layers)
+        extra = 0.0
+        if w.model.kind == "transformer":
+            model = w.model
+            embed = model.vocab * model.hidden / lay.tp
+            last = index == lay.pp - 1
+            if index == 0:
+                params += embed + model.seq_len * model.hidden / lay.tp
+            if last:
+                lg = logits_flops(model, lay.tp) * b
+                soft = 4.0 * model.seq_len * model.vocab * b / lay.tp * traffic
+                extra = 3 * lg / flops_s + 3 * soft / mem_bw
+                if lay.pp > 1 or not model.tied_embeddings:
+                    params += embed
+        compute = 3 * fwd + redo + extra
+        algo = w.training.algorithm
+        tp_calls = 4 + (2 if w.recompute == "full" else 0)
+        tp = 0.0
+        ep = 0.0
+        for c in layers:
+            if lay.tp > 1 and c.tp_bytes > 0:
+                size = c.tp_bytes * b
+                if lay.sequence_parallel:
+                    one = self._coll("reduce_scatter", groups.tp, size, algo)
+                    one += self._coll("all_gather", groups.tp, size, algo)
+                else:
+                    one = self._coll("all_reduce", groups.tp, size, algo)
+                tp += tp_calls * one
+            if lay.ep > 1 and c.moe_tokens_bytes > 0:
+                ep += tp_calls * self._coll("alltoall", groups.ep, c.moe_tokens_bytes * b, algo)
+        params -= sum(c.expert_params for c in layers) * (1 - 1 / lay.ep)
+        return {
+            "compute": compute,
+            "fwd": fwd + extra / 3,
+            "bwd": 2 * fwd + redo + 2 * extra / 3,
+            "tp": tp,
+            "ep": ep,
+            "total": compute + tp + ep,
+            "params": params,
+            "layers": float(len(layers)),
+            "recompute_flops": recompute_flops,
+        }
+
+    def _memory(
+        self,
+        w: WorkloadIn,
+        lay: Layout,
+        stages: list[dict[str, float]],
+        costs: list[LayerCosts],
+        counts: list[int],
+    ) -> Memory:
+        capacity = float(self.topology.gpu.memory_bytes)
+        worst: Memory | None = None
+        for i in {0, lay.pp - 1}:
+            layer = costs[sum(counts[:i])]
+            mem = memory_per_gpu(
+                w, lay, stages[i]["params"], layer.act_bytes_recompute, layer.act_bytes,
+                counts[i], capacity,
+            )  # fmt: skip
+            if worst is None or mem.total > worst.total:
+                worst = mem
+        assert worst is not None
+        return worst
+
+
+def step(
+    w: WorkloadIn, topology: Topology, timer: CommTimer, efficiency: float | None = None
+) -> StepResult:
+    """One-call form of :meth:`StepModel.evaluate` on every GPU of ``topology``."""
+    return StepModel(topology, timer, efficiency).evaluate(w)
+
+
+def evaluate_layout(model: StepModel, w: WorkloadIn, n_gpus: int) -> StepResult | None:
+    """:meth:`StepModel.evaluate`, or ``None`` when the layout is invalid for ``n_gpus``."""
+    try:
+        return model.evaluate(w, n_gpus)
+    except WorkloadError:
+        return None
+
+
+__all__ = [
+    "BREAKDOWN_KEYS",
+    "DEFAULT_EFFICIENCY",
+    "StepModel",
+    "StepResult",
+    "bubble_fraction",
+    "evaluate_layout",
+    "expected_max_multiplier",
+    "overlapped_buckets",
+    "resolve_layout",
+    "step",
+]

@@ -1,0 +1,287 @@
+"""Training workloads: the YAML format (pydantic, unknown keys rejected) and its loader.
+
+A workload is a model (a GPT-style ``transformer`` or a ``generic`` job given by FLOPs and bytes),
+a batch, a data type, a parallel layout (DP x TP x PP, sequence parallel, ZeRO/FSDP, expert
+parallel), activation recomputation and training options (overlap, stragglers, local SGD,
+compression). ``docs/workload-format.md`` documents every field. Bad files raise
+:class:`WorkloadError`, one line naming the file, the field and the value, through the same
+machinery as topology files (:mod:`collsim.topology.loader`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_validator
+
+from collsim import units
+from collsim.errors import CollsimError, UnitError
+from collsim.topology import loader as _topo_loader
+from collsim.topology.schema import Strict
+
+CATALOG_DIR = Path(
+    os.environ.get("COLLSIM_WORKLOADS", Path(__file__).resolve().parents[2] / "workloads")
+)
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "tf32": 4}
+"""Bytes per element of the training data types."""
+PEAK_KEY = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "fp8": "fp8", "tf32": "tf32"}
+"""Which ``peak_tflops`` entry of the GPU a data type runs at."""
+
+
+class WorkloadError(CollsimError):
+    """A workload file or option that does not describe a trainable job."""
+
+
+_COUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMBT]?)\s*$")
+_COUNT_SCALE = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
+
+
+def parse_count(value: object) -> float:
+    """A count such as ``175B`` (1.75e11), ``6.7B``, ``125M``, ``1e9`` or a bare number."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a count, got {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        match = _COUNT.match(value)
+        if match:
+            return float(match.group(1)) * _COUNT_SCALE[match.group(2)]
+    raise ValueError(f"malformed count {value!r} (use e.g. 175B, 125M, 1.2e9)")
+
+
+def _size(value: object) -> object:
+    try:
+        return units.parse_size(value)  # type: ignore[arg-type]
+    except UnitError as exc:
+        raise ValueError(exc.message) from None
+
+
+Count = Annotated[float, BeforeValidator(parse_count), Field(gt=0)]
+Size = Annotated[int, BeforeValidator(_size), Field(ge=0)]
+Pos = Annotated[int, Field(ge=1)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
+
+
+class ExpertsIn(Strict):
+    """Mixture of experts: ``count`` experts, ``top_k`` per token, on every ``every``-th layer."""
+
+    count: Pos
+    top_k: Pos = 2
+    every: Pos = 1
+    capacity_factor: Annotated[float, Field(ge=1)] = 1.0
+
+
+class TransformerIn(Strict):
+    """A GPT-style decoder (Narayanan et al. 2021 notation: l, h, a, V, s)."""
+
+    kind: Literal["transformer"] = "transformer"
+    layers: Pos
+    hidden: Pos
+    heads: Pos
+    kv_heads: Pos | None = None
+    ffn: Pos | None = None
+    gated_mlp: bool = False
+    vocab: Pos = 51200
+    seq_len: Pos
+    tied_embeddings: bool = True
+    flash_attention: bool = False
+    experts: ExpertsIn | None = None
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TransformerIn:
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads")
+        return self
+
+
+class GenericIn(Strict):
+    """Any job: FLOPs per sample (forward + backward), parameters, bytes between stages."""
+
+    kind: Literal["generic"]
+    flops_per_sample: Count
+    params: Count
+    layers: Pos = 1
+    activation_bytes: Size = 0
+    activation_memory_bytes: Size = 0
+    tp_bytes_per_layer: Size = 0
+
+
+class ParallelIn(Strict):
+    """The layout. ``dp`` defaults to whatever the GPUs left over allow (``auto``)."""
+
+    tp: Pos = 1
+    pp: Pos = 1
+    dp: Pos | Literal["auto"] = "auto"
+    ep: Pos = 1
+    schedule: Literal["1f1b", "gpipe", "interleaved"] = "1f1b"
+    virtual_stages: Pos = 1
+    sequence_parallel: bool = False
+    zero: Literal[0, 1, 2, 3] = 0
+    fsdp: bool = False
+    scatter_gather: bool = True
+
+    @model_validator(mode="after")
+    def _interleave(self) -> ParallelIn:
+        if self.virtual_stages > 1 and self.schedule != "interleaved":
+            raise ValueError("virtual_stages > 1 needs schedule: interleaved")
+        return self
+
+
+class StragglersIn(Strict):
+    """Per-GPU compute-time multipliers (mean 1) drawn from ``distribution`` with ``cv``."""
+
+    cv: Annotated[float, Field(ge=0)] = 0.0
+    distribution: Literal["lognormal", "normal"] = "lognormal"
+    seed: int = 0
+    samples: Pos = 64
+
+
+class SyncIn(Strict):
+    """``sync`` (default), ``local_sgd`` (average every ``period`` steps) or ``async``."""
+
+    mode: Literal["sync", "local_sgd", "async"] = "sync"
+    period: Pos = 1
+    staleness: Annotated[int, Field(ge=0)] = 1
+
+
+class CompressionIn(Strict):
+    """Gradient compression: ``ratio`` x fewer bytes; encode + decode at ``codec_gbps`` GB/s."""
+
+    ratio: Annotated[float, Field(ge=1)] = 1.0
+    codec_gbps: Annotated[float, Field(gt=0)] = 1000.0
+
+
+class TrainingIn(Strict):
+    optimizer: Literal["adam", "sgd", "none"] = "adam"
+    grad_reduce_dtype: Literal["bf16", "fp16", "fp32"] | None = None
+    dp_overlap: bool = True
+    bucket: Size = 25_000_000
+    prefetch_bucket: Size = 100_000_000
+    algorithm: Literal["nccl", "auto", "ring"] = "nccl"
+    stragglers: StragglersIn = StragglersIn()
+    sync: SyncIn = SyncIn()
+    compression: CompressionIn = CompressionIn()
+
+
+class ComputeIn(Strict):
+    """How fast the GPU computes: GEMM efficiency (calibrated) and non-GEMM memory traffic."""
+
+    efficiency: Fraction | None = None
+    elementwise_traffic: Annotated[float, Field(ge=0)] = 2.0
+    memory_reserve: Size = 2_000_000_000
+
+
+class WorkloadIn(Strict):
+    name: str
+    description: str = ""
+    source: str | None = None
+    model: TransformerIn | GenericIn
+    global_batch: Pos
+    micro_batch: Pos = 1
+    dtype: Literal["bf16", "fp16", "fp32", "fp8", "tf32"] = "bf16"
+    parallel: ParallelIn = ParallelIn()
+    recompute: Literal["none", "selective", "full"] = "none"
+    training: TrainingIn = TrainingIn()
+    compute: ComputeIn = ComputeIn()
+
+    @model_validator(mode="after")
+    def _batch(self) -> WorkloadIn:
+        if self.global_batch % self.micro_batch:
+            raise ValueError(
+                f"global_batch ({self.global_batch}) must be a multiple of micro_batch "
+                f"({self.micro_batch})"
+            )
+        return self
+
+
+def _model_section(data: dict[str, Any]) -> dict[str, Any]:
+    """Validate ``model:`` by its ``kind`` first, so errors read ``model.layers``, not a union."""
+    model = data.get("model")
+    if not isinstance(model, dict):
+        return data
+    kind = model.get("kind", "transformer")
+    classes: dict[str, type[BaseModel]] = {"transformer": TransformerIn, "generic": GenericIn}
+    if kind not in classes:
+        raise WorkloadError(
+            "unknown model kind (use transformer or generic)", field="model.kind", value=kind
+        )
+    cls = classes[kind]
+    try:
+        checked = cls.model_validate({**model, "kind": kind})
+    except ValidationError as exc:
+        raise _as_workload_error(_topo_loader._one_line(exc, cls)).located(field="model") from None
+    return {**data, "model": checked}
+
+
+def catalog_names() -> list[str]:
+    """Names of the bundled workloads (``workloads/*.yaml``), sorted."""
+    return sorted(p.stem for p in CATALOG_DIR.glob("*.yaml"))
+
+
+def resolve(name_or_path: str | os.PathLike[str]) -> Path:
+    """A catalog name or a path -> the file to read."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists() or os.sep in str(name_or_path):
+        if not path.is_file():
+            raise WorkloadError("no such workload file", file=str(path))
+        return path
+    candidate = CATALOG_DIR / f"{name_or_path}.yaml"
+    if candidate.is_file():
+        return candidate
+    hint = difflib.get_close_matches(str(name_or_path), catalog_names(), n=1)
+    extra = f"; did you mean {hint[0]!r}?" if hint else f" (bundled: {', '.join(catalog_names())})"
+    raise WorkloadError(
+        f"no workload named {str(name_or_path)!r}{extra}", field="workload", value=str(name_or_path)
+    )
+
+
+def _as_workload_error(exc: CollsimError) -> WorkloadError:
+    return WorkloadError(
+        exc.message, file=exc.file, field=exc.field, value=exc.value, has_value=exc.has_value
+    )
+
+
+def workload_from_dict(data: Any, *, file: str | None = None) -> WorkloadIn:
+    """Validate a parsed YAML document (errors: one line naming the field and value)."""
+    if not isinstance(data, dict):
+        raise WorkloadError(
+            "a workload file must be a mapping with 'name', 'model' and 'batch'",
+            file=file,
+            value=type(data).__name__,
+        )
+    try:
+        data = _model_section(data)
+        return WorkloadIn.model_validate(data)
+    except ValidationError as exc:
+        err = _as_workload_error(_topo_loader._one_line(exc, WorkloadIn))
+        raise err.located(file=file) from None
+    except WorkloadError as exc:
+        raise exc.located(file=file) from None
+
+
+def load_workload(name_or_path: str | os.PathLike[str]) -> WorkloadIn:
+    """Load and validate a workload file or bundled workload name."""
+    path = resolve(name_or_path)
+    try:
+        data = _topo_loader.read_yaml(path)
+    except CollsimError as exc:
+        raise _as_workload_error(exc) from None
+    return workload_from_dict(data, file=str(path))
+
+
+def with_changes(workload: WorkloadIn, **sections: dict[str, Any]) -> WorkloadIn:
+    """A copy with some sections' fields replaced and re-validated (``parallel={"tp": 4}``)."""
+    data = workload.model_dump()
+    for section, changes in sections.items():
+        if isinstance(data.get(section), dict):
+            data[section] = {**data[section], **changes}
+        else:
+            data[section] = changes
+    return workload_from_dict(data)

@@ -1,0 +1,257 @@
+"""Fitting a calibration profile to nccl-tests logs: few, bounded, physical parameters.
+
+The parameters (:mod:`collsim.model.profile`): per link class the logs' routes cross (NVLink,
+PCI, network) a bandwidth efficiency and a latency scale; one base (launch) latency; and a
+size-dependent bandwidth efficiency at three fixed sizes (64 KiB, 1 MiB, 16 MiB; 1 from 256 MiB
+on), interpolated in log2 size -- at most 2 x 3 + 1 + 3 = 10 numbers, the same for every
+collective, rank count and size of the system. Predictions are the analytic model's, with the
+tuner choosing NCCL's algorithm, protocol and channels per size (:mod:`.predict`), so a profile
+fitted on some collectives or scales predicts the others through the same physics.
+
+Method: ``scipy.optimize.least_squares`` (trust-region reflective, bounds) on the relative time
+error ``(predicted - measured) / measured`` of every out-of-place row, with a soft-L1 robust loss
+(scale 3%) and each log weighted as ~30 rows whatever its length; a fixed start and fixed finite
+difference steps, so a fit is deterministic. The model's structures (its lines per algorithm)
+depend only on the link-class parameters; base latency and size factors only re-evaluate them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from collsim.calibration.nccltests import NcclTestsLog
+from collsim.calibration.predict import Predictor, Scale, ScaledModel, elem_bytes, measured_points
+from collsim.errors import CalibrationError
+from collsim.model.params import DEFAULT_PARAMS, ModelParams, ProtocolParams
+from collsim.model.profile import (
+    CLASSES,
+    FORMAT_VERSION,
+    FitError,
+    LinkClass,
+    Profile,
+    ProfileDoc,
+    Provenance,
+    TopologyRef,
+)
+from collsim.topology.spec import Topology
+
+SIZE_KNOTS_BYTES = (64 * 1024, 1024**2, 16 * 1024**2)
+SIZE_ANCHOR_BYTES = 256 * 1024**2
+"""Where the size-dependent efficiency is fitted; from the anchor on it is 1 (asymptotic)."""
+BOUNDS = {"eff": (0.02, 1.2), "lat": (0.05, 50.0), "base": (0.0, 1000.0), "size": (0.05, 2.0),
+          "rel": (0.05, 5.0)}  # fmt: skip
+REF_ROWS = 30.0
+LOSS_SCALE = 0.1
+
+
+@dataclass
+class Sample:
+    """One log to fit or validate, on its sized system."""
+
+    log: NcclTestsLog
+    topology: Topology
+    env: dict[str, str] = field(default_factory=dict)
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.name = self.name or self.log.file.rsplit("/", 1)[-1]
+        self.sizes, self.measured_s = measured_points(self.log)
+
+
+def check_log(log: NcclTestsLog, *, allow_anomalies: bool = False) -> None:
+    """Reject logs whose rows are wrong or inconsistent (``#wrong > 0``), unless allowed."""
+    if log.anomalies and not allow_anomalies:
+        raise CalibrationError(
+            f"{len(log.anomalies)} anomalies, first: {log.anomalies[0]}; refusing to fit "
+            "(pass --allow-anomalies to use it anyway)",
+            file=log.file,
+        )
+
+
+def classes_used(topology: Topology) -> list[int]:
+    """Link classes (0 nvlink, 1 pci, 2 net) on the routes between the system's GPUs."""
+    from collsim.whatif import WhatIf
+
+    fabric = WhatIf(topology).fabric
+    n = topology.n_gpus
+    src, dst = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    keep = src != dst
+    if n > 32:  # rings and rails: each GPU to its neighbours and to the next node's peer
+        src = np.r_[np.arange(n), np.arange(n)]
+        dst = np.r_[(np.arange(n) + 1) % n, (np.arange(n) + topology.gpus_per_node) % n]
+        keep = src != dst
+    _, links, _ = fabric.routes(src[keep], dst[keep])
+    kinds = np.asarray(fabric.link_kind)[np.asarray(links, dtype=np.int64)]
+    return sorted({int(k) for k in kinds})
+
+
+class _Problem:
+    """The residual function over one system's samples, with the model cache.
+
+    ``x = [bandwidth, latency, base_us, size factors...]`` plus, where the logs cross both
+    intra-node links and the network, ``[net bandwidth, net latency]`` relative to intra-node.
+    Only the last two change the model's structure (a rebuild); the others scale its lines
+    (:class:`~collsim.calibration.predict.Scale`).
+    """
+
+    def __init__(self, samples: Sequence[Sample], classes: list[int], base: ModelParams) -> None:
+        self.samples = samples
+        self.classes = classes
+        self.base = base
+        self.split = 2 in classes and any(k in classes for k in (0, 1))
+        self._models: dict[tuple[float, float], list[Any]] = {}
+        self.weights = [np.sqrt(min(1.0, REF_ROWS / s.sizes.size)) for s in samples]
+        self.kinds = ["eff", "lat", "base"] + ["size"] * len(SIZE_KNOTS_BYTES)
+        if self.split:
+            self.kinds += ["rel", "rel"]
+
+    def structural(self, x: np.ndarray) -> tuple[float, float]:
+        return (float(x[-2]), float(x[-1])) if self.split else (1.0, 1.0)
+
+    def models(self, x: np.ndarray) -> list[Any]:
+        key = self.structural(x)
+        if key not in self._models:
+            if len(self._models) > 32:
+                self._models.clear()
+            r_eff, r_lat = key
+            params = dataclasses.replace(
+                self.base,
+                bandwidth_efficiency=(1.0, 1.0, r_eff),
+                route_latency_scale=(1.0, 1.0, r_lat),
+                protocols=tuple(
+                    ProtocolParams(
+                        p.name,
+                        p.bandwidth_fraction,
+                        (p.hop_latency_s[0], p.hop_latency_s[1], p.hop_latency_s[2] * r_lat),
+                    )
+                    for p in self.base.protocols
+                ),  # fmt: skip
+            )
+            self._models[key] = [Predictor(s.topology, params).model for s in self.samples]
+        return self._models[key]
+
+    def scale(self, x: np.ndarray) -> Scale:
+        return Scale(
+            latency=float(x[1]),
+            bandwidth=float(x[0]),
+            base_latency_s=float(x[2]) * 1e-6,
+            size_factors=tuple(_size_table(x[3 : 3 + len(SIZE_KNOTS_BYTES)])),
+        )
+
+    def predict(self, x: np.ndarray) -> list[np.ndarray]:
+        scale = self.scale(x)
+        out = []
+        for model, s in zip(self.models(x), self.samples, strict=True):
+            pred = Predictor.wrap(ScaledModel(model, scale))
+            t, _ = pred.predict(s.log.collective, s.sizes, env=s.env, elem=elem_bytes(s.log))
+            out.append(t)
+        return out
+
+    def residuals(self, x: np.ndarray) -> np.ndarray:
+        preds = self.predict(x)
+        parts = [
+            w * (p - s.measured_s) / s.measured_s
+            for w, p, s in zip(self.weights, preds, self.samples, strict=True)
+        ]
+        r = np.concatenate(parts)
+        return np.where(np.isfinite(r), r, 10.0)
+
+    def doc(self, x: np.ndarray) -> ProfileDoc:
+        r_eff, r_lat = self.structural(x)
+        link_classes = {
+            CLASSES[k]: LinkClass(
+                bandwidth_efficiency=round(float(x[0]) * (r_eff if k == 2 else 1.0), 5),
+                latency_scale=round(float(x[1]) * (r_lat if k == 2 else 1.0), 5),
+            )
+            for k in self.classes
+        }
+        topo = self.samples[0].topology
+        return ProfileDoc(
+            collsim_profile=FORMAT_VERSION,
+            topology=TopologyRef(
+                name=topo.name, nodes=topo.nodes, gpus_per_node=topo.gpus_per_node
+            ),
+            link_classes=link_classes,  # type: ignore[arg-type]
+            base_latency_us=round(float(x[2]), 4),
+            memory_efficiency=round(float(x[0]), 5),
+            size_efficiency=[
+                (s, round(f, 5)) for s, f in _size_table(x[3 : 3 + len(SIZE_KNOTS_BYTES)])
+            ],
+            provenance=Provenance(logs=[], collectives=[], ranks=[], method="", fitted=[]),
+        )
+
+
+def _size_table(factors: np.ndarray) -> list[tuple[float, float]]:
+    pts = [(float(s), float(f)) for s, f in zip(SIZE_KNOTS_BYTES, factors, strict=True)]
+    return [*pts, (float(SIZE_ANCHOR_BYTES), 1.0)]
+
+
+def fit_samples(
+    samples: Sequence[Sample], *, base: ModelParams = DEFAULT_PARAMS, max_nfev: int = 100
+) -> Profile:
+    """Fit one system's profile to ``samples`` (all on the same catalog topology)."""
+    from scipy.optimize import least_squares
+
+    if not samples:
+        raise CalibrationError("nothing to fit: no logs")
+    names = {s.topology.name for s in samples}
+    if len(names) > 1:
+        raise CalibrationError(
+            "logs of one fit must be on one topology", field="--topology", value=sorted(names)
+        )
+    samples = sorted(samples, key=lambda s: (-s.topology.n_gpus, s.name))
+    classes = sorted({k for s in samples for k in classes_used(s.topology)})
+    prob = _Problem(samples, classes, base)
+    smallest_us = min(float(s.measured_s.min()) for s in samples) * 1e6
+    x0 = np.r_[0.8, 1.0, 0.5 * smallest_us, [1.0] * len(SIZE_KNOTS_BYTES)]
+    if prob.split:
+        x0 = np.r_[x0, 1.0, 1.0]
+    lo = np.array([BOUNDS[k][0] for k in prob.kinds])
+    hi = np.array([BOUNDS[k][1] for k in prob.kinds])
+    x0 = np.clip(x0, lo, hi)
+    result = least_squares(
+        prob.residuals,
+        x0,
+        bounds=(lo, hi),
+        loss="cauchy",
+        f_scale=LOSS_SCALE,
+        diff_step=1e-3,
+        x_scale=np.where(np.array(prob.kinds) == "base", max(1.0, x0[2]), 1.0),
+        max_nfev=max_nfev,
+        method="trf",
+    )
+    x = result.x
+    preds = prob.predict(x)
+    per_log = {
+        s.name: float(np.mean(np.abs(p - s.measured_s) / s.measured_s))
+        for p, s in zip(preds, samples, strict=True)
+    }
+    fitted = ["bandwidth_efficiency (all links, memory)", "latency_scale (all links)",
+              "base_latency_us"] + [f"size_efficiency@{s}" for s in SIZE_KNOTS_BYTES]  # fmt: skip
+    if prob.split:
+        fitted += ["net bandwidth / intra-node", "net latency / intra-node"]
+    doc = prob.doc(x).model_copy(
+        update={
+            "provenance": Provenance(
+                logs=[s.name for s in samples],
+                collectives=sorted({s.log.collective for s in samples}),
+                ranks=sorted({s.log.ranks for s in samples}),
+                method=(
+                    f"scipy.optimize.least_squares (trf, bounds, cauchy loss f_scale={LOSS_SCALE})"
+                    f" on relative time error, {result.nfev} evaluations"
+                ),
+                fitted=fitted,
+            ),
+            "fit_error": FitError(
+                mape=round(float(np.mean(list(per_log.values()))), 6),
+                median_mape=round(float(np.median(list(per_log.values()))), 6),
+                per_log={k: round(v, 6) for k, v in per_log.items()},
+            ),
+        }
+    )
+    return Profile(doc)

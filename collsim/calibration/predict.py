@@ -1,0 +1,304 @@
+"""Predicting a measured nccl-tests log: the system it ran on, and the model's time per row.
+
+A prediction is what NCCL would do on the modelled system: per size, the tuner
+(:mod:`collsim.model.tuner`) picks the fastest (algorithm, protocol, channels) among *NCCL's*
+algorithms (ring and tree all-reduce, NVLS where the switch reduces, ring all-gather /
+reduce-scatter, chain broadcast / reduce, point-to-point all-to-all and send/receive; NCCL,
+``src/enqueue.cc`` ``topoGetAlgoInfo``), honouring the ``NCCL_ALGO`` / ``NCCL_PROTO`` /
+``NCCL_TREE_THRESHOLD`` / ``NCCL_{MIN,MAX}_NCHANNELS`` settings the log records (NCCL's
+``docs/env.rst``), so a log measured with ``NCCL_ALGO=Ring`` is predicted with the ring.
+
+:func:`topology_for_log` builds the measured system: the ranks (and nodes, where known) come from
+the log, ``--nodes`` / ``--gpus-per-node`` override, and a rank count the topology cannot hold is a
+clear error. :func:`measured_points` takes the out-of-place rows (the time nccl-tests reports first).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from collsim.calibration.nccltests import NcclTestsLog
+from collsim.errors import CalibrationError, CollsimError
+from collsim.model.params import DEFAULT_PARAMS, ModelParams
+from collsim.topology.spec import Topology
+
+NCCL_ALGORITHMS: dict[str, tuple[str, ...]] = {
+    "all_reduce": ("ring", "tree", "in_network"),
+    "all_gather": ("ring",),
+    "reduce_scatter": ("ring",),
+    "broadcast": ("chain",),
+    "reduce": ("chain",),
+    "alltoall": ("direct",),
+    "sendrecv": ("p2p",),
+}
+"""collsim's names for the algorithms NCCL runs per collective (in_network = NVLS, kept only where
+a switch of the topology reduces in flight)."""
+
+_ALGO_ENV = {"ring": "ring", "tree": "tree", "nvls": "in_network", "nvlstree": "in_network",
+             "collnet": "in_network", "collnetdirect": "in_network", "collnetchain": "in_network"}  # fmt: skip
+PROTOCOLS = ("Simple", "LL128", "LL")
+CHANNELS = (1, 8)
+"""Channel counts the tuner considers: one, and NCCL's usual eight or more on NVLink/IB systems
+(the model has no per-channel rate cap, so channels matter where they spread over more links or
+NICs; the tuner keeps one channel where more are no faster)."""
+
+
+NCCL_BASE_LATENCY_S = 6.6e-6
+"""NCCL's per-launch ``baseLat`` for ring/LL, the protocol small messages run with (``tuning.cc``,
+:data:`collsim.model.nccl.BASE_LAT_US`): the uncalibrated model's launch latency."""
+
+
+def uncalibrated_params() -> ModelParams:
+    """Datasheet link rates and latencies, NCCL's per-hop latencies, NCCL's launch latency."""
+    import dataclasses
+
+    return dataclasses.replace(
+        DEFAULT_PARAMS,
+        base_latency_s=NCCL_BASE_LATENCY_S,
+        source="uncalibrated: datasheet links, NCCL hwLat per hop, NCCL baseLat per launch",
+    )
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """What a log's NCCL_* settings allow: algorithms, protocols and channel counts."""
+
+    algorithms: tuple[str, ...] | None = None
+    protocols: tuple[str, ...] = PROTOCOLS
+    channels: tuple[int, ...] = CHANNELS
+
+
+def _env_list(value: str) -> tuple[list[str], bool]:
+    """NCCL's list syntax: ``a,b`` enables, ``^a,b`` disables (returns names, negated)."""
+    value = value.strip()
+    neg = value.startswith("^")
+    names = [v.strip().lower() for v in value.lstrip("^").split(",") if v.strip()]
+    return names, neg
+
+
+def constraints(env: dict[str, str], collective: str) -> Constraints:
+    """The algorithms / protocols / channels NCCL may use under the settings ``env``."""
+    algos: tuple[str, ...] | None = None
+    protos = PROTOCOLS
+    channels = CHANNELS
+    if "NCCL_ALGO" in env:
+        names, neg = _env_list(env["NCCL_ALGO"])
+        chosen = {_ALGO_ENV[n] for n in names if n in _ALGO_ENV}
+        base = NCCL_ALGORITHMS.get(collective, ())
+        algos = tuple(a for a in base if (a in chosen) != neg)
+        if collective in ("broadcast", "reduce") and ("ring" in chosen) != neg:
+            algos = ("chain",)  # NCCL runs broadcast/reduce as a ring chain
+        if not algos:
+            algos = None  # a setting that does not concern this collective
+    if env.get("NCCL_TREE_THRESHOLD", "").strip() == "0" and collective == "all_reduce":
+        algos = tuple(a for a in (algos or NCCL_ALGORITHMS[collective]) if a != "tree")
+    if "NCCL_PROTO" in env:
+        names, neg = _env_list(env["NCCL_PROTO"])
+        picked = tuple(p for p in PROTOCOLS if (p.lower() in names) != neg)
+        protos = picked or PROTOCOLS
+    lo = _int_env(env, "NCCL_MIN_NCHANNELS", 1)
+    hi = _int_env(env, "NCCL_MAX_NCHANNELS", max(CHANNELS))
+    channels = tuple(c for c in CHANNELS if lo <= c <= hi) or (max(1, min(hi, max(CHANNELS))),)
+    return Constraints(algos, protos, channels)
+
+
+def _int_env(env: dict[str, str], key: str, default: int) -> int:
+    try:
+        return int(env[key])
+    except (KeyError, ValueError):
+        return default
+
+
+def env_from_notes(notes: str) -> dict[str, str]:
+    """``NCCL_X=value`` settings quoted in free text (the dataset index's notes)."""
+    return {k: v for k, v in re.findall(r"\b(NCCL_[A-Z0-9_]+)=([A-Za-z0-9_,^]+)", notes)}
+
+
+def topology_for_log(
+    topology: str | Topology,
+    log: NcclTestsLog,
+    *,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+) -> Topology:
+    """The measured system: ``topology`` sized to the log's ranks (and nodes), flags overriding.
+
+    Raises :class:`CalibrationError` naming the log, its ranks and the topology's GPUs when they
+    cannot be made to agree.
+    """
+    from collsim.topology.loader import load_topology
+
+    if isinstance(topology, Topology):
+        base = topology
+    else:
+        base = load_topology(topology, nodes=nodes, gpus_per_node=gpus_per_node)
+    if nodes is None and gpus_per_node is None and base.n_gpus != log.ranks and base.is_template:
+        log_nodes = log.nodes
+        if log_nodes and log.ranks % log_nodes == 0 and not isinstance(topology, Topology):
+            try:
+                base = load_topology(
+                    topology, nodes=log_nodes, gpus_per_node=log.ranks // log_nodes
+                )
+            except CollsimError:
+                pass
+    if base.n_gpus != log.ranks:
+        raise CalibrationError(
+            f"the log ran on {log.ranks} ranks ({log.nodes or '?'} nodes) but topology "
+            f"{base.name} has {base.n_gpus} GPUs ({base.nodes} nodes x {base.gpus_per_node}); "
+            "pass --nodes / --gpus-per-node to size it",
+            file=log.file,
+            field="ranks",
+            value=log.ranks,
+        )
+    return base
+
+
+def measured_points(log: NcclTestsLog) -> tuple[np.ndarray, np.ndarray]:
+    """(sizes in bytes, out-of-place time in seconds) of every row with a time and data.
+
+    Rows of 0 bytes are left out: they time an empty call, which NCCL may return from at once
+    (nccl-tests prints them where the count rounds down to 0 per rank)."""
+    rows = [r for r in log.rows if r.time_us is not None and r.time_us > 0 and r.size_bytes > 0]
+    if not rows:
+        raise CalibrationError("the log has no timed rows with data", file=log.file)
+    sizes = np.array([r.size_bytes for r in rows], dtype=np.int64)
+    times = np.array([r.time_us for r in rows], dtype=np.float64) * 1e-6
+    return sizes, times
+
+
+def elem_bytes(log: NcclTestsLog) -> int:
+    from collsim.whatif import dtype_bytes
+
+    try:
+        return dtype_bytes(log.dtype)
+    except CollsimError:
+        return 4
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Uniform scaling of a model's times: every latency x ``latency``, every rate (links and
+    memory) x ``bandwidth``, then ``base_latency_s`` added and the bandwidth term divided by the
+    size factors. Exact: the model's lines are ``a + b S`` with ``a`` sums of latencies and ``b``
+    of seconds per byte at max-min shares, which scale linearly with all rates (so a fit can
+    move these without rebuilding the model)."""
+
+    latency: float = 1.0
+    bandwidth: float = 1.0
+    base_latency_s: float = 0.0
+    size_factors: tuple[tuple[float, float], ...] = ()
+
+
+class ScaledModel:
+    """An :class:`~collsim.model.analytic.AnalyticModel` seen through a :class:`Scale` (the
+    tuner's model interface: ``candidates``, ``predict``)."""
+
+    def __init__(self, model: Any, scale: Scale) -> None:
+        self.model = model
+        self.scale = scale
+        self.nranks = model.nranks
+
+    def candidates(self, collective: str) -> list[str]:
+        return self.model.candidates(collective)
+
+    def predict(
+        self,
+        collective: str,
+        algorithm: str,
+        sizes_bytes: np.ndarray | list[int] | int,
+        *,
+        elem_bytes: int = 4,
+        protocol: str = "Simple",
+        channels: int = 1,
+    ) -> np.ndarray:
+        from collsim.model.analytic import effective_bytes
+        from collsim.model.envelope import Lines, evaluate
+
+        st = self.model.structure(collective, algorithm, protocol=protocol, channels=channels)
+        sizes = np.atleast_1d(np.asarray(sizes_bytes))
+        eff = effective_bytes(collective, sizes, elem_bytes, self.nranks)
+        sc = self.scale
+        if sc.size_factors:
+            xs = np.log2([p[0] for p in sc.size_factors])
+            ys = np.array([p[1] for p in sc.size_factors])
+            eff = eff / np.interp(np.log2(np.maximum(eff, 1.0)), xs, ys)
+        lines = Lines(st.lines.a_s * sc.latency, st.lines.b_s_per_byte / sc.bandwidth)
+        return self.model.params.base_latency_s + sc.base_latency_s + evaluate(lines, eff)
+
+
+class Predictor:
+    """Per-row predictions of logs on one system under one parameter set (or NCCL's model)."""
+
+    def __init__(
+        self,
+        topology: Topology | Any,
+        params: ModelParams = DEFAULT_PARAMS,
+        model: str = "collsim",
+        scale: Scale | None = None,
+    ) -> None:
+        from collsim.whatif import WhatIf
+
+        self.whatif = topology if isinstance(topology, WhatIf) else WhatIf(topology)
+        self.model_name = model
+        if model == "nccl":
+            self.model = self.whatif.cost_model("nccl")
+        elif model == "collsim":
+            from collsim.model.analytic import AnalyticModel
+
+            self.model = AnalyticModel(self.whatif, params)
+            if scale is not None:
+                self.model = ScaledModel(self.model, scale)
+        else:
+            raise CalibrationError("unknown model (choose collsim or nccl)", field="--model",
+                                   value=model)  # fmt: skip
+
+    @classmethod
+    def wrap(cls, model: Any, name: str = "collsim") -> Predictor:
+        """A predictor over an already built model (no topology work)."""
+        self = cls.__new__(cls)
+        self.whatif = None
+        self.model_name = name
+        self.model = model
+        return self
+
+    def algorithms(self, collective: str, allowed: tuple[str, ...] | None) -> list[str]:
+        runnable = self.model.candidates(collective)
+        wanted = allowed if allowed is not None else NCCL_ALGORITHMS.get(collective, ())
+        algos = [a for a in wanted if a in runnable]
+        return algos or runnable[:1]
+
+    def predict(
+        self,
+        collective: str,
+        sizes_bytes: np.ndarray,
+        *,
+        env: dict[str, str] | None = None,
+        elem: int = 4,
+    ) -> tuple[np.ndarray, list[str]]:
+        """(predicted seconds, chosen 'algorithm/protocol/Nch' label) per size."""
+        from collsim.model.tuner import Tuner
+
+        cons = constraints(env or {}, collective)
+        channels = (1,) if self.model_name == "nccl" else cons.channels
+        tuner = Tuner(self.model, protocols=cons.protocols, channels=channels)
+        result = tuner.tune(
+            collective,
+            np.asarray(sizes_bytes, dtype=np.int64),
+            elem_bytes=elem,
+            algorithms=self.algorithms(collective, cons.algorithms),
+        )
+        labels = [result.choice_at(i).label() for i in range(len(sizes_bytes))]
+        return result.best_s, labels
+
+    def predict_log(
+        self, log: NcclTestsLog, env: dict[str, str] | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+        """(sizes, measured s, predicted s, choices) for the timed rows of ``log``."""
+        sizes, measured = measured_points(log)
+        merged = {**(env or {}), **log.nccl_env}
+        pred, labels = self.predict(log.collective, sizes, env=merged, elem=elem_bytes(log))
+        return sizes, measured, pred, labels

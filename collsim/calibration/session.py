@@ -1,0 +1,44 @@
+"""Reading logs for a fit or a validation: parse, check, size the system, attach the profile.
+
+Shared by ``collsim calibrate fit``, ``collsim validate`` and the validation report, so bad input
+gives the same one-line errors everywhere: empty, truncated or table-less logs (the reader),
+``#wrong > 0`` rows (refused for fitting unless allowed), a rank count the topology cannot hold,
+and a profile fitted for another topology.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from collsim.calibration.fit import Sample, check_log
+from collsim.calibration.predict import topology_for_log
+from collsim.topology.spec import Topology
+
+
+def load_samples(
+    paths: Sequence[str],
+    topology: str | Topology,
+    *,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    collective: str | None = None,
+    ranks: int | None = None,
+    allow_anomalies: bool = False,
+    for_fit: bool = False,
+) -> list[Sample]:
+    """Every log of ``paths`` on ``topology`` sized to it (one :class:`Sample` per table)."""
+    from collsim.calibration import read_logs
+
+    samples = []
+    cache: dict[tuple[int, int], Topology] = {}
+    for path in paths:
+        for log in read_logs(path, collective=collective, ranks=ranks):
+            if for_fit:
+                check_log(log, allow_anomalies=allow_anomalies)
+            key = (log.ranks, log.nodes or 0)
+            if key not in cache:
+                cache[key] = topology_for_log(
+                    topology, log, nodes=nodes, gpus_per_node=gpus_per_node
+                )
+            samples.append(Sample(log, cache[key]))
+    return samples

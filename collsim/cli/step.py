@@ -1,0 +1,264 @@
+"""``collsim step``, ``scale`` and ``plan``: training step times, scaling, capacity planning."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from collsim.cli.base import cli
+from collsim.errors import CollsimError
+
+_ENGINE = click.option(
+    "--engine",
+    default="analytic",
+    show_default=True,
+    help="analytic (closed forms, fast) or des (discrete-event engine, slow at scale).",
+)
+_PROFILE = click.option(
+    "--profile",
+    type=click.Path(dir_okay=False),
+    help="Calibration profile (JSON/YAML): analytic-model parameters and/or gpu_efficiency.",
+)
+_EFF = click.option(
+    "--efficiency", type=float, default=None, help="GEMM efficiency (overrides profile/workload)."
+)
+
+
+def load_profile(path: str | None) -> tuple[Any, float | None]:
+    """A profile file -> (analytic ModelParams or None, GPU efficiency or None).
+
+    Accepted: ``ModelParams.to_dict()`` at the top level or under ``params``/``model_params``,
+    and ``gpu_efficiency`` (or ``step: {efficiency: ...}``)."""
+    if not path:
+        return None, None
+    from collsim.model.params import ModelParams
+    from collsim.topology.loader import read_yaml
+
+    try:
+        if Path(path).suffix == ".json":  # YAML 1.1 would read 5e-06 as a string
+            data = json.loads(Path(path).read_text())
+        else:
+            data = read_yaml(Path(path))
+    except CollsimError as exc:
+        raise CollsimError(exc.message, file=path, field="--profile") from None
+    except (OSError, ValueError) as exc:
+        raise CollsimError(f"cannot read profile: {exc}", file=path, field="--profile") from None
+    if not isinstance(data, dict):
+        raise CollsimError("a profile must be a mapping", file=path, field="--profile")
+    if "collsim_profile" in data:  # a fitted profile (collsim calibrate fit)
+        from collsim.model.profile import profile_from_dict
+
+        return profile_from_dict(data, path).params(), None
+    eff = data.pop("gpu_efficiency", None)
+    step = data.pop("step", None)
+    if isinstance(step, dict):
+        eff = step.get("efficiency", eff)
+    for meta in ("name", "topology", "description", "created", "fitted_on"):
+        data.pop(meta, None)
+    params_data = data.get("params", data.get("model_params", data))
+    params = None
+    if params_data:
+        try:
+            params = ModelParams.from_dict(params_data)
+        except CollsimError as exc:
+            raise exc.located(file=path) from None
+    if eff is not None and not (isinstance(eff, int | float) and 0 < eff <= 1):
+        raise CollsimError("must be in (0, 1]", file=path, field="gpu_efficiency", value=eff)
+    return params, (float(eff) if eff is not None else None)
+
+
+def _setup(workload: str, topology: str, nodes: int | None, engine: str, profile: str | None):  # type: ignore[no-untyped-def]
+    from collsim.analysis.comm import make_timer
+    from collsim.analysis.step import StepModel
+    from collsim.analysis.workload import load_workload
+    from collsim.topology.loader import load_topology
+
+    w = load_workload(workload)
+    topo = load_topology(topology, nodes=nodes)
+    params, eff = load_profile(profile)
+    if params is not None and str(params.source).startswith("profile "):
+        from collsim.model.profile import load_profile as read_fitted
+
+        read_fitted(profile).check_topology(topo)  # type: ignore[arg-type]
+    return w, topo, StepModel(topo, make_timer(engine, topo, params=params), eff), params, eff
+
+
+def _read_measured(path: str) -> list[float]:
+    """Step times (seconds) from a CSV with a ``step_time_s`` column (or one number per line)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise CollsimError(f"cannot read file: {exc.strerror}", file=path) from None
+    rows = list(csv.reader(text.splitlines()))
+    if not rows:
+        raise CollsimError("no step times", file=path, field="--measured")
+    head = [h.strip() for h in rows[0]]
+    col = head.index("step_time_s") if "step_time_s" in head else 0
+    body = rows[1:] if "step_time_s" in head else rows
+    out = []
+    for i, row in enumerate(body, start=2 if "step_time_s" in head else 1):
+        if not row or not row[col].strip():
+            continue
+        try:
+            out.append(float(row[col]))
+        except ValueError:
+            raise CollsimError(
+                f"line {i}: not a number", file=path, field="step_time_s", value=row[col]
+            ) from None
+    if not out:
+        raise CollsimError("no step times", file=path, field="--measured")
+    return out
+
+
+@cli.command()
+@click.option("--workload", "-w", required=True, metavar="NAME|PATH", help="Workload file.")
+@click.option("--topology", "-t", required=True, metavar="NAME|PATH", help="Catalog name or file.")
+@click.option("--nodes", type=int, default=None, help="Override the number of nodes.")
+@_ENGINE
+@_PROFILE
+@_EFF
+@click.option("--measured", type=click.Path(dir_okay=False), help="CSV of measured step times.")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here.")
+def step(
+    workload: str,
+    topology: str,
+    nodes: int | None,
+    engine: str,
+    profile: str | None,
+    efficiency: float | None,
+    measured: str | None,
+    json_file: str | None,
+) -> None:
+    """Predict the training step of a workload on a cluster, with its breakdown and memory."""
+    from collsim.analysis.summary import step_report
+    from collsim.io import atomic_write_text
+
+    w, _topo, model, _, _ = _setup(workload, topology, nodes, engine, profile)
+    model.force_efficiency = efficiency
+    result = model.evaluate(w)
+    out = result.as_json()
+    out["engine"] = engine
+    if measured:
+        times = _read_measured(measured)
+        mean = sum(times) / len(times)
+        out["measured_step_time_s"] = mean
+        out["error"] = (result.step_time_s - mean) / mean
+    click.echo(step_report(result, out.get("measured_step_time_s")))
+    if json_file:
+        atomic_write_text(json_file, json.dumps(out, indent=2) + "\n")
+        click.echo(f"# wrote {json_file}")
+
+
+@cli.command()
+@click.option("--workload", "-w", required=True, metavar="NAME|PATH", help="Workload file.")
+@click.option("--topology", "-t", required=True, metavar="NAME|PATH", help="Catalog name or file.")
+@click.option(
+    "--nodes",
+    "node_list",
+    default="1,2,4,8,16",
+    show_default=True,
+    help="Comma-separated node counts.",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["strong", "weak"]),
+    default="strong",
+    show_default=True,
+    help="strong: fixed global batch; weak: global batch grows with the GPUs.",
+)
+@_ENGINE
+@_PROFILE
+@_EFF
+@click.option("--plot", type=click.Path(dir_okay=False), help="Write the scaling plot (PNG).")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here.")
+def scale(
+    workload: str,
+    topology: str,
+    node_list: str,
+    mode: str,
+    engine: str,
+    profile: str | None,
+    efficiency: float | None,
+    plot: str | None,
+    json_file: str | None,
+) -> None:
+    """Step time vs GPU count with the Amdahl (strong) or Gustafson (weak) fit and Karp-Flatt."""
+    from collsim.analysis.amdahl import plot_scaling
+    from collsim.analysis.scaling import scale_workload
+    from collsim.analysis.summary import scaling_report
+    from collsim.io import atomic_write_text
+
+    try:
+        counts = sorted({int(x) for x in node_list.split(",") if x.strip()})
+    except ValueError:
+        raise CollsimError(
+            "expected comma-separated integers", field="--nodes", value=node_list
+        ) from None
+    if not counts or counts[0] < 1:
+        raise CollsimError("node counts must be >= 1", field="--nodes", value=node_list)
+    w, topo, model, _, _ = _setup(workload, topology, max(counts), engine, profile)
+    model.force_efficiency = efficiency
+    curve, results, skipped = scale_workload(model, w, counts, mode)
+    click.echo(scaling_report(curve, results, skipped))
+    if plot:
+        plot_scaling(curve, plot, title=f"{w.name} on {topo.name} ({mode} scaling)")
+        click.echo(f"# wrote {plot}")
+    if json_file:
+        data = curve.as_json() | {"workload": w.name, "topology": topo.name, "skipped": skipped}
+        atomic_write_text(json_file, json.dumps(data, indent=2) + "\n")
+        click.echo(f"# wrote {json_file}")
+
+
+@cli.command()
+@click.option("--workload", "-w", required=True, metavar="NAME|PATH", help="Workload file.")
+@click.option(
+    "--candidates", "-c", required=True, type=click.Path(dir_okay=False), help="Candidates YAML."
+)
+@_ENGINE
+@_PROFILE
+@_EFF
+@click.option("--all-layouts", is_flag=True, help="List every fitting layout, not the best.")
+@click.option("--top", type=int, default=20, show_default=True, help="Rows to print.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Write the Pareto plot (PNG).")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here.")
+def plan(
+    workload: str,
+    candidates: str,
+    engine: str,
+    profile: str | None,
+    efficiency: float | None,
+    all_layouts: bool,
+    top: int,
+    plot: str | None,
+    json_file: str | None,
+) -> None:
+    """Rank cluster options for a workload by time to train and cost (layouts searched)."""
+    from collsim.analysis import plan as planning
+    from collsim.analysis.workload import load_workload
+    from collsim.io import atomic_write_text
+    from collsim.report.tables import table
+
+    w = load_workload(workload)
+    cand = planning.load_candidates(candidates)
+    params, eff = load_profile(profile)
+    options, rejected = planning.plan(
+        w, cand, engine=engine, efficiency=efficiency or eff, params=params,
+        keep="all" if all_layouts else "best",
+    )  # fmt: skip
+    click.echo(f"# {w.name}: {cand.tokens:.3g} tokens; {rejected} layout(s) do not fit in memory")
+    if not options:
+        raise CollsimError("no candidate layout fits in memory", field="--candidates")
+    rows = [o.row() for o in options[:top]]
+    cols = list(rows[0])
+    click.echo(table(rows, cols))
+    if plot:
+        planning.plot_pareto(options, plot, title=f"{w.name}: time vs cost")
+        click.echo(f"# wrote {plot}")
+    if json_file:
+        data = [o.row() | {"step": o.result.as_json()} for o in options]
+        atomic_write_text(json_file, json.dumps(data, indent=2) + "\n")
+        click.echo(f"# wrote {json_file}")

@@ -1,0 +1,107 @@
+"""``collsim tune``: which (algorithm, protocol, channels) wins at which sizes, NCCL-style."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from collsim.cli.base import cli, size_option
+from collsim.errors import CollsimError
+
+_COLLECTIVES = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "alltoall",
+                "sendrecv"]  # fmt: skip
+
+
+@cli.command()
+@click.argument("collective", type=click.Choice(_COLLECTIVES))
+@click.option("--topology", "-t", required=True, metavar="NAME|PATH", help="Catalog name or file.")
+@click.option("--nodes", type=int, default=None, help="Override the number of nodes.")
+@click.option("--gpus-per-node", type=int, default=None, help="Override the GPUs in each node.")
+@click.option("-b", "--minbytes", default="8", show_default=True, help="Smallest size.")
+@click.option("-e", "--maxbytes", default="16G", show_default=True, help="Largest size.")
+@click.option("-f", "--stepfactor", type=float, default=2.0, show_default=True, help="Size step.")
+@click.option("-d", "--datatype", default="float", show_default=True, help="nccl-tests type.")
+@click.option("--model", default="collsim", show_default=True, help="collsim or nccl.")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here.")
+def tune(
+    collective: str,
+    topology: str,
+    nodes: int | None,
+    gpus_per_node: int | None,
+    minbytes: str,
+    maxbytes: str,
+    stepfactor: float,
+    datatype: str,
+    model: str,
+    json_file: str | None,
+) -> None:
+    """Print the size ranges where each (algorithm, protocol, channels) is fastest.
+
+    Every candidate is costed with the analytic model (--model collsim) or NCCL's own tuning
+    model (--model nccl) at every size, as NCCL's tuner does; the speed-up is over the default
+    algorithm (ring for all_reduce/all_gather/reduce_scatter) with Simple on one channel.
+    """
+    from collsim import units
+    from collsim.io import atomic_write_text
+    from collsim.model.tuner import Tuner, ranges
+    from collsim.topology.loader import load_topology
+    from collsim.whatif import WhatIf, dtype_bytes
+
+    try:
+        sizes = units.size_range(
+            size_option("-b", minbytes), size_option("-e", maxbytes), stepfactor
+        )
+    except CollsimError as exc:
+        raise exc.located(field=exc.field or "-b/-e/-f") from None
+    whatif = WhatIf(load_topology(topology, nodes=nodes, gpus_per_node=gpus_per_node))
+    cost = whatif.cost_model(model)
+    result = Tuner(cost).tune(collective, sizes, elem_bytes=dtype_bytes(datatype))
+    spans = ranges(result)
+    topo = whatif.topology
+    base = result.baseline
+    click.echo(
+        f"# {collective} on {topo.name}: {topo.n_gpus} GPUs, {topo.nodes} node(s); model {model}; "
+        f"speed-up vs {base.algorithm}/{base.protocol}/{base.channels}ch"
+    )
+    click.echo(
+        f"{'from':>10} {'to':>10}  {'algorithm':<13}{'protocol':<9}{'channels':>8}  speed-up"
+    )
+    for span in spans:
+        c = span.choice
+        speed = (
+            f"{span.speedup_min:.2f}x"
+            if abs(span.speedup_max - span.speedup_min) < 5e-3
+            else f"{span.speedup_min:.2f}-{span.speedup_max:.2f}x"
+        )
+        click.echo(
+            f"{units.format_size(span.lo_bytes):>10} {units.format_size(span.hi_bytes):>10}  "
+            f"{c.algorithm:<13}{c.protocol:<9}{c.channels:>8}  {speed}"
+        )
+    if json_file:
+        doc = {
+            "collective": collective,
+            "topology": topo.name,
+            "ranks": topo.n_gpus,
+            "nodes": topo.nodes,
+            "model": model,
+            "baseline": {
+                "algorithm": base.algorithm,
+                "protocol": base.protocol,
+                "channels": base.channels,
+            },
+            "ranges": [s.as_json() for s in spans],
+            "points": [
+                {
+                    "bytes": int(size),
+                    "algorithm": result.choice_at(i).algorithm,
+                    "protocol": result.choice_at(i).protocol,
+                    "channels": result.choice_at(i).channels,
+                    "time_us": float(result.best_s[i] * 1e6),
+                    "baseline_us": float(result.baseline_s[i] * 1e6),
+                }
+                for i, size in enumerate(result.sizes_bytes)
+            ],
+        }
+        atomic_write_text(json_file, json.dumps(doc, indent=2) + "\n")
+        click.echo(f"# wrote {json_file}")

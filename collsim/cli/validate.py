@@ -1,0 +1,79 @@
+"""``collsim validate``: predicted vs measured nccl-tests results, and the error (MAPE)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from collsim.cli.base import cli
+
+
+@cli.command()
+@click.argument("logs", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--topology", "-t", required=True, metavar="NAME|PATH", help="Catalog name or file.")
+@click.option("--nodes", type=int, default=None, help="Override the nodes the logs report.")
+@click.option("--gpus-per-node", type=int, default=None, help="Override the GPUs per node.")
+@click.option("--profile", type=click.Path(dir_okay=False), default=None, help="Fitted profile.")
+@click.option(
+    "--model",
+    type=click.Choice(["collsim", "nccl"]),
+    default="collsim",
+    show_default=True,
+    help="collsim's analytic model, or NCCL's own tuning model (baseline).",
+)
+@click.option("--collective", default=None, help="Collective, where a log does not name it.")
+@click.option("--ranks", type=int, default=None, help="Ranks, where a log does not say.")
+@click.option("--summary", is_flag=True, help="Only the MAPE lines, no per-size table.")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here.")
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="busbw plot (PNG/SVG).")
+def validate(
+    logs: tuple[str, ...],
+    topology: str,
+    nodes: int | None,
+    gpus_per_node: int | None,
+    profile: str | None,
+    model: str,
+    collective: str | None,
+    ranks: int | None,
+    summary: bool,
+    json_file: str | None,
+    plot_file: str | None,
+) -> None:
+    """Predict each nccl-tests LOG on TOPOLOGY and compare: per size and MAPE on time.
+
+    Without --profile the model is uncalibrated (datasheet links, NCCL's latencies); with it,
+    the fitted parameters. --model nccl uses NCCL's own tuning model instead.
+    """
+    from collsim.calibration.predict import uncalibrated_params
+    from collsim.calibration.session import load_samples
+    from collsim.calibration.validate import plot_validation, validate_samples
+    from collsim.errors import CollsimError
+    from collsim.io import atomic_write_text
+
+    samples = load_samples(
+        logs, topology, nodes=nodes, gpus_per_node=gpus_per_node, collective=collective,
+        ranks=ranks,
+    )  # fmt: skip
+    notes: list[str] = []
+    params = uncalibrated_params()
+    if profile:
+        if model == "nccl":
+            raise CollsimError("NCCL's model takes no profile", field="--profile", value=profile)
+        from collsim.model.profile import load_profile
+
+        prof = load_profile(profile)
+        for s in samples:
+            notes += [n for n in prof.check_topology(s.topology) if n not in notes]
+        params = prof.params()
+    result = validate_samples(samples, params, model=model)
+    result.notes = notes
+    for s in samples:
+        result.notes += [f"{s.name}: {a}" for a in s.log.anomalies]
+    click.echo(result.text(points=not summary))
+    if json_file:
+        atomic_write_text(json_file, json.dumps(result.as_json(), indent=1) + "\n")
+        click.echo(f"# wrote {json_file}")
+    if plot_file:
+        plot_validation(result, plot_file, title=f"{samples[0].topology.name}: {model} model")
+        click.echo(f"# wrote {plot_file}")

@@ -1,0 +1,194 @@
+"""The analytic cost model: every algorithm of the registry as a closed form over the topology.
+
+``AnalyticModel(topology).predict(collective, algorithm, sizes)`` returns the time of each size,
+vectorised. It reads the same things the discrete-event engine reads -- the schedules' structure
+(ring orders, trees, hypercube pairs, rounds), the routes of :class:`TopologyFabric`, the protocol
+tables -- and the physical knobs of :class:`~collsim.model.params.ModelParams`.
+
+How a prediction is made (and why it is fast):
+
+1. *Structure, once per (collective, algorithm, protocol, channels)*: the family module
+   (:mod:`~collsim.model.rings`, :mod:`~collsim.model.trees`, :mod:`~collsim.model.exchange`)
+   turns the algorithm's communication pattern into waves of concurrent flows, each flow's
+   latency and max-min bandwidth share, and the critical-path recurrence of the schedule.
+2. *Lines*: all costs are affine in the size, so the time is a convex piecewise-linear function;
+   :func:`~collsim.model.envelope.discover` finds its pieces (a few evaluations of the
+   recurrence), merged with the link-load bound (every link must carry its bytes).
+3. *Sizes*: ``T(S) = base_latency + max_i(a_i + b_i S / f(S))`` -- a vectorised max over a handful
+   of lines (``f``: the calibratable size factor, 1 by default).
+
+Sizes are rounded as nccl-tests (and :func:`collsim.whatif.element_count`) round them: whole
+elements, and for all_gather / reduce_scatter / alltoall a multiple of the rank count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from collsim.collectives.registry import algorithms_for, needs_in_network
+from collsim.collectives.verify import COLLECTIVES
+from collsim.errors import ScheduleError
+from collsim.model.envelope import Lines, discover, evaluate
+from collsim.model.exchange import (
+    alltoall_direct,
+    alltoall_hierarchical,
+    direct,
+    in_network,
+    rhd,
+    sendrecv,
+)
+from collsim.model.flows import FlowCosts
+from collsim.model.params import DEFAULT_PARAMS, ModelParams
+from collsim.model.rings import (
+    Oracle,
+    flat_ring,
+    hierarchical_gather_scatter,
+    two_level_all_reduce,
+)
+from collsim.model.trees import double_tree, rooted
+from collsim.topology.spec import Topology
+
+ROUNDED_TO_RANKS = frozenset({"all_gather", "reduce_scatter", "alltoall"})
+
+
+@dataclass(frozen=True)
+class Structure:
+    """What one (collective, algorithm, protocol, channels) costs, as lines over the size."""
+
+    collective: str
+    algorithm: str
+    protocol: str
+    channels: int
+    lines: Lines
+    path_lines: Lines
+    load_lines: Lines
+
+
+def effective_bytes(
+    collective: str, sizes_bytes: np.ndarray, elem_bytes: int, nranks: int
+) -> np.ndarray:
+    """The bytes nccl-tests actually moves for each requested size (whole elements, rounded to a
+    multiple of the ranks for the blocked collectives)."""
+    count = np.asarray(sizes_bytes, dtype=np.int64) // elem_bytes
+    if collective in ROUNDED_TO_RANKS:
+        count = count // nranks * nranks
+    return (count * elem_bytes).astype(np.float64)
+
+
+class AnalyticModel:
+    """Closed-form collective times on one topology under one parameter set (cached structures)."""
+
+    def __init__(self, topology: Topology | object, params: ModelParams = DEFAULT_PARAMS) -> None:
+        from collsim.whatif import WhatIf
+
+        self.whatif = topology if isinstance(topology, WhatIf) else WhatIf(topology)  # type: ignore[arg-type]
+        self.topology = self.whatif.topology
+        self.fabric = self.whatif.fabric
+        self.layout = self.whatif.layout
+        self.nranks = self.topology.n_gpus
+        self.params = params
+        self._cache: dict[tuple[str, str, str, int], Structure] = {}
+        self._shares: dict[bytes, tuple[np.ndarray, ...]] = {}  # flow shares, across protocols
+
+    def candidates(self, collective: str) -> list[str]:
+        """The algorithms of ``collective`` this topology can run (as ``WhatIf.candidates``)."""
+        return self.whatif.candidates(collective)
+
+    def structure(
+        self, collective: str, algorithm: str, *, protocol: str = "Simple", channels: int = 1
+    ) -> Structure:
+        """The cached lines of one configuration (built on first use)."""
+        proto = self.params.protocol(protocol)
+        if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
+            raise ScheduleError("must be an integer >= 1", field="channels", value=channels)
+        key = (collective, algorithm, proto.name, channels)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        if collective not in COLLECTIVES:
+            raise ScheduleError(
+                f"unknown collective; valid: {', '.join(COLLECTIVES)}",
+                field="collective",
+                value=collective,
+            )
+        if algorithm not in algorithms_for(collective):
+            raise ScheduleError(
+                f"unknown {collective} algorithm; valid: {', '.join(algorithms_for(collective))}",
+                field="algorithm",
+                value=algorithm,
+            )
+        if needs_in_network(algorithm) and not self.whatif.has_in_network:
+            raise ScheduleError(
+                f"needs in-network reduction, and {self.topology.name} has no switch with "
+                "in_network_reduction (NVLS/SHARP)",
+                field="algorithm",
+                value=algorithm,
+            )
+        costs = FlowCosts(self.fabric, self.params, proto, self._shares)
+        oracle = self._oracle(costs, collective, algorithm, channels)
+        path = discover(oracle)
+        a, b = costs.load_lines()
+        load = Lines(a, b) if a.size else Lines(np.zeros(1), np.zeros(1))
+        found = Structure(collective, algorithm, proto.name, channels, path.merge(load), path, load)
+        self._cache[key] = found
+        return found
+
+    def _oracle(self, costs: FlowCosts, collective: str, algorithm: str, channels: int) -> Oracle:
+        n, lay = self.nranks, self.layout
+        if algorithm == "ring":
+            return flat_ring(costs, collective, channels, lay)
+        if collective == "all_reduce":
+            if algorithm == "tree":
+                return double_tree(costs, n, channels)
+            if algorithm == "rhd":
+                groups = np.arange(n)[None, :]
+                return rhd(costs, groups, 1.0 / channels, in_place=False, channels=channels)
+            if algorithm == "hierarchical":
+                return two_level_all_reduce(costs, channels, lay, lay.ranks_per_node, "rhd")
+            if algorithm == "ring2d":
+                _, cols = lay.grid2d()
+                return two_level_all_reduce(costs, channels, lay, cols, "ring")
+            if algorithm == "direct":
+                return direct(costs, collective, n, channels)
+            return in_network(costs, n)
+        if collective in ("all_gather", "reduce_scatter"):
+            if algorithm == "rd":
+                return _rd(costs, collective, n, channels)
+            if algorithm == "direct":
+                return direct(costs, collective, n, channels)
+            return hierarchical_gather_scatter(costs, collective, channels, lay)
+        if collective in ("broadcast", "reduce"):
+            return rooted(costs, collective, algorithm, n, channels)
+        if collective == "alltoall":
+            if algorithm == "direct":
+                return alltoall_direct(costs, n, channels)
+            return alltoall_hierarchical(costs, n, lay.ranks_per_node, channels)
+        return sendrecv(costs, n, channels)
+
+    def predict(
+        self,
+        collective: str,
+        algorithm: str,
+        sizes_bytes: np.ndarray | list[int] | int,
+        *,
+        elem_bytes: int = 4,
+        protocol: str = "Simple",
+        channels: int = 1,
+    ) -> np.ndarray:
+        """Predicted time (seconds) of ``collective`` by ``algorithm`` at each size."""
+        sizes = np.atleast_1d(np.asarray(sizes_bytes))
+        if sizes.size and (sizes.min() < 0):
+            raise ScheduleError("sizes must not be negative", field="sizes", value=int(sizes.min()))
+        st = self.structure(collective, algorithm, protocol=protocol, channels=channels)
+        eff = effective_bytes(collective, sizes, elem_bytes, self.nranks)
+        scaled = eff / self.params.size_factor(eff) if self.params.size_factors else eff
+        return self.params.base_latency_s + evaluate(st.lines, scaled)
+
+
+def _rd(costs: FlowCosts, collective: str, n: int, channels: int) -> Oracle:
+    """Recursive doubling all_gather / halving reduce_scatter: the halves of ``rhd``."""
+    from collsim.model.rd import rd_gather_scatter
+
+    return rd_gather_scatter(costs, collective, n, channels)

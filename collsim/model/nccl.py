@@ -1,0 +1,331 @@
+"""NCCL's own cost model (``--model nccl``): the baseline the calibrated model has to beat.
+
+A faithful transcription of ``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime`` in NCCL's
+``src/graph/tuning.cc``, revision ``b6475625fbcaa2c3c0e50eed2fa1255d7514d4a2`` of NVIDIA/nccl
+(the v2.19-v2.21 series: NVLS / NVLS-Tree, MNNVL, ``ringbdw``, ``numPipeOps``; the same ``hwLat``
+Ring row that :mod:`collsim.protocols` quotes). Per (collective, algorithm, protocol)::
+
+    busBw   = nChannels * (nNodes <= 2 ? bwIntra : bwInter)            # per-channel GB/s
+    ring LL:    busBw = min(llMaxBw, busBw * (nNodes > 1 || AR || Reduce ? 1/4 : 1/3))
+    ring LL128: busBw = min(busBw * (ppn < 2 ? 0.7 : 0.92), nChannels * perChMaxRingLL128Bw)
+    tree:       busBw = min(busBw * .92, nChannels * perChMaxTreeBw)
+    tree LL:    busBw = min(busBw / 3.8, llMaxBw)
+    tree LL128: busBw = min(busBw * (nNodes == 1 ? 7/9 : 120/128), nChannels * perChMaxTreeLL128Bw)
+    algBw   = busBw * (ring: nRanks / nsteps; NVLS: 5/6; tree: 1/2)
+    lat     = baseLat + ring: (nsteps - nInterSteps) * max(intraLat, netOverhead)
+                              + nInterSteps * interLat
+                        tree: 2 * ((nRanks/nNodes - 1) * intraLat + log2(nNodes) * interLat)
+    time_us = lat [x1.4 ring/Simple AR plateau] + nBytes / (1000 * algBw [x treeCorrectionFactor])
+
+NCCL's bandwidth inputs (``bwIntra``/``bwInter`` per channel, ``nChannels``) come from its topology
+search, which is not part of the tuning model; :func:`inputs_from_topology` maps a collsim topology
+onto them (documented there and in ``docs/architecture.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from collsim.errors import ScheduleError
+from collsim.protocols import HW_NET, HW_NVLINK, HW_PCI
+from collsim.topology.spec import Topology
+
+NCCL_SOURCE = (
+    "NVIDIA/nccl src/graph/tuning.cc @ b6475625fbcaa2c3c0e50eed2fa1255d7514d4a2 (v2.19-2.21)"
+)
+
+TREE, RING, NVLS, NVLS_TREE = "tree", "ring", "nvls", "nvls_tree"
+PROTOS = ("LL", "LL128", "Simple")
+_P = {p: i for i, p in enumerate(PROTOS)}
+
+BASE_LAT_US = {TREE: (6.8, 14.0, 0.0), RING: (6.6, 14.0, 8.4), NVLS: (0.0, 0.0, 0.0),
+               NVLS_TREE: (0.0, 0.0, 0.0)}  # fmt: skip
+"""``baseLat[algo][proto]`` (us)."""
+
+HW_LAT_US = {
+    HW_NVLINK: {TREE: (0.6, 1.25, 28.0), RING: (0.6, 1.9, 3.4), NVLS: (0, 0, 23.0),
+                NVLS_TREE: (0, 0, 23.0)},
+    HW_PCI: {TREE: (1.0, 1.9, 28.0), RING: (1.0, 2.5, 5.7), NVLS: (0, 0, 0), NVLS_TREE: (0, 0, 0)},
+    HW_NET: {TREE: (5.0, 8.5, 28.0), RING: (2.7, 4.0, 14.0), NVLS: (0, 0, 18.0),
+             NVLS_TREE: (0, 0, 14.0)},
+}  # fmt: skip
+"""``hwLat[hw][algo][proto]`` (us)."""
+
+VOLTA, AMPERE, HOPPER = 0, 1, 2
+LL_MAX_BWS = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0), (87.7, 22.5, 19.0))
+PER_CH_MAX_RING_LL128_BWS = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 36.7))
+PER_CH_MAX_TREE_LL128_BWS = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 29.0))
+PER_CH_MAX_TREE_BWS = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0))
+"""``llMaxBws`` / ``perChMax*Bws[compCapIndex][min(nNodes, 3) - 1]`` (GB/s)."""
+
+TREE_CORRECTION = (
+    (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0,
+     1.0, 1.0),
+    (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9,
+     1.0, 1.0),
+    (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
+)  # fmt: skip
+"""``treeCorrectionFactor[proto][log2(nBytes >> 6)]``, 64 B to 256 MB."""
+
+NCCL_FUNCS = ("broadcast", "reduce", "all_gather", "reduce_scatter", "all_reduce")
+_ALGO_OF = {
+    ("all_reduce", "ring"): RING, ("all_reduce", "tree"): TREE, ("all_reduce", "in_network"): NVLS,
+    ("all_gather", "ring"): RING, ("reduce_scatter", "ring"): RING,
+    ("broadcast", "chain"): RING, ("reduce", "chain"): RING,
+}  # fmt: skip
+"""collsim (collective, algorithm) -> NCCL algorithm (broadcast/reduce run as a chain on the
+ring; in-network all-reduce is NVLS in one node, NVLS-Tree across nodes)."""
+
+
+@dataclass(frozen=True)
+class NcclInputs:
+    """What ``ncclTopoTuneModel`` reads: the communicator and its ring/tree graphs."""
+
+    n_ranks: int
+    n_nodes: int
+    comp_cap: int  # e.g. 70, 80, 90
+    n_channels: int
+    bw_intra_gbps: float  # per channel (graph->bwIntra)
+    bw_inter_gbps: float  # per channel (graph->bwInter)
+    intra_nvlink: bool = True  # graph->typeIntra == LINK_NVL
+    cpu_amd: bool = False  # net overhead 2 us (AMD) instead of 1 us (Intel)
+    latency_inter_us: float = 0.0  # graph->latencyInter
+    same_channels: bool = True  # ringGraph->sameChannels
+    ll128_enabled: bool = True
+
+    @property
+    def cc_index(self) -> int:
+        return HOPPER if self.comp_cap >= 90 else AMPERE if self.comp_cap >= 80 else VOLTA
+
+
+def _log2i(x: int) -> int:
+    out = 0
+    while x > 1:
+        x >>= 1
+        out += 1
+    return out
+
+
+def tune_table(inp: NcclInputs, coll: str, algo: str, proto: str) -> tuple[float, float]:
+    """(latency us, algorithm bandwidth GB/s) of one entry of NCCL's tuning table."""
+    p = _P[proto]
+    n, nn, nch = inp.n_ranks, inp.n_nodes, inp.n_channels
+    idx2 = nn - 1 if nn <= 2 else 2
+    idx1 = inp.cc_index if nn == 1 else (1 if inp.cpu_amd else 0)
+    ll_max = LL_MAX_BWS[idx1][idx2]
+    ci = inp.cc_index
+    ppn = n / nn
+    nsteps = (
+        2 * (n - 1)
+        if coll == "all_reduce"
+        else n - 1
+        if coll in ("all_gather", "reduce_scatter")
+        else n
+    )
+    if coll == "all_reduce":
+        inter_steps = 2 * nn if nn > 1 else 0
+    else:
+        inter_steps = nn - 1 if coll in ("all_gather", "reduce_scatter") else nn
+    bw = inp.bw_intra_gbps if nn <= 2 else inp.bw_inter_gbps
+    if algo == NVLS:
+        bw = min(inp.bw_intra_gbps, inp.bw_inter_gbps)
+    if algo == NVLS_TREE:
+        bw = min(inp.bw_intra_gbps, inp.bw_inter_gbps if nn <= 2 else inp.bw_inter_gbps / 2)
+    bus = nch * bw
+    if algo == RING and proto == "LL":
+        bus = min(ll_max, bus * (0.25 if nn > 1 or coll in ("all_reduce", "reduce") else 1 / 3))
+    if algo == RING and proto == "LL128":
+        bus = min(bus * (0.7 if ppn < 2 else 0.92), nch * PER_CH_MAX_RING_LL128_BWS[ci][idx2])
+    if algo == TREE:
+        bus = min(bus * 0.92, nch * PER_CH_MAX_TREE_BWS[ci][idx2])
+    if algo == TREE and proto == "LL":
+        bus = min(bus / 3.8, ll_max)
+    if algo == TREE and proto == "LL128":
+        bus = min(
+            bus * (7 / 9 if nn == 1 else 120 / 128), nch * PER_CH_MAX_TREE_LL128_BWS[ci][idx2]
+        )
+    ratio = n / nsteps if algo == RING else 5 / 6 if algo in (NVLS, NVLS_TREE) else 0.5
+    alg_bw = bus * ratio
+    intra_hw = HW_NVLINK if inp.intra_nvlink else HW_PCI
+    hw = intra_hw if nn == 1 else HW_NET
+    lat = BASE_LAT_US[algo][p]
+    intra = HW_LAT_US[intra_hw][algo][p]
+    inter = HW_LAT_US[HW_NET][algo][p] + inp.latency_inter_us
+    if proto == "Simple":
+        inter += inp.latency_inter_us
+    if algo == RING:
+        hop = HW_LAT_US[hw][algo][p]
+        if coll in ("reduce", "broadcast"):
+            if inp.same_channels:
+                lat += hop
+            else:
+                lat += nsteps * (HW_LAT_US[hw][TREE][p] if proto == "Simple" else hop)
+        else:
+            overhead = (
+                (2.0 if inp.cpu_amd else 1.0) * (3 if proto == "Simple" else 1) if nn > 1 else 0.0
+            )
+            lat += (nsteps - inter_steps) * max(intra, overhead) + inter_steps * inter
+    elif algo == TREE:
+        lat += 2 * ((n // nn - 1) * intra + _log2i(nn) * inter)
+    elif algo == NVLS:
+        lat = intra + (inter if nn > 1 else 0.0)
+    else:
+        lat += intra + 2 * _log2i(nn) * inter
+    return lat, alg_bw
+
+
+def algo_time_us(
+    inp: NcclInputs, coll: str, algo: str, proto: str, n_bytes: np.ndarray
+) -> np.ndarray:
+    """``ncclTopoGetAlgoTime`` (one pipelined op): microseconds for each ``n_bytes``."""
+    lat, bw = tune_table(inp, coll, algo, proto)
+    nb = np.asarray(n_bytes, dtype=np.int64)
+    bw_s = np.full(nb.shape, bw, dtype=np.float64)
+    if algo == TREE:
+        log = np.array([_log2i(int(x) >> 6) for x in nb.reshape(-1)], dtype=np.int64).reshape(
+            nb.shape
+        )
+        table = np.asarray(TREE_CORRECTION[_P[proto]])
+        bw_s = np.where(log < 23, bw_s * table[np.minimum(log, 22)], bw_s)
+    lat_s = np.full(nb.shape, lat)
+    if algo == RING and proto == "Simple" and inp.n_nodes > 1 and coll == "all_reduce":
+        plateau = nb / (inp.n_channels * inp.n_ranks) >= 64
+        lat_s = np.where(plateau, lat * (1.9 if inp.comp_cap < 80 else 1.4), lat_s)
+    with np.errstate(divide="ignore"):
+        return np.where(bw_s > 0, lat_s + nb / (1000.0 * bw_s), np.inf)
+
+
+def compute_capability(gpu_model: str) -> int:
+    """CUDA compute capability from a GPU model name (non-NVIDIA parts: 80, the Ampere row that
+    RCCL and other NCCL ports keep)."""
+    name = gpu_model.lower()
+    for key, cc in (("b200", 100), ("gb200", 100), ("h100", 90), ("h200", 90), ("gh200", 90),
+                    ("a100", 80), ("a10", 86), ("3090", 86), ("4090", 89), ("6000d", 120),
+                    ("v100", 70), ("2080", 75), ("t4", 75)):  # fmt: skip
+        if key in name:
+            return cc
+    return 80
+
+
+def inputs_from_topology(topology: Topology, n_channels: int) -> NcclInputs:
+    """Map a collsim topology onto NCCL's tuning inputs.
+
+    * ``bwIntra`` = the GPU's intra-node bandwidth (its fattest route to another GPU of its node,
+      bottleneck capacity) / channels; ``bwInter`` = the network bandwidth per GPU (the NIC
+      bottleneck on its route off the node, divided among the GPUs sharing that NIC) / channels;
+    * ``typeIntra`` NVLink when intra-node routes are NVLink/xGMI-class; compute capability from
+      the GPU model (:func:`compute_capability`); Intel CPUs; ``latencyInter`` 0;
+      ``sameChannels`` true; LL128 as NCCL enables it (NVLink and compute capability 70/80/90).
+    """
+    from collsim.model.mapping import intra_inter_bandwidth
+
+    intra_bps, inter_bps, nvlink = intra_inter_bandwidth(topology)
+    cc = compute_capability(topology.gpu.model)
+    return NcclInputs(
+        n_ranks=topology.n_gpus,
+        n_nodes=topology.nodes,
+        comp_cap=cc,
+        n_channels=n_channels,
+        bw_intra_gbps=intra_bps / 1e9 / n_channels,
+        bw_inter_gbps=(inter_bps if inter_bps > 0 else intra_bps) / 1e9 / n_channels,
+        intra_nvlink=nvlink,
+        ll128_enabled=nvlink and cc in (70, 80, 90),
+    )
+
+
+class NcclModel:
+    """NCCL's estimate of collective times on a collsim topology (same interface as
+    :class:`~collsim.model.analytic.AnalyticModel` for the algorithms NCCL has)."""
+
+    def __init__(
+        self, topology: Topology, can_run: Callable[[str, str], bool] | None = None
+    ) -> None:
+        self.topology = topology
+        self.can_run = can_run
+        self.nranks = topology.n_gpus
+        self.has_in_network = any(d.in_network_reduction for d in topology.devices)
+        self._inputs: dict[int, NcclInputs] = {}
+
+    def inputs(self, channels: int) -> NcclInputs:
+        if channels not in self._inputs:
+            self._inputs[channels] = inputs_from_topology(self.topology, channels)
+        return self._inputs[channels]
+
+    def candidates(self, collective: str) -> list[str]:
+        out = [a for (c, a), algo in _ALGO_OF.items() if c == collective]
+        if not self.has_in_network:
+            out = [a for a in out if a != "in_network"]
+        if self.can_run is not None:
+            out = [a for a in out if self.can_run(collective, a)]
+        return out
+
+    def nccl_algorithm(self, collective: str, algorithm: str) -> str:
+        algo = _ALGO_OF.get((collective, algorithm))
+        if algo is None:
+            raise ScheduleError(
+                f"NCCL's tuning model has no estimate for {collective}/{algorithm}; it models "
+                + ", ".join(f"{c}/{a}" for c, a in _ALGO_OF),
+                field="algorithm",
+                value=algorithm,
+            )
+        if algo == NVLS and self.topology.nodes > 1:
+            algo = NVLS_TREE
+        return algo
+
+    def enabled(self, collective: str, algorithm: str, protocol: str, channels: int = 1) -> bool:
+        """Whether NCCL would consider this protocol (LL128 only where NCCL enables it; NVLS
+        only with Simple)."""
+        algo = self.nccl_algorithm(collective, algorithm)
+        if algo in (NVLS, NVLS_TREE) and protocol != "Simple":
+            return False
+        return protocol != "LL128" or self.inputs(channels).ll128_enabled
+
+    def predict(
+        self,
+        collective: str,
+        algorithm: str,
+        sizes_bytes: np.ndarray | list[int] | int,
+        *,
+        elem_bytes: int = 4,
+        protocol: str = "Simple",
+        channels: int = 1,
+    ) -> np.ndarray:
+        """NCCL's predicted time (seconds) per size."""
+        from collsim.model.analytic import effective_bytes
+
+        proto = {p.lower(): p for p in PROTOS}.get(str(protocol).lower())
+        if proto is None:
+            raise ScheduleError("unknown protocol (choose from LL, LL128, Simple)",
+                                field="protocol", value=protocol)  # fmt: skip
+        algo = self.nccl_algorithm(collective, algorithm)
+        inp = self.inputs(channels)
+        if algo == NVLS_TREE and proto != "Simple":
+            return np.full(np.shape(np.atleast_1d(sizes_bytes)), np.inf)
+        nb = effective_bytes(collective, np.atleast_1d(sizes_bytes), elem_bytes, self.nranks)
+        return algo_time_us(inp, collective, algo, proto, nb.astype(np.int64)) * 1e-6
+
+
+def with_channels(inp: NcclInputs, n_channels: int) -> NcclInputs:
+    """The same graph bandwidth spread over ``n_channels`` channels."""
+    scale = inp.n_channels / n_channels
+    return replace(
+        inp,
+        n_channels=n_channels,
+        bw_intra_gbps=inp.bw_intra_gbps * scale,
+        bw_inter_gbps=inp.bw_inter_gbps * scale,
+    )
+
+
+__all__ = [
+    "NCCL_SOURCE",
+    "NcclInputs",
+    "NcclModel",
+    "algo_time_us",
+    "compute_capability",
+    "inputs_from_topology",
+    "tune_table",
+    "with_channels",
+]

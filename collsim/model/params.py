@@ -1,0 +1,178 @@
+"""The analytic model's physical parameters: one frozen, serialisable set the formulas read.
+
+Defaults are *datasheet physics*, exactly what the discrete-event engine assumes (so the two agree
+where nothing contends dynamically): link capacities and latencies as the topology states them,
+NCCL's protocol payload fractions and per-hop latencies (:mod:`collsim.protocols`, NCCL
+``hwLat``), reductions at memory bandwidth / 3 and copies at / 2, no launch latency.
+
+A calibration (a later issue: ``collsim/model/profile.py``) fits these knobs to nccl-tests
+measurements and stores them with :meth:`ModelParams.to_dict`; :meth:`ModelParams.from_dict`
+loads them back. Per link class (index :data:`~collsim.protocols.HW_NVLINK` / ``HW_PCI`` /
+``HW_NET``, NCCL's ``hwLat`` rows):
+
+* ``route_latency_scale`` multiplies the latency of every link of that class on a route;
+* ``bandwidth_efficiency`` multiplies the capacity of every link of that class (achieved /
+  datasheet bandwidth);
+
+per protocol (``protocols``): payload fraction of the wire and per-hop latency by class; globally:
+``base_latency_s`` (a per-collective launch cost, NCCL's ``baseLat``), reduction and copy
+efficiencies, and ``size_factors``: (size_bytes, factor) points, interpolated in log2(size), that
+scale the bandwidth term (``time = latency + bytes / (bandwidth * factor(size))``), so
+size-dependent effects (protocol warm-up, small-message inefficiency) are data, not code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from collsim.errors import CalibrationError, ScheduleError
+from collsim.protocols import PROTOCOLS, Protocol
+
+_CLASSES = 3  # nvlink, pci, net
+
+
+@dataclass(frozen=True)
+class ProtocolParams:
+    """One protocol: payload fraction of wire bytes, per-hop latency by link class (seconds)."""
+
+    name: str
+    bandwidth_fraction: float
+    hop_latency_s: tuple[float, float, float]
+
+    @classmethod
+    def of(cls, protocol: Protocol) -> ProtocolParams:
+        lat = protocol.hop_latency_s
+        triple = (float(lat),) * 3 if np.isscalar(lat) else tuple(float(x) for x in lat)  # type: ignore[arg-type]
+        return cls(protocol.name, float(protocol.bandwidth_fraction), triple)  # type: ignore[arg-type]
+
+
+def _default_protocols() -> tuple[ProtocolParams, ...]:
+    return tuple(ProtocolParams.of(p) for p in PROTOCOLS.values())
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    """Every physical knob of the analytic model (see the module docstring). Hashable: it keys
+    the model's structure cache."""
+
+    protocols: tuple[ProtocolParams, ...] = field(default_factory=_default_protocols)
+    base_latency_s: float = 0.0
+    route_latency_scale: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    bandwidth_efficiency: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    reduce_efficiency: float = 1.0
+    copy_efficiency: float = 1.0
+    size_factors: tuple[tuple[float, float], ...] = ()
+    source: str = "datasheet defaults (what the discrete-event engine assumes)"
+
+    def __post_init__(self) -> None:
+        for name in ("route_latency_scale", "bandwidth_efficiency"):
+            value = tuple(float(x) for x in getattr(self, name))
+            if len(value) != _CLASSES or any(not np.isfinite(x) or x < 0 for x in value):
+                raise CalibrationError(
+                    "needs three non-negative numbers (nvlink, pci, net)", field=name, value=value
+                )
+            object.__setattr__(self, name, value)
+        if any(x <= 0 for x in self.bandwidth_efficiency):
+            raise CalibrationError(
+                "bandwidth efficiencies must be positive",
+                field="bandwidth_efficiency",
+                value=self.bandwidth_efficiency,
+            )
+        for name in ("reduce_efficiency", "copy_efficiency"):
+            if not float(getattr(self, name)) > 0:
+                raise CalibrationError("must be positive", field=name, value=getattr(self, name))
+        if not np.isfinite(self.base_latency_s) or self.base_latency_s < 0:
+            raise CalibrationError(
+                "must be a non-negative time", field="base_latency_s", value=self.base_latency_s
+            )
+        pts = tuple((float(s), float(f)) for s, f in self.size_factors)
+        if any(s <= 0 or f <= 0 for s, f in pts) or list(pts) != sorted(pts):
+            raise CalibrationError(
+                "size_factors must be (size_bytes > 0, factor > 0) pairs sorted by size",
+                field="size_factors",
+                value=self.size_factors,
+            )
+        object.__setattr__(self, "size_factors", pts)
+
+    def protocol(self, name: str | Protocol) -> ProtocolParams:
+        """The parameters of protocol ``name`` (LL, LL128, Simple; any case)."""
+        if isinstance(name, Protocol):
+            name = name.name
+        for p in self.protocols:
+            if p.name.lower() == str(name).lower():
+                return p
+        raise ScheduleError(
+            f"unknown protocol (choose from {', '.join(p.name for p in self.protocols)})",
+            field="protocol",
+            value=name,
+        )
+
+    def size_factor(self, size_bytes: np.ndarray) -> np.ndarray:
+        """Bandwidth multiplier per size (1 without ``size_factors``)."""
+        size_bytes = np.asarray(size_bytes, dtype=np.float64)
+        if not self.size_factors:
+            return np.ones_like(size_bytes)
+        xs = np.log2([s for s, _ in self.size_factors])
+        ys = np.array([f for _, f in self.size_factors])
+        return np.interp(np.log2(np.maximum(size_bytes, 1.0)), xs, ys)
+
+    # -- serialisation -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON/YAML-ready data; :meth:`from_dict` reads it back to an equal object."""
+        return {
+            "source": self.source,
+            "base_latency_s": self.base_latency_s,
+            "route_latency_scale": list(self.route_latency_scale),
+            "bandwidth_efficiency": list(self.bandwidth_efficiency),
+            "reduce_efficiency": self.reduce_efficiency,
+            "copy_efficiency": self.copy_efficiency,
+            "size_factors": [list(p) for p in self.size_factors],
+            "protocols": {
+                p.name: {
+                    "bandwidth_fraction": p.bandwidth_fraction,
+                    "hop_latency_s": list(p.hop_latency_s),
+                }
+                for p in self.protocols
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelParams:
+        """Parameters from :meth:`to_dict`'s form; unknown keys are errors (one line each)."""
+        known = {
+            "source", "base_latency_s", "route_latency_scale", "bandwidth_efficiency",
+            "reduce_efficiency", "copy_efficiency", "size_factors", "protocols",
+        }  # fmt: skip
+        extra = sorted(set(data) - known)
+        if extra:
+            raise CalibrationError("unknown model parameter", field=extra[0])
+        kwargs: dict[str, Any] = {k: data[k] for k in known - {"protocols"} if k in data}
+        for key in ("route_latency_scale", "bandwidth_efficiency"):
+            if key in kwargs:
+                kwargs[key] = tuple(kwargs[key])
+        if "size_factors" in kwargs:
+            kwargs["size_factors"] = tuple(tuple(p) for p in kwargs["size_factors"])
+        if "protocols" in data:
+            try:
+                kwargs["protocols"] = tuple(
+                    ProtocolParams(
+                        str(name),
+                        float(p["bandwidth_fraction"]),
+                        tuple(float(x) for x in p["hop_latency_s"]),  # type: ignore[arg-type]
+                    )
+                    for name, p in data["protocols"].items()
+                )
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CalibrationError(f"bad protocol entry ({exc})", field="protocols") from None
+        try:
+            return cls(**kwargs)
+        except (TypeError, ValueError) as exc:
+            raise CalibrationError(f"bad model parameters ({exc})", field="params") from None
+
+
+DEFAULT_PARAMS = ModelParams()
+"""The engine's physics; the model agrees with the engine under these."""

@@ -1,0 +1,242 @@
+"""Calibration profiles: the fitted physical parameters of one system, as a YAML data file.
+
+A profile says which topology it was fitted for (catalog name, nodes, GPUs per node), the fitted
+parameters -- per link class (``nvlink``, ``pci``, ``net``: NCCL's ``hwLat`` rows) a bandwidth
+efficiency (achieved / datasheet rate) and a latency scale (multiplying the route latency and the
+protocols' per-hop latency on that class), a base (launch) latency, and a small table of
+size-dependent bandwidth efficiency keyed by message size (interpolated in log2 size, as SimGrid's
+piecewise-linear network factors; Velho et al., "On the validity of flow-level TCP network
+models", ACM TOMACS 2013) -- the fit's provenance and its in-sample error. No dates: the same
+fit writes the same file.
+
+:meth:`Profile.params` turns it into the analytic model's :class:`~collsim.model.params.ModelParams`;
+:meth:`Profile.apply_to_topology` scales the topology's links instead, so the discrete-event
+engine sees the same calibrated fabric. Malformed files fail with one line naming the file, the
+field and the value (the topology loader's pydantic machinery).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from collsim.errors import CalibrationError
+from collsim.model.params import DEFAULT_PARAMS, ModelParams, ProtocolParams
+from collsim.topology.spec import Topology
+
+CLASSES = ("nvlink", "pci", "net")
+FORMAT_VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TopologyRef(_Strict):
+    name: str
+    nodes: int = Field(ge=1)
+    gpus_per_node: int = Field(ge=1)
+
+
+class LinkClass(_Strict):
+    bandwidth_efficiency: float = Field(gt=0, le=4)
+    latency_scale: float = Field(ge=0, le=1000)
+
+
+class Provenance(_Strict):
+    logs: list[str]
+    collectives: list[str]
+    ranks: list[int]
+    method: str
+    fitted: list[str]
+
+
+class FitError(_Strict):
+    mape: float = Field(ge=0)
+    median_mape: float = Field(ge=0)
+    per_log: dict[str, float]
+
+
+class ProfileDoc(_Strict):
+    """The YAML document (``extra="forbid"``: unknown keys are errors)."""
+
+    collsim_profile: Literal[1]
+    topology: TopologyRef
+    link_classes: dict[Literal["nvlink", "pci", "net"], LinkClass]
+    base_latency_us: float = Field(ge=0, le=1e6)
+    memory_efficiency: float = Field(default=1.0, gt=0, le=4)
+    size_efficiency: list[tuple[float, float]] = []
+    provenance: Provenance
+    fit_error: FitError | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """A loaded profile (see the module docstring)."""
+
+    doc: ProfileDoc
+    file: str | None = None
+
+    @property
+    def topology_name(self) -> str:
+        return self.doc.topology.name
+
+    def params(self, base: ModelParams = DEFAULT_PARAMS) -> ModelParams:
+        """The analytic model's parameters under this profile."""
+        eff = list(base.bandwidth_efficiency)
+        lat = [1.0, 1.0, 1.0]
+        for name, cls in self.doc.link_classes.items():
+            k = CLASSES.index(name)
+            eff[k] = cls.bandwidth_efficiency
+            lat[k] = cls.latency_scale
+        protocols = tuple(
+            ProtocolParams(
+                p.name,
+                p.bandwidth_fraction,
+                tuple(h * s for h, s in zip(p.hop_latency_s, lat, strict=True)),  # type: ignore[arg-type]
+            )
+            for p in base.protocols
+        )
+        return dataclasses.replace(
+            base,
+            protocols=protocols,
+            base_latency_s=self.doc.base_latency_us * 1e-6,
+            reduce_efficiency=base.reduce_efficiency * self.doc.memory_efficiency,
+            copy_efficiency=base.copy_efficiency * self.doc.memory_efficiency,
+            route_latency_scale=tuple(lat),  # type: ignore[arg-type]
+            bandwidth_efficiency=tuple(eff),  # type: ignore[arg-type]
+            size_factors=tuple((float(s), float(f)) for s, f in self.doc.size_efficiency),
+            source=f"profile {self.file or self.topology_name}",
+        )
+
+    def check_topology(self, topology: Topology) -> list[str]:
+        """Raise if ``topology`` is another system; return notes (e.g. another scale)."""
+        ref = self.doc.topology
+        if topology.name != ref.name:
+            raise CalibrationError(
+                f"profile fitted for topology {ref.name} ({ref.nodes} nodes x "
+                f"{ref.gpus_per_node} GPUs) cannot be used with topology {topology.name}",
+                file=self.file,
+                field="topology.name",
+                value=ref.name,
+            )
+        if (topology.nodes, topology.gpus_per_node) != (ref.nodes, ref.gpus_per_node):
+            return [
+                f"profile fitted on {ref.nodes}x{ref.gpus_per_node}, applied to "
+                f"{topology.nodes}x{topology.gpus_per_node} (link-class parameters carry over)"
+            ]
+        return []
+
+    def apply_to_topology(self, topology: Topology) -> Topology:
+        """``topology`` with every link's bandwidth x its class's efficiency and latency x its
+        latency scale (what the discrete-event engine can express of the profile)."""
+        from collsim.topology.fabric import _HW_CLASS
+
+        self.check_topology(topology)
+        cls = self.doc.link_classes
+        links = []
+        for link in topology.links:
+            name = CLASSES[_HW_CLASS.get(link.kind, 2)]
+            c = cls.get(name)  # type: ignore[call-overload]
+            if c is None:
+                links.append(link)
+                continue
+            links.append(
+                dataclasses.replace(
+                    link,
+                    bandwidth_bytes_per_s=link.bandwidth_bytes_per_s * c.bandwidth_efficiency,
+                    latency_s=link.latency_s * c.latency_scale,
+                )
+            )
+        return dataclasses.replace(topology, links=tuple(links))
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.doc.model_dump(mode="json", exclude_none=True)
+
+    def to_yaml(self) -> str:
+        header = (
+            f"# collsim calibration profile for {self.topology_name} "
+            "(collsim calibrate fit; see collsim/model/profile.py)\n"
+        )
+        return header + yaml.safe_dump(self.to_dict(), sort_keys=False, width=100)
+
+    def save(self, path: str | Path) -> None:
+        from collsim.io import atomic_write_text
+
+        atomic_write_text(path, self.to_yaml())
+
+
+def profile_from_dict(data: Any, file: str | None = None) -> Profile:
+    """Validate a parsed document (one-line errors naming file, field and value)."""
+    from collsim.topology.loader import _one_line
+
+    if not isinstance(data, dict):
+        raise CalibrationError(
+            "a profile must be a YAML mapping", file=file, value=type(data).__name__
+        )
+    try:
+        doc = ProfileDoc.model_validate(data)
+    except ValidationError as exc:
+        err = _one_line(exc, ProfileDoc)
+        raise CalibrationError(
+            err.message, file=file, field=err.field, value=err.value, has_value=err.has_value
+        ) from None
+    pts = [p for p in doc.size_efficiency]
+    if any(s <= 0 or f <= 0 for s, f in pts) or pts != sorted(pts):
+        raise CalibrationError(
+            "size_efficiency must be [size_bytes > 0, factor > 0] pairs sorted by size",
+            file=file,
+            field="size_efficiency",
+            value=doc.size_efficiency,
+        )
+    return Profile(doc, file)
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read a profile file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CalibrationError(
+            f"cannot read the profile: {exc.strerror or exc}", file=str(p)
+        ) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CalibrationError(f"malformed YAML: {exc}".splitlines()[0], file=str(p)) from None
+    return profile_from_dict(data, str(p))
+
+
+def datasheet_profile(topology: Topology, base_latency_us: float = 0.0) -> Profile:
+    """The uncalibrated profile: datasheet rates and latencies, a given launch latency."""
+    doc = ProfileDoc(
+        collsim_profile=FORMAT_VERSION,
+        topology=TopologyRef(
+            name=topology.name, nodes=topology.nodes, gpus_per_node=topology.gpus_per_node
+        ),
+        link_classes={},
+        base_latency_us=base_latency_us,
+        provenance=Provenance(logs=[], collectives=[], ranks=[], method="datasheet", fitted=[]),
+    )
+    return Profile(doc)
+
+
+def whatif_with_profile(topology: Topology, profile: Profile, engine: str = "analytic") -> Any:
+    """A :class:`~collsim.whatif.WhatIf` that sees ``profile``: for the analytic engine its
+    collsim cost model runs under :meth:`Profile.params`; for the discrete-event engine the links
+    are scaled (:meth:`Profile.apply_to_topology`; base latency and size factors are analytic
+    only)."""
+    from collsim.model.analytic import AnalyticModel
+    from collsim.whatif import WhatIf
+
+    profile.check_topology(topology)
+    if engine == "analytic":
+        whatif = WhatIf(topology)
+        whatif._models["collsim"] = AnalyticModel(whatif, profile.params())  # the model cache
+        return whatif
+    return WhatIf(profile.apply_to_topology(topology))

@@ -1,0 +1,187 @@
+"""The tuner: for every size, the (algorithm, protocol, channels) with the smallest predicted time.
+
+NCCL picks its algorithm and protocol per call by evaluating its cost model for each enabled
+combination and taking the fastest (``ncclTopoGetAlgoInfo`` -> ``ncclTopoGetAlgoTime``); this does
+the same over collsim's algorithms with the analytic model (or, with ``model="nccl"``, over NCCL's
+own algorithms with NCCL's model). Ties go to the earlier candidate: the registry's default
+algorithm first, Simple before LL128 before LL, fewer channels first -- so a choice changes only
+where it is strictly faster.
+
+:func:`ranges` compresses the per-size winners into size ranges, with each range's speed-up over
+the default algorithm with Simple on one channel (ring/Simple for all_reduce, all_gather and
+reduce_scatter), what ``collsim tune`` prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from collsim.collectives.registry import default_algorithm
+from collsim.errors import ScheduleError
+
+PROTOCOL_ORDER = ("Simple", "LL128", "LL")
+CHANNEL_OPTIONS = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One tuner candidate."""
+
+    algorithm: str
+    protocol: str
+    channels: int
+
+    def label(self) -> str:
+        return f"{self.algorithm}/{self.protocol}/{self.channels}ch"
+
+
+@dataclass
+class Tuning:
+    """Per-size winners of one collective: choices, their times and the baseline's."""
+
+    collective: str
+    sizes_bytes: np.ndarray
+    choices: list[Choice]
+    times_s: np.ndarray  # (len(choices), len(sizes))
+    best: np.ndarray  # index into choices per size
+    baseline: Choice
+    baseline_s: np.ndarray
+
+    @property
+    def best_s(self) -> np.ndarray:
+        return self.times_s[self.best, np.arange(self.sizes_bytes.size)]
+
+    def choice_at(self, i: int) -> Choice:
+        return self.choices[int(self.best[i])]
+
+
+@dataclass(frozen=True)
+class Range:
+    """Sizes ``lo..hi`` (inclusive, bytes) where ``choice`` wins, and its speed-up over baseline."""
+
+    lo_bytes: int
+    hi_bytes: int
+    choice: Choice
+    speedup_min: float
+    speedup_max: float
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "from_bytes": self.lo_bytes,
+            "to_bytes": self.hi_bytes,
+            "algorithm": self.choice.algorithm,
+            "protocol": self.choice.protocol,
+            "channels": self.choice.channels,
+            "speedup_min": self.speedup_min,
+            "speedup_max": self.speedup_max,
+        }
+
+
+class Tuner:
+    """Best choice per size from a model with ``candidates(collective)`` and ``predict(...)``
+    (:class:`~collsim.model.analytic.AnalyticModel` or :class:`~collsim.model.nccl.NcclModel`)."""
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        protocols: tuple[str, ...] = PROTOCOL_ORDER,
+        channels: tuple[int, ...] = CHANNEL_OPTIONS,
+    ) -> None:
+        self.model = model
+        self.protocols = protocols
+        self.channels = channels
+
+    def _enabled(self, collective: str, choice: Choice) -> bool:
+        check = getattr(self.model, "enabled", None)
+        return True if check is None else bool(check(collective, choice.algorithm, choice.protocol))
+
+    def tune(
+        self,
+        collective: str,
+        sizes_bytes: np.ndarray | list[int],
+        *,
+        elem_bytes: int = 4,
+        algorithms: list[str] | None = None,
+    ) -> Tuning:
+        """Evaluate every candidate at every size and keep the fastest per size."""
+        sizes = np.asarray(sizes_bytes, dtype=np.int64)
+        algos = algorithms if algorithms is not None else self.model.candidates(collective)
+        choices: list[Choice] = []
+        rows: list[np.ndarray] = []
+        first_error: ScheduleError | None = None
+        for algo in algos:
+            for proto in self.protocols:
+                for ch in self.channels:
+                    choice = Choice(algo, proto, ch)
+                    try:
+                        if not self._enabled(collective, choice):
+                            continue
+                        t = self.model.predict(
+                            collective, algo, sizes, elem_bytes=elem_bytes, protocol=proto,
+                            channels=ch,
+                        )  # fmt: skip
+                    except ScheduleError as exc:  # e.g. in-network without a reachable switch
+                        first_error = first_error or exc
+                        break
+                    choices.append(choice)
+                    rows.append(np.asarray(t, dtype=np.float64))
+        if not choices:
+            raise first_error or ScheduleError(
+                f"no algorithm can run {collective} here", field="algorithm", value="auto"
+            )
+        times = np.vstack(rows)
+        best = np.argmin(np.where(np.isfinite(times), times, np.inf), axis=0)
+        base_algo = default_algorithm(collective)
+        baseline = Choice(base_algo, "Simple", 1)
+        try:
+            base_s = np.asarray(
+                self.model.predict(collective, base_algo, sizes, elem_bytes=elem_bytes),
+                dtype=np.float64,
+            )
+        except ScheduleError:
+            baseline = choices[0]
+            base_s = times[0]
+        return Tuning(collective, sizes, choices, times, best, baseline, base_s)
+
+
+def ranges(tuning: Tuning) -> list[Range]:
+    """Consecutive sizes with the same winner, merged, with min/max speed-up over the baseline."""
+    out: list[Range] = []
+    best_s = tuning.best_s
+    with np.errstate(divide="ignore", invalid="ignore"):
+        speed = np.where(best_s > 0, tuning.baseline_s / best_s, 1.0)
+    start = 0
+    n = tuning.sizes_bytes.size
+    for i in range(1, n + 1):
+        if i == n or tuning.best[i] != tuning.best[start]:
+            seg = speed[start:i]
+            out.append(
+                Range(
+                    int(tuning.sizes_bytes[start]),
+                    int(tuning.sizes_bytes[i - 1]),
+                    tuning.choice_at(start),
+                    float(seg.min()),
+                    float(seg.max()),
+                )
+            )
+            start = i
+    return out
+
+
+def tuned_algorithms(
+    model: Any,
+    collective: str,
+    sizes_bytes: list[int],
+    *,
+    elem_bytes: int,
+    protocol: str,
+    channels: int,
+) -> list[str]:
+    """The fastest algorithm per size with protocol and channels fixed (``simulate -a auto``)."""
+    tuner = Tuner(model, protocols=(protocol,), channels=(channels,))
+    result = tuner.tune(collective, sizes_bytes, elem_bytes=elem_bytes)
+    return [result.choice_at(i).algorithm for i in range(len(sizes_bytes))]

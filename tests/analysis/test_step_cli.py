@@ -1,0 +1,148 @@
+"""``collsim step``, ``scale`` and ``plan`` on the bundled workloads, and bad workload files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from collsim.analysis.workload import catalog_names, load_workload
+from collsim.cli import cli
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("name", catalog_names())
+def test_every_bundled_workload_steps(name, tmp_path):
+    out = tmp_path / "s.json"
+    res = runner.invoke(
+        cli, ["step", "-w", name, "-t", "selene", "--nodes", "8", "--json", str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert {"step_time_s", "tflops_per_gpu", "mfu", "breakdown", "memory_gb_per_gpu"} <= set(data)
+    assert data["step_time_s"] == pytest.approx(sum(data["breakdown"].values()))
+    assert 0 < data["mfu"] < 1
+
+
+def test_step_with_measured_times_reports_the_error(tmp_path):
+    csv = tmp_path / "m.csv"
+    csv.write_text("step,step_time_s\n1,13.0\n2,14.5\n")
+    out = tmp_path / "s.json"
+    res = runner.invoke(
+        cli, ["step", "-w", "gpt3-175b", "-t", "selene", "--nodes", "8", "--measured", str(csv),
+              "--json", str(out)],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "error" in res.output
+    data = json.loads(out.read_text())
+    assert data["measured_step_time_s"] == pytest.approx(13.75)
+    assert data["error"] == pytest.approx((data["step_time_s"] - 13.75) / 13.75)
+
+
+def test_step_with_profile_efficiency(tmp_path):
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps({"gpu_efficiency": 0.5, "base_latency_s": 5e-6}))
+    res = runner.invoke(
+        cli, ["step", "-w", "gpt3-175b", "-t", "selene", "--nodes", "8", "--profile", str(prof)]
+    )
+    assert res.exit_code == 0, res.output
+    assert "efficiency 0.500" in res.output
+
+
+def test_scale_prints_the_fit_and_plots(tmp_path):
+    png = tmp_path / "scale.png"
+    res = runner.invoke(
+        cli, ["scale", "-w", "gpt-1.3b-ddp", "-t", "selene", "--nodes", "1,2,4,8",
+              "--plot", str(png)],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "Amdahl fit" in res.output and png.exists()
+    res = runner.invoke(
+        cli, ["scale", "-w", "gpt-1.3b-ddp", "-t", "selene", "--nodes", "1,2,4", "--mode", "weak"]
+    )
+    assert res.exit_code == 0 and "Gustafson" in res.output
+
+
+def test_plan_ranks_and_discards(tmp_path):
+    cand = tmp_path / "c.yaml"
+    cand.write_text(
+        yaml.safe_dump(
+            {
+                "tokens": "10B",
+                "clusters": [
+                    {"topology": "dgx-a100", "nodes": [2, 4], "gpu_hour_usd": 1.5},
+                    {"topology": "dgx-h100", "nodes": 2, "gpu_hour_usd": 3.0},
+                ],
+                "search": {"tp": [1, 2, 8], "pp": [1, 2], "zero": [0, 1]},
+            }
+        )
+    )
+    png, out = tmp_path / "p.png", tmp_path / "p.json"
+    res = runner.invoke(
+        cli, ["plan", "-w", "gpt-1.3b-ddp", "-c", str(cand), "--plot", str(png), "--json", str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    rows = json.loads(out.read_text())
+    assert len(rows) == 3 and any(r["pareto"] for r in rows)
+    hours = [r["days"] for r in rows]
+    assert hours == sorted(hours)
+    assert png.exists()
+
+
+def _write(tmp_path, data):
+    path = tmp_path / "w.yaml"
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return path
+
+
+GOOD = load_workload("gpt3-175b").model_dump()
+
+
+def _good(**changes):
+    data = json.loads(json.dumps(GOOD))
+    data["model"].pop("kind")
+    for k, v in changes.items():
+        section, _, key = k.partition("__")
+        if key:
+            data[section][key] = v
+        else:
+            data[section] = v
+    return data
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        (_good(model__layrs=4), "field 'model.layrs': unknown key; did you mean 'layers'?"),
+        (_good(model__hidden=-1), "field 'model.hidden'"),
+        (_good(model__heads=7), "multiple of heads"),
+        (_good(parallel__tp="eight"), "field 'parallel.tp'"),
+        (_good(recompute="sometimes"), "field 'recompute'"),
+        (_good(global_batch=63, micro_batch=2), "multiple of micro_batch"),
+        (_good(dtype="int4"), "field 'dtype'"),
+        (_good(parallel__virtual_stages=2, parallel__schedule="1f1b"), "needs schedule"),
+        (_good(trainng={}), "unknown key; did you mean 'training'?"),
+        (_good(training__bucket="25 furlongs"), "field 'training.bucket'"),
+        ({"name": "x", "model": {"kind": "cnn"}, "global_batch": 1}, "unknown model kind"),
+        ("name: [unclosed\n", "malformed YAML"),
+        ("- just\n- a list\n", "must be a mapping"),
+    ],
+)
+def test_bad_workload_files_give_one_line_exit_2(tmp_path, data, needle):
+    path = _write(tmp_path, data)
+    res = runner.invoke(cli, ["step", "-w", str(path), "-t", "selene", "--nodes", "8"])
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0], res.output
+    assert needle in lines[0], lines[0]
+
+
+def test_layout_errors_name_the_field(tmp_path):
+    path = _write(tmp_path, _good(parallel__tp=16))
+    res = runner.invoke(cli, ["step", "-w", str(path), "-t", "selene", "--nodes", "8"])
+    assert res.exit_code == 2 and "parallel" in res.output
+    res = runner.invoke(cli, ["step", "-w", "no-such-workload", "-t", "selene"])
+    assert res.exit_code == 2 and "no workload named" in res.output

@@ -1,0 +1,62 @@
+"""NCCL baseline: hand-computed values from NCCL's published formulas (src/graph/tuning.cc,
+revision b6475625, v2.19-2.21), and the mapping from collsim topologies."""
+
+import numpy as np
+import pytest
+
+from collsim.errors import ScheduleError
+from collsim.model.nccl import NcclInputs, NcclModel, algo_time_us, compute_capability
+from collsim.topology.loader import catalog_names, load_topology
+
+
+def test_ring_simple_all_reduce_two_nodes_hopper():
+    # nsteps 2(16-1)=30, nInterSteps 2*2=4; busBw = 2 ch x 20 GB/s, algBw = 40*16/30.
+    # lat = baseLat 8.4 + 26 x max(hwLat NVL 3.4, netOverhead 1*3) + 4 x hwLat NET 14 = 152.8 us,
+    # x1.4 ring plateau (1 MiB / (2 ch x 16 ranks) >= 64, compCap >= 80) = 213.92 us.
+    inp = NcclInputs(n_ranks=16, n_nodes=2, comp_cap=90, n_channels=2, bw_intra_gbps=20.0,
+                     bw_inter_gbps=20.0)  # fmt: skip
+    got = algo_time_us(inp, "all_reduce", "ring", "Simple", np.array([1 << 20]))[0]
+    assert got == pytest.approx(213.92 + 1048576 / (1000 * 40 * 16 / 30), rel=1e-12)
+    assert got == pytest.approx(263.072, rel=1e-9)
+
+
+def test_tree_ll_all_reduce_one_ampere_node():
+    # busBw = min(4 x 24 x .92, 4 x perChMaxTreeBw 24.0) = 88.32; LL: min(/3.8, llMaxBw 87.7);
+    # algBw = x.5; treeCorrectionFactor[LL][log2(4096>>6)=6] = .7.
+    # lat = baseLat 6.8 + 2 x (7 x hwLat NVL tree LL 0.6 + 0) = 15.2 us.
+    inp = NcclInputs(n_ranks=8, n_nodes=1, comp_cap=80, n_channels=4, bw_intra_gbps=24.0,
+                     bw_inter_gbps=24.0)  # fmt: skip
+    got = algo_time_us(inp, "all_reduce", "tree", "LL", np.array([4096]))[0]
+    assert got == pytest.approx(15.2 + 4096 / (1000 * (96 * 0.92 / 3.8 * 0.5 * 0.7)), rel=1e-12)
+    assert got == pytest.approx(15.70352, rel=1e-6)
+
+
+def test_ring_ll128_all_gather_four_hopper_nodes():
+    # nNodes > 2: bwInter; busBw = min(8 x 12 x .92, 8 x perChMaxRingLL128Bw 36.7) = 88.32,
+    # algBw = x 32/31; lat = baseLat 14 + 28 x max(1.9, 1.0) + 3 x 4.0 = 79.2 us.
+    inp = NcclInputs(n_ranks=32, n_nodes=4, comp_cap=90, n_channels=8, bw_intra_gbps=40.0,
+                     bw_inter_gbps=12.0)  # fmt: skip
+    got = algo_time_us(inp, "all_gather", "ring", "LL128", np.array([64 << 20]))[0]
+    assert got == pytest.approx(79.2 + (64 << 20) / (1000 * 96 * 0.92 * 32 / 31), rel=1e-12)
+    assert got == pytest.approx(815.29275, rel=1e-6)
+
+
+def test_compute_capability_mapping():
+    assert compute_capability("H100 SXM5 80GB") == 90
+    assert compute_capability("A100 SXM4 40GB") == 80
+    assert compute_capability("Tesla V100 SXM2 32GB") == 70
+
+
+@pytest.mark.parametrize("name", catalog_names())
+def test_nccl_model_on_every_catalog_system(name):
+    model = NcclModel(load_topology(name))
+    for coll in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"):
+        for algo in model.candidates(coll):
+            t = model.predict(coll, algo, [8, 1 << 20, 1 << 30])
+            assert np.all(t > 0) and np.all(np.diff(t) > 0), (coll, algo)
+
+
+def test_nccl_model_rejects_algorithms_nccl_does_not_have():
+    model = NcclModel(load_topology("dgx-h100", nodes=2))
+    with pytest.raises(ScheduleError, match="no estimate"):
+        model.predict("all_reduce", "rhd", [1024])

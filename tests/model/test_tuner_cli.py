@@ -1,0 +1,127 @@
+"""The tuner, `collsim tune`, and `collsim simulate --engine analytic / --model`."""
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from collsim.cli import cli
+from collsim.model import AnalyticModel
+from collsim.model.tuner import Tuner, ranges
+from collsim.topology.loader import catalog_names, load_topology
+from collsim.whatif import WhatIf
+
+runner = CliRunner()
+
+
+def test_tuner_picks_latency_algorithms_small_and_bandwidth_ones_large():
+    whatif = WhatIf(load_topology("dgx-h100", nodes=4))
+    result = Tuner(whatif.cost_model("collsim")).tune("all_reduce", [8, 16 << 30])
+    small, large = result.choice_at(0), result.choice_at(1)
+    assert small.protocol == "LL" and small.algorithm in ("direct", "tree", "rhd")
+    assert large.protocol == "Simple"
+    # the winner is never slower than the baseline, and is the minimum of all candidates
+    assert np.all(result.best_s <= result.baseline_s * (1 + 1e-12))
+    assert np.allclose(result.best_s, result.times_s.min(axis=0))
+
+
+def test_nccl_model_tuner_prefers_tree_or_ll_small_and_ring_simple_large():
+    whatif = WhatIf(load_topology("dgx-h100", nodes=4))
+    result = Tuner(whatif.cost_model("nccl")).tune("all_reduce", [1024, 1 << 30])
+    small, large = result.choice_at(0), result.choice_at(1)
+    assert small.algorithm == "tree" or small.protocol == "LL"
+    assert (large.algorithm, large.protocol) == ("ring", "Simple")
+
+
+def test_ranges_cover_every_size_once():
+    model = AnalyticModel(load_topology("p4d"))
+    sizes = [8 << i for i in range(28)]
+    spans = ranges(Tuner(model).tune("all_gather", sizes))
+    assert spans[0].lo_bytes == sizes[0] and spans[-1].hi_bytes == sizes[-1]
+    assert all(a.hi_bytes < b.lo_bytes for a, b in itertools.pairwise(spans))
+    assert all(s.speedup_min >= 1 - 1e-9 for s in spans)
+
+
+@pytest.mark.parametrize("name", catalog_names())
+def test_tune_cli_prints_crossovers_for_every_catalog_system(name):
+    result = runner.invoke(cli, ["tune", "all_reduce", "-t", name, "-e", "1G", "-f", "4"])
+    assert result.exit_code == 0, result.output
+    assert "speed-up" in result.output and "algorithm" in result.output
+    rows = [line for line in result.output.splitlines() if not line.startswith("#")][1:]
+    assert rows and all(len(r.split()) >= 6 for r in rows)
+
+
+def test_tune_cli_json_and_nccl_model(tmp_path):
+    out = tmp_path / "t.json"
+    args = ["tune", "all_reduce", "-t", "dgx-h100", "--nodes", "2", "--model", "nccl", "--json",
+            str(out)]  # fmt: skip
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert doc["model"] == "nccl" and doc["ranges"] and doc["points"]
+    assert {p["algorithm"] for p in doc["points"]} <= {"ring", "tree", "in_network"}
+
+
+def test_simulate_analytic_engine_matches_the_des_engine(tmp_path):
+    args = ["simulate", "all_reduce", "-t", "dgx-h100", "--nodes", "1", "-a", "ring", "-b", "1K",
+            "-e", "64M", "-f", "64", "--json"]  # fmt: skip
+    des = runner.invoke(cli, [*args, str(tmp_path / "des.json")])
+    ana = runner.invoke(cli, [*args, str(tmp_path / "ana.json"), "--engine", "analytic"])
+    assert des.exit_code == 0 and ana.exit_code == 0, des.output + ana.output
+    t_des = [p["time_us"] for p in json.loads((tmp_path / "des.json").read_text())["points"]]
+    t_ana = [p["time_us"] for p in json.loads((tmp_path / "ana.json").read_text())["points"]]
+    assert np.allclose(t_ana, t_des, rtol=0.01)
+
+
+def test_simulate_auto_uses_the_tuner_and_times_its_choice():
+    whatif = WhatIf(load_topology("dgx-h100", nodes=2))
+    sweep = whatif.sweep("all_reduce", "auto", [1024, 256 << 20])
+    ana = whatif.sweep("all_reduce", "auto", [1024, 256 << 20], engine="analytic")
+    assert [p.algorithm for p in sweep.points] == [p.algorithm for p in ana.points]
+    for des, model in zip(sweep.points, ana.points, strict=True):
+        assert model.time_s == pytest.approx(des.time_s, rel=0.02)
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["simulate", "all_reduce", "-t", "dgx-h100", "--engine", "fast"], "unknown engine"),
+        (
+            ["simulate", "all_reduce", "-t", "dgx-h100", "--engine", "analytic", "--model", "x"],
+            "unknown model",
+        ),
+        (["tune", "all_reduce", "-t", "dgx-h100", "--model", "x"], "unknown model"),
+        (["tune", "all_reduce", "-t", "dgx-h100", "-b", "1G", "-e", "1K"], "larger"),
+        (
+            [
+                "simulate",
+                "all_reduce",
+                "-t",
+                "dgx-h100",
+                "--engine",
+                "analytic",
+                "--trace",
+                "t.json",
+            ],
+            "trace",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args, words):
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and words in lines[0], result.output
+
+
+def test_vectorised_evaluation_is_fast():
+    import time
+
+    model = AnalyticModel(load_topology("dgx-h100", nodes=2))
+    sizes = np.geomspace(8, 1 << 34, 200_000).astype(np.int64)
+    model.predict("all_reduce", "ring", sizes[:2])
+    t0 = time.perf_counter()
+    model.predict("all_reduce", "ring", sizes)
+    assert time.perf_counter() - t0 < 1.0  # >= 200k points/s even on a slow CI machine
