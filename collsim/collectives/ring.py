@@ -272,19 +272,24 @@ def ring_all_reduce(
 def ring_order(spec: BuildSpec, channel: int) -> np.ndarray:
     """The ranks in ring order for ``channel``, shape ``(1, n)``.
 
-    Channel ``c`` of ``C`` rotates the order inside every full node by ``c * g // C`` local ranks,
-    so each channel enters and leaves a node through different GPUs and therefore different NICs,
-    as NCCL spreads its channels over the node's NICs. With one channel (or one node) the ring is
-    the plain rank order 0, 1, ..., n-1.
+    Across several nodes the ring enters and leaves every node through GPUs with the same local
+    index as its neighbours, so each inter-node hop joins two GPUs of one rail (one NIC index):
+    channel ``c`` of ``C`` starts at local ``a = c * g // C``; even nodes run ``a, a-1, ..., a+1``
+    and odd nodes the reverse, ``a+1, a+2, ..., a`` (indices mod ``g``). Hops between nodes thus
+    stay on rails ``a`` and ``a + 1``, like NCCL's rings on rail-optimized clusters, and different
+    channels use different NICs. (With an odd number of nodes the closing hop changes rail.)
+    Inside one node, and for a partial last node, the order is plain rank order.
     """
     n, g = spec.nranks, spec.layout.ranks_per_node
     order = np.arange(n, dtype=np.int64)
-    rot = (channel * g // spec.channels) % g if g > 1 else 0
-    full = (n // g) * g
-    if rot and n > g:
-        local = (np.arange(g) + rot) % g
-        order[:full] = (np.arange(full) // g * g).reshape(-1, g)[:, :1].repeat(g, 1).ravel()
-        order[:full] += np.tile(local, full // g)
+    full_nodes = n // g
+    if g < 2 or full_nodes < 2:
+        return order[None, :]
+    a = (channel * g // spec.channels) % g
+    even = (a - np.arange(g)) % g
+    odd = even[::-1]
+    local = np.where((np.arange(full_nodes) % 2 == 0)[:, None], even[None, :], odd[None, :])
+    order[: full_nodes * g] = (np.arange(full_nodes)[:, None] * g + local).ravel()
     return order[None, :]
 
 

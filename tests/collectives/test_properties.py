@@ -102,16 +102,18 @@ def test_empty_and_single_rank_schedules() -> None:
         assert network_bytes(one).sum() == 0
 
 
-def test_ring_channels_leave_each_node_through_different_gpus() -> None:
+def test_ring_channels_use_every_rail_and_stay_rail_aligned() -> None:
     from collsim.collectives.layout import RankLayout
 
     s = build_schedule(
         "all_reduce", "ring", nranks=32, count=3200, layout=RankLayout(32, 8), channels=8
     )
-    leaving = set()
+    rails = set()
     for c in range(8):
         m = (s.channel == c) & (s.kind == TRANSFER) & (s.src // 8 != s.dst // 8)
-        senders = {int(x) % 8 for x in s.src[m]}
-        assert len(senders) == 1  # one GPU per node carries the channel's inter-node hop
-        leaving |= senders
-    assert leaving == set(range(8))  # ... and the 8 channels use all 8 GPUs (and their NICs)
+        hops = {(int(a), int(b)) for a, b in zip(s.src[m], s.dst[m], strict=True)}
+        assert all(a % 8 == b % 8 for a, b in hops)  # even node count: every hop on one rail
+        used = {a % 8 for a, _ in hops}
+        assert used == {c, (c + 1) % 8}  # channel c alternates between rails c and c + 1
+        rails |= used
+    assert rails == set(range(8))  # the 8 channels use all 8 GPUs' NICs
