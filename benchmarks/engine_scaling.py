@@ -82,7 +82,7 @@ def write_report(rows: list[dict], out_dir: Path) -> None:
         "1 GiB all_reduce (float), DGX-H100 nodes (8 GPUs, NVSwitch, 8x400G NDR) on a 3-tier "
         "fat-tree of radix-64 switches, Simple protocol, 1 channel. Each case in a fresh process.",
         "",
-        "| algorithm | GPUs | transfers | topology+routes s | schedule s | simulate s | wall s "
+        "| algorithm | GPUs | transfers | topology s | schedule s | simulate s | wall s "
         "| transfers/s (simulate) | peak MB | simulated ms | busbw GB/s | target |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]

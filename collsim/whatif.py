@@ -39,6 +39,9 @@ DTYPES: dict[str, int] = {
 _ALIASES = {"fp16": "half", "float16": "half", "fp32": "float", "float32": "float",
             "fp64": "double", "float64": "double", "bf16": "bfloat16"}  # fmt: skip
 
+DIRECT_MAX_RANKS = 64
+"""Largest rank count for which ``auto`` considers one-shot ``direct`` reductions/gathers."""
+
 ROUNDED_TO_RANKS = frozenset({"all_gather", "reduce_scatter", "alltoall"})
 """Collectives whose element count nccl-tests rounds down to a multiple of the rank count."""
 
@@ -167,10 +170,18 @@ class WhatIf:
         return True
 
     def candidates(self, collective: str) -> list[str]:
-        """Algorithms ``auto`` considers for ``collective`` on this topology."""
+        """Algorithms ``auto`` considers for ``collective`` on this topology.
+
+        One-shot ``direct`` reductions and gathers (every rank to every rank) are considered up to
+        :data:`DIRECT_MAX_RANKS` ranks only: they are NVSwitch-domain algorithms, and their n^2
+        flows make them both useless and expensive to cost at cluster scale. (All-to-all's
+        ``direct`` is the all-to-all itself and always a candidate.)
+        """
         algos = list(algorithms_for(collective))
         if not self.has_in_network:
             algos = [a for a in algos if not needs_in_network(a)]
+        if self.topology.n_gpus > DIRECT_MAX_RANKS and collective != "alltoall":
+            algos = [a for a in algos if a != "direct"]
         return algos
 
     def run(
