@@ -201,8 +201,8 @@ class ServerFabricRouter:
         dst_region, dst_dist = self._to_dest(dst)
         exits = src_region.ports
         entries = dst_region.ports
-        a = src_dist[src_region.local[exits]]
-        b = dst_dist[dst_region.local[entries]]
+        a = src_dist[src_region.local(exits)]
+        b = dst_dist[dst_region.local(entries)]
         fab = self._fabric_dist()
         total = a[:, None] + fab[np.ix_(self._fabric_local[exits], self._fabric_local[entries])]
         total = total + b[None, :]
@@ -229,7 +229,7 @@ class ServerFabricRouter:
         found = self._src_search.get(src)
         if found is None:
             region = self._region(int(self.server[src]))
-            start = region.local[self.graph.out_vertex[src]]
+            start = region.local(self.graph.out_vertex[src])
             dist = dijkstra(region.fwd, directed=True, indices=start)
             found = (region, dist)
             self._src_search[src] = found
@@ -239,7 +239,7 @@ class ServerFabricRouter:
         found = self._dst_search.get(dst)
         if found is None:
             region = self._region(int(self.server[dst]))
-            dist = dijkstra(region.rev, directed=True, indices=region.local[dst])
+            dist = dijkstra(region.rev, directed=True, indices=region.local(dst))
             found = (region, dist)
             self._dst_search[dst] = found
         return found
@@ -261,10 +261,12 @@ class _Region:
         self.graph = graph
         tails, heads = graph.link_tail[links], graph.link_head[links]
         vertices = np.unique(np.concatenate([tails, heads]))
-        self.local = np.full(graph.n_vertices, -1, dtype=np.int64)
-        self.local[vertices] = np.arange(len(vertices))
+        self.vertices = vertices  # sorted; a vertex's local id is its position here
         self.fwd, order = _csr(
-            len(vertices), self.local[tails], self.local[heads], graph.cost[links]
+            len(vertices),
+            np.searchsorted(vertices, tails),
+            np.searchsorted(vertices, heads),
+            graph.cost[links],
         )
         self.link_of = links[order]
         self.rev = self.fwd.T.tocsr()
@@ -273,6 +275,10 @@ class _Region:
         self.ports = devices[server[devices] < 0]
         """The fabric devices this server touches: where its traffic enters and leaves."""
         self._dist_to: dict[int, np.ndarray] = {}
+
+    def local(self, vertices: np.ndarray | int) -> np.ndarray:
+        """Local ids of graph vertices that belong to this region."""
+        return np.searchsorted(self.vertices, vertices)
 
     def _transpose_links(self) -> np.ndarray:
         """Link id of each stored entry of ``rev`` (the transpose of ``fwd``)."""
@@ -284,26 +290,26 @@ class _Region:
     def path(self, src: int, dst: int) -> list[int] | None:
         dist = self._dist_to.get(dst)
         if dist is None:
-            dist = dijkstra(self.rev, directed=True, indices=self.local[dst])
+            dist = dijkstra(self.rev, directed=True, indices=self.local(dst))
             self._dist_to[dst] = dist
-        start = self.local[self.graph.out_vertex[src]]
+        start = self.local(self.graph.out_vertex[src])
         if not np.isfinite(dist[start]):
             return None
-        return _walk(int(start), int(self.local[dst]), dist, self.fwd, self.link_of, (src, dst))
+        return _walk(int(start), int(self.local(dst)), dist, self.fwd, self.link_of, (src, dst))
 
     def path_forward(
         self, start_dev: int, dst: int, dist_to_dst: np.ndarray, salt: tuple[int, int]
     ) -> list[int]:
-        start = int(self.local[self.graph.out_vertex[start_dev]])
-        return _walk(start, int(self.local[dst]), dist_to_dst, self.fwd, self.link_of, salt)
+        start = int(self.local(self.graph.out_vertex[start_dev]))
+        return _walk(start, int(self.local(dst)), dist_to_dst, self.fwd, self.link_of, salt)
 
     def path_back(
         self, src: int, goal_dev: int, dist_from_src: np.ndarray, salt: tuple[int, int]
     ) -> list[int]:
         """Links from ``src`` to ``goal_dev``, walking predecessors back from the goal."""
         indptr, indices, data = self.rev.indptr, self.rev.indices, self.rev.data
-        start = int(self.local[self.graph.out_vertex[src]])
-        cur = int(self.local[goal_dev])
+        start = int(self.local(self.graph.out_vertex[src]))
+        cur = int(self.local(goal_dev))
         hops: list[int] = []
         while cur != start:
             lo, hi = indptr[cur], indptr[cur + 1]
