@@ -8,13 +8,15 @@ reduce-scatter, chain broadcast / reduce, point-to-point all-to-all and send/rec
 ``NCCL_TREE_THRESHOLD`` / ``NCCL_{MIN,MAX}_NCHANNELS`` settings the log records (NCCL's
 ``docs/env.rst``), so a log measured with ``NCCL_ALGO=Ring`` is predicted with the ring.
 
-:func:`topology_for_log` builds the measured system: the ranks (and nodes, where known) come from
-the log, ``--nodes`` / ``--gpus-per-node`` override, and a rank count the topology cannot hold is a
-clear error. :func:`measured_points` takes the out-of-place rows (the time nccl-tests reports first).
+:func:`topology_for_log` builds the measured system: the ranks (and nodes, where known) come
+from the log, ``--nodes`` / ``--gpus-per-node`` override, and a rank count the topology cannot
+hold is a clear error. :func:`measured_points` takes the out-of-place rows (the time nccl-tests
+reports first).
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +41,8 @@ NCCL_ALGORITHMS: dict[str, tuple[str, ...]] = {
 a switch of the topology reduces in flight)."""
 
 _ALGO_ENV = {"ring": "ring", "tree": "tree", "nvls": "in_network", "nvlstree": "in_network",
-             "collnet": "in_network", "collnetdirect": "in_network", "collnetchain": "in_network"}  # fmt: skip
+             "collnet": "in_network", "collnetdirect": "in_network",
+             "collnetchain": "in_network"}  # fmt: skip
 PROTOCOLS = ("Simple", "LL128", "LL")
 CHANNELS = (1, 8)
 """Channel counts the tuner considers: one, and NCCL's usual eight or more on NVLink/IB systems
@@ -139,12 +142,10 @@ def topology_for_log(
     if nodes is None and gpus_per_node is None and base.n_gpus != log.ranks and base.is_template:
         log_nodes = log.nodes
         if log_nodes and log.ranks % log_nodes == 0 and not isinstance(topology, Topology):
-            try:
+            with contextlib.suppress(CollsimError):  # a fixed graph: the check below says why
                 base = load_topology(
                     topology, nodes=log_nodes, gpus_per_node=log.ranks // log_nodes
                 )
-            except CollsimError:
-                pass
     if base.n_gpus != log.ranks:
         raise CalibrationError(
             f"the log ran on {log.ranks} ranks ({log.nodes or '?'} nodes) but topology "

@@ -67,7 +67,7 @@ class LogResult:
                         "predicted_busbw_gbps",
                         "rel_err",
                     )
-                }  # fmt: skip
+                }
                 for p in self.points
             ],
         }

@@ -204,9 +204,15 @@ class FlowCosts:
             worst[nonempty] = np.maximum.reduceat(self.link_kind[links], ptr[:-1][nonempty])
         scale = np.asarray(self.params.route_latency_scale)
         if np.any(scale != 1.0) and links.size:
-            extra = (scale[self.link_kind[links]] - 1.0) * self.link_latency_s[links]
-            owner = np.repeat(np.arange(lengths.shape[0]), lengths)
-            lat = lat + np.bincount(owner, weights=extra, minlength=lengths.shape[0])
+            n = lengths.shape[0]
+            owner = np.repeat(np.arange(n), lengths)
+            link_lat = self.link_latency_s[links]
+            extra = (scale[self.link_kind[links]] - 1.0) * link_lat
+            # devices' forwarding latency on the route (switches, host staging): its worst class's
+            device = np.maximum(lat - np.bincount(owner, weights=link_lat, minlength=n), 0.0)
+            lat = (
+                lat + np.bincount(owner, weights=extra, minlength=n) + (scale[worst] - 1.0) * device
+            )
         lat = np.where(nonempty, lat + self.hop_s[worst], 0.0)
         return ptr, links, lat
 

@@ -10,7 +10,8 @@ measurements and stores them with :meth:`ModelParams.to_dict`; :meth:`ModelParam
 loads them back. Per link class (index :data:`~collsim.protocols.HW_NVLINK` / ``HW_PCI`` /
 ``HW_NET``, NCCL's ``hwLat`` rows):
 
-* ``route_latency_scale`` multiplies the latency of every link of that class on a route;
+* ``route_latency_scale`` multiplies the latency of every link of that class on a route, and the
+  forwarding latency of the devices (switches, host staging) on routes whose slowest class it is;
 * ``bandwidth_efficiency`` multiplies the capacity of every link of that class (achieved /
   datasheet bandwidth);
 

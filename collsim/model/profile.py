@@ -9,7 +9,8 @@ piecewise-linear network factors; Velho et al., "On the validity of flow-level T
 models", ACM TOMACS 2013) -- the fit's provenance and its in-sample error. No dates: the same
 fit writes the same file.
 
-:meth:`Profile.params` turns it into the analytic model's :class:`~collsim.model.params.ModelParams`;
+:meth:`Profile.params` turns it into the analytic model's
+:class:`~collsim.model.params.ModelParams`;
 :meth:`Profile.apply_to_topology` scales the topology's links instead, so the discrete-event
 engine sees the same calibrated fabric. Malformed files fail with one line naming the file, the
 field and the value (the topology loader's pydantic machinery).
@@ -152,7 +153,13 @@ class Profile:
                     latency_s=link.latency_s * c.latency_scale,
                 )
             )
-        return dataclasses.replace(topology, links=tuple(links))
+        devices = []
+        for dev in topology.devices:  # forwarding latency: in a node intra-node, else network
+            intra = [cls.get(k) for k in ("nvlink", "pci")]  # type: ignore[call-overload]
+            c = cls.get("net") if dev.node is None else next((x for x in intra if x), None)  # type: ignore[call-overload]
+            scale = c.latency_scale if c is not None else 1.0
+            devices.append(dataclasses.replace(dev, latency_s=dev.latency_s * scale))
+        return dataclasses.replace(topology, links=tuple(links), devices=tuple(devices))
 
     def to_dict(self) -> dict[str, Any]:
         return self.doc.model_dump(mode="json", exclude_none=True)

@@ -1,0 +1,326 @@
+"""The validation report over the bundled dataset (``reports/validation.md`` and its plots).
+
+Per log, the MAPE on time of:
+
+* (a) the uncalibrated model (catalog topology, datasheet links, NCCL's latencies);
+* (b) calibrated in-sample: one profile per *system* (the setup a log's file name starts with,
+  ``<setup>-<collective>-<n>.txt``) fitted on all its logs;
+* (c) cross-collective: fitted on the system's all_reduce logs, predicting its other collectives;
+* (d) cross-size: fitted on the system's rows <= 64 MiB, predicting its larger rows;
+* (e) cross-scale: fitted on a topology's logs at fewer ranks, predicting those at more;
+
+beside two baselines: NCCL's own tuning model (``--model nccl``, uncalibrated) and a per-log
+two-parameter latency-bandwidth fit ``t = alpha + beta * bytes`` (Hockney, "The communication
+challenge for MPP", Parallel Computing 1994), fitted in-sample by linear least squares on the
+relative error. :func:`build` computes it all; :func:`write` renders the Markdown and plots.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from collsim.calibration.fit import Sample, fit_samples
+from collsim.calibration.predict import env_from_notes, topology_for_log, uncalibrated_params
+from collsim.calibration.validate import Validation, compare, plot_validation, validate_samples
+from collsim.errors import ScheduleError
+
+MODES = ("uncalibrated", "in_sample", "cross_collective", "cross_size", "cross_scale", "nccl",
+         "alpha_beta")  # fmt: skip
+TITLES = {
+    "uncalibrated": "(a) uncalibrated",
+    "in_sample": "(b) in-sample",
+    "cross_collective": "(c) cross-collective",
+    "cross_size": "(d) cross-size",
+    "cross_scale": "(e) cross-scale",
+    "nccl": "NCCL model",
+    "alpha_beta": "alpha-beta fit",
+}
+SMALL_BYTES = 64 * 1024**2
+LARGE_BYTES = 256 * 1024**2
+TARGETS = (("in_sample", "median", 0.05), ("cross_collective", "median", 0.10),
+           ("cross_scale", "median", 0.10))  # fmt: skip
+
+
+def system_of(name: str) -> str:
+    """``<setup>`` of ``<setup>-<collective>-<n>.txt``."""
+    return re.sub(r"-(all_reduce|all_gather|reduce_scatter|broadcast|reduce|alltoall|sendrecv)"
+                  r"-\d+\.\w+$", "", name)  # fmt: skip
+
+
+def subset(s: Sample, mask: np.ndarray) -> Sample:
+    out = Sample(s.log, s.topology, s.env, s.name)
+    out.sizes, out.measured_s = s.sizes[mask], s.measured_s[mask]
+    return out
+
+
+def alpha_beta(s: Sample) -> np.ndarray:
+    """In-sample two-parameter fit: minimise sum(((alpha + beta S) / t - 1)^2), alpha, beta >= 0."""
+    from scipy.optimize import lsq_linear
+
+    a = np.column_stack([1.0 / s.measured_s, s.sizes / s.measured_s])
+    scale = np.array([1e-6, 1e-10])
+    res = lsq_linear(a * scale, np.ones(s.sizes.size), bounds=(0, np.inf))
+    x = res.x * scale
+    return x[0] + x[1] * s.sizes
+
+
+def alpha_beta_with_empty_rows(samples: Sequence[Sample]) -> tuple[float, float]:
+    """(mean, median) MAPE of the alpha-beta baseline when 0-byte rows are kept (for comparison
+    with figures computed that way)."""
+    mapes = []
+    for s in samples:
+        rows = [r for r in s.log.rows if r.time_us]
+        full = subset(s, np.ones(s.sizes.size, dtype=bool))
+        full.sizes = np.array([r.size_bytes for r in rows], dtype=np.int64)
+        full.measured_s = np.array([r.time_us for r in rows]) * 1e-6
+        pred = alpha_beta(full)
+        mapes.append(float(np.mean(np.abs(pred - full.measured_s) / full.measured_s)))
+    return float(np.mean(mapes)), float(np.median(mapes))
+
+
+@dataclass
+class Report:
+    samples: list[Sample]
+    mape: dict[str, dict[str, float]] = field(default_factory=dict)  # mode -> log -> mape
+    profiles: dict[str, object] = field(default_factory=dict)  # system -> in-sample profile
+    validations: dict[str, Validation] = field(default_factory=dict)
+    exact: set[str] = field(default_factory=set)  # logs whose catalog topology is exact
+    seconds: float = 0.0
+
+    def large_busbw_errors(self) -> dict[str, float]:
+        """Uncalibrated mean |busbw error| over rows >= 256 MiB, per exact-fabric log."""
+        v = self.validations.get("uncalibrated")
+        out = {}
+        for r in v.logs if v else []:
+            pts = [p for p in r.points if p.bytes >= LARGE_BYTES]
+            if r.file in self.exact and pts:
+                out[r.file] = float(np.mean([
+                    abs(p.predicted_busbw_gbps - p.measured_busbw_gbps) / p.measured_busbw_gbps
+                    for p in pts
+                ]))  # fmt: skip
+        return out
+
+    def put(self, mode: str, v: Validation) -> None:
+        self.mape.setdefault(mode, {}).update({r.file: r.mape for r in v.logs})
+        old = self.validations.get(mode)
+        self.validations[mode] = Validation((old.logs if old else []) + v.logs)
+
+
+def dataset_samples(directory: str | Path | None = None) -> list[Sample]:
+    """Every log of the dataset on its sized catalog topology, with NCCL_* settings of its notes."""
+    from collsim.calibration.dataset import read_dataset
+
+    out = []
+    for entry, log in read_dataset(directory):
+        topo = topology_for_log(entry.topology, log, **entry.topology_overrides())
+        out.append(Sample(log, topo, env_from_notes(entry.notes), entry.name))
+    return out
+
+
+def exact_logs(directory: str | Path | None = None) -> set[str]:
+    """Names of the dataset logs whose catalog topology is the measured system (not nearest)."""
+    from collsim.calibration.dataset import load_index
+
+    return {e.name for e in load_index(directory) if e.topology_match == "exact"}
+
+
+def build(samples: Sequence[Sample], exact: set[str] | None = None) -> Report:
+    """Every mode and baseline over ``samples``."""
+    t0 = time.perf_counter()
+    rep = Report(list(samples), exact=set(exact or ()))
+    for s in samples:
+        rep.put("uncalibrated", validate_samples([s], uncalibrated_params()))
+        with contextlib.suppress(ScheduleError):  # NCCL's model has no alltoall / sendrecv
+            rep.put("nccl", validate_samples([s], model="nccl"))
+        rep.put("alpha_beta", Validation([compare(s, alpha_beta(s))]))
+    systems: dict[str, list[Sample]] = {}
+    for s in samples:
+        systems.setdefault(system_of(s.name), []).append(s)
+    for name, group in systems.items():
+        prof = fit_samples(group)
+        rep.profiles[name] = prof
+        rep.put("in_sample", validate_samples(group, prof.params()))
+        ar = [s for s in group if s.log.collective == "all_reduce"]
+        others = [s for s in group if s.log.collective != "all_reduce"]
+        if ar and others:
+            rep.put("cross_collective", validate_samples(others, fit_samples(ar).params()))
+        small = [subset(s, s.sizes <= SMALL_BYTES) for s in group]
+        large = [subset(s, s.sizes > SMALL_BYTES) for s in group]
+        pairs = [(a, b) for a, b in zip(small, large, strict=True) if b.sizes.size]
+        if pairs and all(a.sizes.size >= 3 for a, _ in pairs):
+            fitted = fit_samples([a for a in small if a.sizes.size >= 3])
+            rep.put("cross_size", validate_samples([b for _, b in pairs], fitted.params()))
+    by_topo: dict[str, list[Sample]] = {}
+    for s in samples:
+        by_topo.setdefault(s.topology.name, []).append(s)
+    for group in by_topo.values():
+        scales = sorted({s.log.ranks for s in group})
+        if len(scales) < 2:
+            continue
+        fit_on = [s for s in group if s.log.ranks == scales[0]]
+        targets = [s for s in group if s.log.ranks > scales[0]]
+        rep.put("cross_scale", validate_samples(targets, fit_samples(fit_on).params()))
+    rep.seconds = time.perf_counter() - t0
+    return rep
+
+
+def summary(rep: Report, mode: str) -> tuple[float, float, int]:
+    vals = list(rep.mape.get(mode, {}).values())
+    if not vals:
+        return float("nan"), float("nan"), 0
+    return float(np.mean(vals)), float(np.median(vals)), len(vals)
+
+
+def _pct(x: float | None) -> str:
+    return "--" if x is None or not np.isfinite(x) else f"{100 * x:.1f}"
+
+
+def markdown(rep: Report, plots: dict[str, str]) -> str:
+    lines = [
+        "# Validation against published nccl-tests measurements",
+        "",
+        "Regenerate with `python benchmarks/validation_report.py` (writes this file and "
+        "`reports/validation/*.png`). Every number below was computed by that command from the "
+        "50 logs in `data/nccl-tests/` (`collsim/calibration/report.py` says how).",
+        "",
+        f"Machine: {platform.machine()}, {platform.system()} {platform.release()}, Python "
+        f"{platform.python_version()}; runtime {rep.seconds:.0f} s.",
+        "",
+        "MAPE = mean over a log's out-of-place rows (0-byte rows excluded) of |predicted - "
+        "measured| / measured, on time. Predictions take the tuner's choice among NCCL's "
+        "algorithms, protocols and channels per size, honouring NCCL_ALGO/NCCL_PROTO/"
+        "NCCL_TREE_THRESHOLD where a log (or its index notes) records them.",
+        "",
+        "## Summary (MAPE %, over logs)",
+        "",
+        "| mode | logs | mean | median |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for mode in MODES:
+        mean, med, n = summary(rep, mode)
+        lines.append(f"| {TITLES[mode]} | {n} | {_pct(mean)} | {_pct(med)} |")
+    ab_mean, ab_median = alpha_beta_with_empty_rows(rep.samples)
+    lines += [
+        "",
+        f"The alpha-beta baseline keeping the 0-byte rows (which time an empty call, not a "
+        f"collective) scores {_pct(ab_mean)}% mean / {_pct(ab_median)}% median, the figure the "
+        "issue quotes (20.4% / 9.3%); every MAPE here leaves those rows out.",
+    ]
+    lines += ["", "Targets:", ""]
+    for mode, stat, limit in TARGETS:
+        mean, med, n = summary(rep, mode)
+        value = med if stat == "median" else mean
+        met = "met" if n and value <= limit else "NOT met"
+        lines.append(f"- {TITLES[mode]} {stat} <= {100 * limit:.0f}%: {_pct(value)}% ({met})")
+    large = rep.large_busbw_errors()
+    within = sorted(k for k, v in large.items() if v <= 0.20)
+    lines.append(
+        f"- uncalibrated busbw within 20% at >= 256 MiB where the fabric is known (catalog "
+        f"topology exact): {len(within)} of {len(large)} logs "
+        f"({'met' if large and len(within) == len(large) else 'NOT met for all'}); per log: "
+        + ", ".join(f"{k.removesuffix('.txt')} {100 * v:.0f}%" for k, v in sorted(large.items()))
+    )
+    lines += [
+        "",
+        "Modes: (a) catalog topology, datasheet link rates and latencies, NCCL's per-hop and "
+        "launch latencies; (b) one profile per system fitted on all its logs; (c) fitted on the "
+        "system's all_reduce logs, predicting its other collectives; (d) fitted on rows <= 64 MiB, "
+        "predicting the larger rows; (e) fitted on a topology's logs at the fewest ranks, "
+        "predicting those at more (only h100-4gpu-ib and rtx4090-4gpu-pcie have two scales "
+        "here). Baselines: NCCL's own tuning model on the same topology; a per-log in-sample fit "
+        "of t = alpha + beta x bytes.",
+        "",
+        "## Per log (MAPE %)",
+        "",
+        "| log | coll. | ranks | " + " | ".join(TITLES[m] for m in MODES) + " |",
+        "| --- | --- | ---: | " + " | ".join("---:" for _ in MODES) + " |",
+    ]
+    for s in rep.samples:
+        cells = [_pct(rep.mape.get(m, {}).get(s.name)) for m in MODES]
+        lines.append(
+            f"| {s.name} | {s.log.collective} | {s.log.ranks} | " + " | ".join(cells) + " |"
+        )
+    for label, idx in (("**mean**", 0), ("**median**", 1)):
+        cells = [_pct(summary(rep, m)[idx]) for m in MODES]
+        lines.append(f"| {label} | | | " + " | ".join(cells) + " |")
+    lines += ["", "## Fitted profiles (mode b), one per system", "",
+              "| system | topology | link classes (bandwidth eff. / latency scale) | base us | "
+              "size efficiency (64K, 1M, 16M) | in-sample mean % |",
+              "| --- | --- | --- | ---: | --- | ---: |"]  # fmt: skip
+    for name, prof in rep.profiles.items():
+        doc = prof.doc  # type: ignore[attr-defined]
+        cls = ", ".join(
+            f"{k} {c.bandwidth_efficiency:.2f}/{c.latency_scale:.2f}"
+            for k, c in doc.link_classes.items()
+        )
+        sizes = ", ".join(f"{f:.2f}" for _, f in doc.size_efficiency[:-1])
+        err = _pct(doc.fit_error.mape) if doc.fit_error else "--"
+        base_us = f"{doc.base_latency_us:.1f}"
+        lines.append(f"| {name} | {doc.topology.name} | {cls} | {base_us} | {sizes} | {err} |")
+    lines += ["", "## Plots", ""]
+    for title, path in plots.items():
+        lines.append(f"![{title}]({path})")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def scatter(rep: Report, path: Path) -> None:
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from collsim.io import atomic_write_bytes
+
+    fig, ax = plt.subplots(figsize=(5.5, 5.5))
+    for mode, color in (("uncalibrated", "C3"), ("nccl", "C2"), ("in_sample", "C0")):
+        v = rep.validations.get(mode)
+        if v is None:
+            continue
+        m = [p.measured_us for r in v.logs for p in r.points]
+        p = [p.predicted_us for r in v.logs for p in r.points]
+        ax.loglog(m, p, ".", ms=2, color=color, label=TITLES[mode], alpha=0.6)
+    lims = [1, 1e6]
+    ax.plot(lims, lims, "k-", lw=0.5)
+    ax.set_xlabel("measured time (us)")
+    ax.set_ylabel("predicted time (us)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def write(rep: Report, out_md: str | Path) -> Path:
+    """Render ``rep`` to ``out_md`` and its plots to ``<dir>/validation/``."""
+    from collsim.io import atomic_write_text
+
+    out_md = Path(out_md)
+    plot_dir = out_md.parent / "validation"
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    plots: dict[str, str] = {}
+    scatter(rep, plot_dir / "scatter.png")
+    plots["predicted vs measured time, every row"] = "validation/scatter.png"
+    v = rep.validations.get("in_sample")
+    if v is not None:
+        for system in ("a100-40g-8gpu-superbench", "a100-p4d-efa-2n", "h100-snellius-ib-2n",
+                       "a100pcie-ib-2n1g-gdr"):  # fmt: skip
+            logs = [r for r in v.logs if system_of(r.file) == system]
+            if logs:
+                name = f"busbw-{system}.png"
+                title = f"{system}: measured (dots) vs in-sample fit (lines)"
+                plot_validation(Validation(logs), plot_dir / name, title=title)
+                plots[f"busbw, {system} (in-sample)"] = f"validation/{name}"
+    atomic_write_text(out_md, markdown(rep, plots))
+    return out_md

@@ -1,0 +1,363 @@
+"""``collsim report RESULTS -o DIR``: a sweep's results as Markdown + HTML with PNG plots.
+
+Sections (each only when the results hold what it needs):
+
+* bus bandwidth vs size per algorithm (nccl-tests-style curves), per topology x nodes x collective;
+* algorithm crossovers: the fastest algorithm per size range, and each algorithm's time over the
+  best one's (crossovers are where a curve touches 1);
+* link utilization of the busiest link vs size (the engine's records, or the analytic model's
+  link-load bound over the predicted time);
+* scaling: bus bandwidth at the largest size vs GPUs, and step time vs GPUs;
+* predicted vs measured scatter, given ``--measured``.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import os
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from collsim.errors import CollsimError
+from collsim.io import atomic_write_text
+from collsim.units import format_size
+
+MAX_GROUPS = 12
+"""Plots per section at most (the first groups in the results' order)."""
+
+Block = tuple[Any, ...]
+
+
+def _f(row: dict[str, str], key: str) -> float | None:
+    text = row.get(key, "")
+    try:
+        return float(text) if text not in ("", None) else None
+    except ValueError:
+        return None
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, folder: Path, name: str) -> str:
+    fig.tight_layout()
+    fig.savefig(folder / name, dpi=110)
+    _plt().close(fig)
+    return name
+
+
+def _groups(rows: Iterable[dict[str, str]], keys: tuple[str, ...]) -> dict[tuple[str, ...], list]:
+    out: dict[tuple[str, ...], list[dict[str, str]]] = defaultdict(list)
+    for row in rows:
+        out[tuple(row[k] for k in keys)].append(row)
+    return out
+
+
+def _title(key: tuple[str, ...]) -> str:
+    topo, nodes, gpus, coll, engine = key
+    return f"{coll} on {topo} ({nodes} nodes, {gpus} GPUs), {engine}"
+
+
+def _slug(key: tuple[str, ...]) -> str:
+    return "-".join(k.replace("/", "_").replace(" ", "_") for k in key)
+
+
+def _size_axis(ax: Any) -> None:
+    ax.set_xscale("log", base=2)
+    ticks = [t for t in ax.get_xticks() if t >= 1]
+    ax.set_xticks(ticks[:: max(1, len(ticks) // 8)])
+    ax.set_xticklabels([format_size(int(t)) for t in ax.get_xticks()], rotation=30)
+    ax.set_xlabel("message size")
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def _curves(rows: list[dict[str, str]], field: str) -> dict[str, tuple[list[float], list[float]]]:
+    """Per algorithm: sizes and ``field`` values (rows with an error or no value are left out)."""
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    for algo, items in _groups(rows, ("algorithm",)).items():
+        pts = [(_f(r, "bytes"), _f(r, field)) for r in items if not r.get("error")]
+        pts = sorted((x, y) for x, y in pts if x and y is not None)
+        if pts:
+            out[algo[0]] = ([p[0] for p in pts], [p[1] for p in pts])
+    return out
+
+
+def _bandwidth_section(coll_groups: dict, folder: Path) -> list[Block]:
+    blocks: list[Block] = [("h2", "Bus bandwidth vs size")]
+    plt = _plt()
+    for key, rows in list(coll_groups.items())[:MAX_GROUPS]:
+        curves = _curves(rows, "busbw_gbps")
+        if not curves:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for algo, (x, y) in curves.items():
+            ax.plot(x, y, marker=".", label=algo, linestyle="--" if algo == "auto" else "-")
+        _size_axis(ax)
+        ax.set_ylabel("busbw (GB/s)")
+        ax.set_title(_title(key), fontsize=10)
+        ax.legend(fontsize=8)
+        blocks.append(("img", _save(fig, folder, f"busbw-{_slug(key)}.png"), _title(key)))
+    return blocks
+
+
+def _crossover_section(coll_groups: dict, folder: Path) -> list[Block]:
+    blocks: list[Block] = [("h2", "Algorithm crossovers")]
+    plt = _plt()
+    table = []
+    for key, rows in list(coll_groups.items())[:MAX_GROUPS]:
+        curves = {a: c for a, c in _curves(rows, "time_us").items() if a != "auto"}
+        if len(curves) < 2:
+            continue
+        best: dict[float, tuple[float, str]] = {}
+        for algo, (x, y) in curves.items():
+            for s, t in zip(x, y, strict=True):
+                if t > 0 and (s not in best or t < best[s][0]):
+                    best[s] = (t, algo)
+        sizes = sorted(best)
+        start = 0
+        for i in range(1, len(sizes) + 1):
+            if i == len(sizes) or best[sizes[i]][1] != best[sizes[start]][1]:
+                table.append(
+                    {
+                        "case": _title(key),
+                        "from": format_size(int(sizes[start])),
+                        "to": format_size(int(sizes[i - 1])),
+                        "fastest": best[sizes[start]][1],
+                    }
+                )
+                start = i
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for algo, (x, y) in curves.items():
+            ratio = [t / best[s][0] for s, t in zip(x, y, strict=True) if s in best]
+            ax.plot(x[: len(ratio)], ratio, marker=".", label=algo)
+        _size_axis(ax)
+        ax.set_yscale("log")
+        ax.set_ylabel("time / fastest algorithm's")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_title(_title(key), fontsize=10)
+        ax.legend(fontsize=8)
+        blocks.append(("img", _save(fig, folder, f"crossover-{_slug(key)}.png"), _title(key)))
+    if table:
+        blocks.insert(1, ("table", table, ["case", "from", "to", "fastest"]))
+    return blocks if len(blocks) > 1 else []
+
+
+def _link_section(coll_groups: dict, folder: Path) -> list[Block]:
+    blocks: list[Block] = [
+        ("h2", "Link utilization"),
+        ("p", "Utilization of the busiest link over the collective's time (engine des: its "
+              "link records; analytic: the link-load bound over the predicted time)."),
+    ]  # fmt: skip
+    plt = _plt()
+    for key, rows in list(coll_groups.items())[:MAX_GROUPS]:
+        curves = {a: c for a, c in _curves(rows, "link_util").items() if a != "auto"}
+        if not curves:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for algo, (x, y) in curves.items():
+            ax.plot(x, y, marker=".", label=algo)
+        _size_axis(ax)
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("busiest link utilization")
+        ax.set_title(_title(key), fontsize=10)
+        ax.legend(fontsize=8)
+        blocks.append(("img", _save(fig, folder, f"links-{_slug(key)}.png"), _title(key)))
+    return blocks if len(blocks) > 2 else []
+
+
+def _scaling_section(coll: list[dict[str, str]], steps: list[dict[str, str]], folder: Path):  # type: ignore[no-untyped-def]
+    blocks: list[Block] = [("h2", "Scaling")]
+    plt = _plt()
+    by_case = _groups(coll, ("topology", "collective", "engine"))
+    for key, rows in list(by_case.items())[:MAX_GROUPS]:
+        ok = [r for r in rows if not r.get("error") and _f(r, "busbw_gbps") is not None]
+        if len({r["gpus"] for r in ok}) < 2:
+            continue
+        largest = max(_f(r, "size_bytes") or 0 for r in ok)
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for algo, items in _groups(ok, ("algorithm",)).items():
+            pts = sorted(
+                (int(r["gpus"]), _f(r, "busbw_gbps"))
+                for r in items
+                if _f(r, "size_bytes") == largest
+            )
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=algo[0])
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("GPUs")
+        ax.set_ylabel(f"busbw at {format_size(int(largest))} (GB/s)")
+        title = f"{key[1]} on {key[0]}, {key[2]}"
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        blocks.append(("img", _save(fig, folder, f"scaling-{_slug(key)}.png"), title))
+    ok_steps = [r for r in steps if not r.get("error") and _f(r, "step_time_s")]
+    for key, rows in list(_groups(ok_steps, ("workload", "engine")).items())[:MAX_GROUPS]:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for (topo, layout), items in _groups(rows, ("topology", "layout")).items():
+            pts = sorted((int(r["gpus"]), _f(r, "step_time_s")) for r in items)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                    label=f"{topo} {layout}")  # fmt: skip
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("GPUs")
+        ax.set_ylabel("step time (s)")
+        ax.set_title(f"{key[0]} step time ({key[1]})", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+        blocks.append(("img", _save(fig, folder, f"steps-{_slug(key)}.png"), key[0]))
+        best = min(rows, key=lambda r: _f(r, "step_time_s") or float("inf"))
+        blocks.append(
+            ("p", f"{key[0]}: fastest {best['topology']} x {best['nodes']} nodes, layout "
+                  f"{best['layout_used']}: {float(best['step_time_s']):.4g} s per step, "
+                  f"MFU {float(best['mfu']):.1%}.")
+        )  # fmt: skip
+    return blocks if len(blocks) > 1 else []
+
+
+def read_measured(path: str) -> list[dict[str, str]]:
+    """Measured times: a CSV with ``collective``, ``size_bytes`` and ``time_us`` columns."""
+    try:
+        with open(path, newline="") as handle:
+            rows = list(csv.DictReader(handle))
+    except OSError as exc:
+        raise CollsimError(f"cannot read file: {exc.strerror}", file=path) from None
+    need = ("collective", "size_bytes", "time_us")
+    for col in need:
+        if not rows or col not in rows[0]:
+            raise CollsimError(f"needs a {col!r} column", file=path, field="--measured")
+    return rows
+
+
+def _measured_section(coll: list[dict[str, str]], measured: list[dict[str, str]], folder: Path):  # type: ignore[no-untyped-def]
+    optional = ("topology", "nodes", "algorithm")
+    pairs = []
+    for m in measured:
+        t = _f(m, "time_us")
+        if t is None:
+            continue
+        for r in coll:
+            if r.get("error") or r["collective"] != m["collective"]:
+                continue
+            if r["size_bytes"] != m["size_bytes"] and r["bytes"] != m["size_bytes"]:
+                continue
+            if any(m.get(k) and m[k] != r[k] for k in optional):
+                continue
+            pairs.append((t, _f(r, "time_us"), r["algorithm"]))
+    blocks: list[Block] = [("h2", "Predicted vs measured")]
+    if not pairs:
+        return [*blocks, ("p", "No measured point matches a predicted one.")]
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for algo, items in _groups([{"a": p[2], "i": str(i)} for i, p in enumerate(pairs)],
+                               ("a",)).items():  # fmt: skip
+        idx = [int(x["i"]) for x in items]
+        ax.scatter([pairs[i][0] for i in idx], [pairs[i][1] for i in idx], s=12, label=algo[0])
+    lo = min(min(p[0], p[1]) for p in pairs)
+    hi = max(max(p[0], p[1]) for p in pairs)
+    ax.plot([lo, hi], [lo, hi], color="black", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured time (us)")
+    ax.set_ylabel("predicted time (us)")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    errs = sorted(abs(p[1] - p[0]) / p[0] for p in pairs if p[0] > 0)
+    blocks.append(("img", _save(fig, folder, "predicted-vs-measured.png"), "predicted vs measured"))
+    if errs:
+        blocks.append(("p", f"{len(pairs)} matched points; median |error| "
+                            f"{errs[len(errs) // 2]:.1%}, max {errs[-1]:.1%}."))  # fmt: skip
+    return blocks
+
+
+def _markdown(blocks: list[Block]) -> str:
+    out = []
+    for block in blocks:
+        kind = block[0]
+        if kind == "h1":
+            out.append(f"# {block[1]}\n")
+        elif kind == "h2":
+            out.append(f"## {block[1]}\n")
+        elif kind == "p":
+            out.append(f"{block[1]}\n")
+        elif kind == "img":
+            out.append(f"![{block[2]}]({block[1]})\n")
+        elif kind == "table":
+            rows, cols = block[1], block[2]
+            out.append("| " + " | ".join(cols) + " |")
+            out.append("| " + " | ".join("---" for _ in cols) + " |")
+            out += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
+            out.append("")
+    return "\n".join(out)
+
+
+def _html(blocks: list[Block], title: str) -> str:
+    e = html.escape
+    out = [
+        "<!DOCTYPE html>",
+        f"<html><head><meta charset='utf-8'><title>{e(title)}</title>",
+        "<style>body{font-family:sans-serif;max-width:900px;margin:auto}"
+        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}</style>",
+        "</head><body>",
+    ]
+    for block in blocks:
+        kind = block[0]
+        if kind in ("h1", "h2"):
+            out.append(f"<{kind}>{e(block[1])}</{kind}>")
+        elif kind == "p":
+            out.append(f"<p>{e(block[1])}</p>")
+        elif kind == "img":
+            out.append(f"<figure><img src='{e(block[1])}' alt='{e(block[2])}' width='700'>"
+                       f"<figcaption>{e(block[2])}</figcaption></figure>")  # fmt: skip
+        elif kind == "table":
+            rows, cols = block[1], block[2]
+            out.append("<table><tr>" + "".join(f"<th>{e(c)}</th>" for c in cols) + "</tr>")
+            out += [
+                "<tr>" + "".join(f"<td>{e(str(r[c]))}</td>" for c in cols) + "</tr>" for r in rows
+            ]
+            out.append("</table>")
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"
+
+
+def write_report(
+    results: str | os.PathLike[str], output: str | os.PathLike[str], measured: str | None = None
+) -> list[Path]:
+    """Write ``report.md``, ``report.html`` and the PNGs into ``output``; returns the two pages."""
+    import json
+
+    from collsim.sweep.runner import read_points
+
+    rows = read_points(results)
+    name = "sweep"
+    spec = Path(results) / "spec.json"
+    if spec.is_file():
+        name = json.loads(spec.read_text()).get("name", name)
+    folder = Path(output)
+    folder.mkdir(parents=True, exist_ok=True)
+    coll = [r for r in rows if r["kind"] == "collective"]
+    steps = [r for r in rows if r["kind"] == "step"]
+    errors = [r for r in rows if r.get("error")]
+    coll_groups = _groups(coll, ("topology", "nodes", "gpus", "collective", "engine"))
+    blocks: list[Block] = [
+        ("h1", f"Sweep report: {name}"),
+        ("p", f"{len(rows)} points from {results}: {len(coll)} collective, {len(steps)} step "
+              f"time; {len(errors)} could not be computed (their 'error' column says why)."),
+    ]  # fmt: skip
+    blocks += _bandwidth_section(coll_groups, folder)
+    blocks += _crossover_section(coll_groups, folder)
+    blocks += _link_section(coll_groups, folder)
+    blocks += _scaling_section(coll, steps, folder)
+    if measured:
+        blocks += _measured_section(coll, read_measured(measured), folder)
+    md = atomic_write_text(folder / "report.md", _markdown(blocks))
+    page = atomic_write_text(folder / "report.html", _html(blocks, f"Sweep report: {name}"))
+    return [md, page]

@@ -1,0 +1,199 @@
+"""Run a sweep's tasks on an executor, keeping each task's rows the moment it completes.
+
+Results directory (``collsim sweep SPEC -o RESULTS``)::
+
+    manifest.json         the tasks done: per task its file, size and SHA-256 (the calibration
+                          :class:`~collsim.calibration.store.ResultStore`: atomic writes, recorded
+                          only after the file is complete)
+    parts/<key>.csv       one finished task's rows (key: a hash of the task's inputs and files)
+    points.csv            every point of the spec done so far, one row per point, sorted by task
+                          then by algorithm and size: rewritten at the end, on Ctrl-C and on resume
+    spec.json             the validated spec (``collsim report`` reads its name)
+
+A rerun skips the tasks whose part file is intact, so an interrupted or extended sweep resumes.
+Executors: ``local`` (a process pool over the machine's cores) and ``dask`` (a
+``dask.distributed`` scheduler); both run :func:`collsim.sweep.tasks.run_task`, so their
+``points.csv`` are byte-identical.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from collsim.errors import CollsimError
+from collsim.io import atomic_write_text
+from collsim.sweep.spec import SweepError, SweepSpec, Task
+from collsim.sweep.tasks import COLUMNS, run_task, to_csv
+
+EXECUTORS = ("local", "dask")
+POINTS = "points.csv"
+
+
+@dataclass
+class SweepOutcome:
+    """What a run did."""
+
+    path: Path
+    tasks: int
+    points: int
+    reused_tasks: int
+    computed_tasks: int
+    computed_points: int
+    interrupted: bool = False
+
+
+def _store(root: Path):  # type: ignore[no-untyped-def]
+    from collsim.calibration.store import ResultStore
+
+    try:
+        store = ResultStore(root, {"kind": "collsim-sweep"})
+    except CollsimError as exc:
+        raise SweepError(exc.message, file=exc.file, field="--output") from None
+    if root.exists() and not (root / "manifest.json").exists() and any(root.iterdir()):
+        raise SweepError(
+            "exists and is not a sweep results directory; use another -o", file=str(root)
+        )
+    return store
+
+
+def merge(root: Path, spec: SweepSpec, store=None) -> int:  # type: ignore[no-untyped-def]
+    """Write ``points.csv`` from the intact parts of ``spec``'s tasks (in task order)."""
+    store = store or _store(root)
+    text = [to_csv([], header=True)]
+    n = 0
+    for task in spec.tasks:
+        data = store.verified(task.key)
+        if data is not None:
+            part = data.decode()
+            text.append(part)
+            n += part.count("\n")
+    atomic_write_text(root / POINTS, "".join(text))
+    return n
+
+
+def _local(tasks: list[Task], jobs: int) -> Iterator[tuple[str, str, int]]:
+    if jobs <= 1 or len(tasks) <= 1:
+        for task in tasks:
+            yield run_task(task)
+        return
+    import concurrent.futures as cf
+
+    pool = cf.ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), initializer=_ignore_sigint)
+    try:
+        futures = [pool.submit(run_task, t) for t in tasks]
+        for fut in cf.as_completed(futures):
+            yield fut.result()
+    finally:
+        procs = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()  # a task still running on Ctrl-C: its points are not kept
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+
+
+def _dask(tasks: list[Task], scheduler: str) -> Iterator[tuple[str, str, int]]:
+    try:
+        from dask.distributed import Client, as_completed
+    except ImportError:
+        raise SweepError(
+            "needs dask.distributed (pip install 'dask[distributed]')", field="--executor",
+            value="dask",
+        ) from None  # fmt: skip
+    try:
+        client = Client(scheduler, timeout="20s")
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise SweepError(
+            f"cannot reach the Dask scheduler: {exc}", field="--scheduler", value=scheduler
+        ) from None
+    try:
+        futures = client.map(run_task, tasks, pure=False)
+        try:
+            for fut in as_completed(futures):
+                yield fut.result()
+        finally:
+            client.cancel(futures)
+    finally:
+        client.close()
+
+
+def run_sweep(
+    spec: SweepSpec,
+    output: str | os.PathLike[str],
+    *,
+    executor: str = "local",
+    jobs: int | None = None,
+    scheduler: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> SweepOutcome:
+    """Run every task of ``spec`` not already in ``output``; ``progress(points, total)`` is
+    called as tasks finish. Ctrl-C (``KeyboardInterrupt``) keeps the finished tasks and returns
+    with ``interrupted=True``."""
+    if executor not in EXECUTORS:
+        raise SweepError(
+            f"unknown executor (choose from {', '.join(EXECUTORS)})", field="--executor",
+            value=executor,
+        )  # fmt: skip
+    if executor == "dask" and not scheduler:
+        raise SweepError("--executor dask needs --scheduler tcp://HOST:PORT", field="--scheduler")
+    root = Path(output)
+    store = _store(root)
+    store.clean()
+    atomic_write_text(root / "spec.json", json.dumps(spec.data, indent=1, sort_keys=True) + "\n")
+    todo = [t for t in spec.tasks if not store.done(t.key)]
+    reused = len(spec.tasks) - len(todo)
+    by_key = {t.key: t for t in todo}
+    total = spec.n_points
+    done_points = sum(t.n_points for t in spec.tasks if t.key not in by_key)
+    if progress:
+        progress(done_points, total)
+    computed = computed_points = 0
+    interrupted = False
+    runs = _local(todo, jobs or os.cpu_count() or 1) if executor == "local" else None
+    try:
+        if runs is None:
+            runs = _dask(todo, scheduler)  # type: ignore[arg-type]
+        for key, text, _n in runs:
+            task = by_key[key]
+            store.record(key, f"parts/{key}.csv", text.encode(), rows=text.count("\n"))
+            computed += 1
+            computed_points += task.n_points
+            done_points += task.n_points
+            if progress:
+                progress(done_points, total)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        if runs is not None and hasattr(runs, "close"):
+            runs.close()
+    points = merge(root, spec, store)
+    return SweepOutcome(root, len(spec.tasks), points, reused, computed, computed_points,
+                        interrupted)  # fmt: skip
+
+
+def read_points(path: str | os.PathLike[str]) -> list[dict[str, str]]:
+    """The rows of a results directory's ``points.csv`` (or of a CSV file given directly)."""
+    import csv
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / POINTS
+    if not p.is_file():
+        raise SweepError("no sweep results here (expected points.csv)", file=str(p))
+    with p.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in ("kind", "topology") if c not in (reader.fieldnames or [])]
+        if missing:
+            raise SweepError("not a collsim sweep results file", file=str(p), field=missing[0])
+        return list(reader)
+
+
+__all__ = ["COLUMNS", "EXECUTORS", "SweepOutcome", "merge", "read_points", "run_sweep"]

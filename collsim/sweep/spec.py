@@ -1,0 +1,386 @@
+"""Sweep specs: a YAML grid -> validated :class:`SweepSpec` -> coarse :class:`Task` s.
+
+A spec (``collsim sweep SPEC.yaml``)::
+
+    name: h100-vs-b200            # optional, names the report
+    topologies: [dgx-h100, hgx-b200]   # catalog names or files
+    nodes: [1, 2, 4, 8]           # optional; default: each topology's own node count
+    collectives: [all_reduce, all_gather]
+    algorithms: [all]             # all (every algorithm the system can run), auto (the tuner's
+                                  # pick per size) or names; a name applies where it exists
+    sizes: {min: 8, max: 1G, factor: 2}   # or a list: [1K, 1M, 1G]
+    engines: [analytic]           # analytic and/or des
+    model: collsim                # collsim or nccl (analytic engine and the auto tuner)
+    dtype: float
+    protocol: Simple
+    channels: 1
+    steps:                        # optional: training step times
+      workloads: [gpt3-175b]
+      layouts: [{tp: 8, pp: 8}, {tp: 8, pp: 16}]   # optional; default: each workload's own
+
+A point is one (topology, nodes, engine, collective, algorithm, size) or one (topology, nodes,
+engine, workload, layout). Points are grouped into tasks that share a topology (one ``WhatIf`` /
+analytic model per task: building them is the expensive part), so executors get coarse work.
+Every problem in a spec is one line naming the file, the field and the value.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, ValidationError, model_validator
+
+from collsim.collectives.registry import algorithms_for
+from collsim.collectives.verify import COLLECTIVES
+from collsim.errors import CollsimError
+from collsim.topology.schema import Strict
+
+ENGINES = ("analytic", "des")
+SPECIAL_ALGORITHMS = ("all", "auto")
+
+
+class SweepError(CollsimError):
+    """A sweep spec, or a results directory, that cannot be used."""
+
+
+def _size(value: object) -> object:
+    from collsim import units
+
+    try:
+        return units.parse_size(value)  # type: ignore[arg-type]
+    except CollsimError as exc:
+        raise ValueError(exc.message) from None
+
+
+Size = Annotated[int, BeforeValidator(_size), Field(ge=1)]
+Pos = Annotated[int, Field(ge=1)]
+
+
+class SizesIn(Strict):
+    """``{min, max, factor}`` (nccl-tests' ``-b -e -f``) or ``{values: [...]}``."""
+
+    min: Size | None = None
+    max: Size | None = None
+    factor: Annotated[float, Field(gt=1)] = 2.0
+    values: list[Size] | None = None
+
+    @model_validator(mode="after")
+    def _range(self) -> SizesIn:
+        if self.values is None:
+            if self.min is None or self.max is None:
+                raise ValueError("give min and max (and optionally factor), or a list of sizes")
+            if self.max < self.min:
+                raise ValueError(f"max ({self.max}) is smaller than min ({self.min})")
+        elif not self.values:
+            raise ValueError("the list of sizes is empty")
+        return self
+
+    def expand(self) -> list[int]:
+        if self.values is not None:
+            return sorted(set(self.values))
+        out, size = [], float(self.min)  # type: ignore[arg-type]
+        while size <= self.max * (1 + 1e-9):  # type: ignore[operator]
+            out.append(round(size))
+            size *= self.factor
+        return sorted(set(out))
+
+
+class LayoutIn(Strict):
+    """Changes to a workload's ``parallel`` section (checked against the workload at run time)."""
+
+    tp: Pos | None = None
+    pp: Pos | None = None
+    dp: Pos | Literal["auto"] | None = None
+    ep: Pos | None = None
+    schedule: Literal["1f1b", "gpipe", "interleaved"] | None = None
+    virtual_stages: Pos | None = None
+    sequence_parallel: bool | None = None
+    zero: Literal[0, 1, 2, 3] | None = None
+    fsdp: bool | None = None
+
+    def changes(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class StepsIn(Strict):
+    workloads: Annotated[list[str], Field(min_length=1)]
+    layouts: tuple[LayoutIn, ...] = ()
+    efficiency: Annotated[float, Field(gt=0, le=1)] | None = None
+
+
+class SweepIn(Strict):
+    name: str = "sweep"
+    topologies: Annotated[list[str], Field(min_length=1)]
+    nodes: Annotated[list[Pos], Field(min_length=1)] | None = None
+    collectives: tuple[str, ...] = ()
+    algorithms: Annotated[tuple[str, ...], Field(min_length=1)] = ("all",)
+    sizes: SizesIn | None = None
+    engines: Annotated[tuple[Literal["analytic", "des"], ...], Field(min_length=1)] = ("analytic",)
+    model: Literal["collsim", "nccl"] = "collsim"
+    dtype: str = "float"
+    protocol: str = "Simple"
+    channels: Pos = 1
+    steps: StepsIn | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _size_list(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("sizes"), list):
+            data = {**data, "sizes": {"values": data["sizes"]}}
+        return data
+
+
+@dataclass(frozen=True)
+class Task:
+    """A group of points that share one topology: what one worker computes in one go."""
+
+    kind: str  # "collective" or "step"
+    topology: str  # the topology's name (for rows and sorting)
+    topology_path: str  # the file the worker loads
+    nodes: int
+    engine: str
+    model: str
+    collective: str = ""
+    algorithms: tuple[str, ...] = ()
+    sizes: tuple[int, ...] = ()
+    dtype: str = "float"
+    protocol: str = "Simple"
+    channels: int = 1
+    workload: str = ""
+    workload_path: str = ""
+    layouts: tuple[tuple[tuple[str, Any], ...], ...] = ()
+    efficiency: float | None = None
+    n_points: int = field(default=0, compare=False)
+
+    @property
+    def key(self) -> str:
+        """A stable identity of the task's inputs (its results file is named after it)."""
+        data = asdict(self)
+        data.pop("n_points")
+        for name in ("topology_path", "workload_path"):  # their contents, not where they lie
+            path = data.pop(name)
+            data[name] = hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else ""
+        text = json.dumps(data, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+    def sort_key(self) -> tuple[Any, ...]:
+        return (self.kind, self.topology, self.nodes, self.collective, self.workload, self.engine)
+
+
+@dataclass
+class SweepSpec:
+    """A validated spec and the tasks it expands to (in a deterministic order)."""
+
+    name: str
+    file: str | None
+    data: dict[str, Any]
+    tasks: list[Task]
+
+    @property
+    def n_points(self) -> int:
+        return sum(t.n_points for t in self.tasks)
+
+
+def _fail(message: str, file: str | None, field: str, value: Any = None) -> SweepError:
+    return SweepError(message, file=file, field=field, value=value, has_value=value is not None)
+
+
+def _did_you_mean(word: str, known: list[str] | tuple[str, ...]) -> str:
+    hint = difflib.get_close_matches(word, list(known), n=1)
+    return f"; did you mean {hint[0]!r}?" if hint else f" (choose from {', '.join(known)})"
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read, validate and expand a sweep spec file."""
+    from collsim.topology.loader import read_yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise SweepError("no such sweep spec file", file=str(p))
+    try:
+        data = read_yaml(p)
+    except CollsimError as exc:
+        raise SweepError(exc.message, file=str(p)) from None
+    return spec_from_dict(data, file=str(p), base=p.parent)
+
+
+def spec_from_dict(data: Any, *, file: str | None = None, base: Path | None = None) -> SweepSpec:
+    """Validate a parsed spec and expand it into tasks (topologies and workloads are loaded)."""
+    from collsim.topology.loader import _one_line
+
+    if not isinstance(data, dict):
+        raise SweepError(
+            "a sweep spec must be a mapping with 'topologies' and 'collectives' and/or 'steps'",
+            file=file,
+            value=type(data).__name__,
+        )
+    try:
+        spec = SweepIn.model_validate(data)
+    except ValidationError as exc:
+        err = _one_line(exc, SweepIn)
+        raise SweepError(
+            err.message, file=file, field=err.field, value=err.value, has_value=err.has_value
+        ) from None
+    if not spec.collectives and spec.steps is None:
+        raise _fail("nothing to sweep: give 'collectives' (with 'sizes') and/or 'steps'", file, "")
+    _check_collectives(spec, file)
+    tasks = _collective_tasks(spec, file, base) + _step_tasks(spec, file, base)
+    tasks.sort(key=Task.sort_key)
+    keys = [t.key for t in tasks]
+    if len(set(keys)) != len(keys):
+        raise _fail("the grid repeats a point (duplicate entries in a list?)", file, "")
+    return SweepSpec(spec.name, file, spec.model_dump(mode="json"), tasks)
+
+
+def _check_collectives(spec: SweepIn, file: str | None) -> None:
+    from collsim.protocols import get_protocol
+    from collsim.whatif import dtype_bytes
+
+    for i, coll in enumerate(spec.collectives):
+        if coll not in COLLECTIVES:
+            raise _fail(
+                "unknown collective" + _did_you_mean(coll, COLLECTIVES),
+                file,
+                f"collectives.{i}",
+                coll,
+            )
+    if spec.collectives and spec.sizes is None:
+        raise _fail("required with 'collectives' (e.g. {min: 8, max: 1G, factor: 2})", file,
+                    "sizes")  # fmt: skip
+    known = sorted({a for c in spec.collectives for a in algorithms_for(c)})
+    for i, algo in enumerate(spec.algorithms):
+        if algo in SPECIAL_ALGORITHMS:
+            continue
+        if algo not in known:
+            raise _fail(
+                f"not an algorithm of {', '.join(spec.collectives) or 'any collective'}"
+                + _did_you_mean(algo, [*SPECIAL_ALGORITHMS, *known]),
+                file,
+                f"algorithms.{i}",
+                algo,
+            )
+    try:
+        dtype_bytes(spec.dtype)
+        get_protocol(spec.protocol)
+    except CollsimError as exc:
+        field = "dtype" if exc.field == "dtype" else "protocol"
+        raise _fail(exc.message, file, field, getattr(spec, field)) from None
+
+
+def _resolve_file(name: str, base: Path | None) -> str:
+    """A relative path in a spec is relative to the spec's folder (catalog names are kept)."""
+    p = Path(name)
+    if base is not None and not p.is_absolute() and (p.suffix in (".yaml", ".yml") or "/" in name):
+        candidate = base / p
+        if candidate.exists():
+            return str(candidate)
+    return name
+
+
+def _topologies(spec: SweepIn, file: str | None, base: Path | None) -> list[tuple[str, str, Any]]:
+    """(name, file, topology) of every topology x node count, checked by loading each one."""
+    from collsim.topology.loader import load_topology, resolve
+
+    out = []
+    for i, name in enumerate(spec.topologies):
+        try:
+            path = str(resolve(_resolve_file(name, base)))
+        except CollsimError as exc:
+            raise _fail(exc.message, file, f"topologies.{i}", name) from None
+        for j, nodes in enumerate(spec.nodes or [None]):  # type: ignore[list-item]
+            try:
+                topo = load_topology(path, nodes=nodes)
+            except CollsimError as exc:
+                where = f"nodes.{j}" if exc.field in ("--nodes", "--gpus-per-node") else None
+                raise _fail(
+                    f"{name}: {exc}", file, where or f"topologies.{i}", nodes if where else name
+                ) from None
+            out.append((topo.name, path, topo))
+    return out
+
+
+def _collective_tasks(spec: SweepIn, file: str | None, base: Path | None) -> list[Task]:
+    if not spec.collectives:
+        return []
+    sizes = tuple(spec.sizes.expand())  # type: ignore[union-attr]
+    tasks = []
+    for name, path, topo in _topologies(spec, file, base):
+        nodes = topo.nodes
+        for coll in spec.collectives:
+            algos = _algorithms(spec.algorithms, coll, topo)
+            if not algos:
+                continue
+            for engine in spec.engines:
+                tasks.append(
+                    Task(
+                        kind="collective", topology=name, topology_path=path, nodes=nodes,
+                        engine=engine, model=spec.model, collective=coll, algorithms=algos,
+                        sizes=sizes, dtype=spec.dtype, protocol=spec.protocol,
+                        channels=spec.channels,
+                        n_points=len(algos) * len(sizes),
+                    )
+                )  # fmt: skip
+    return tasks
+
+
+def _algorithms(requested: tuple[str, ...], collective: str, topo: Any) -> tuple[str, ...]:
+    """The algorithms of ``collective`` a task runs: ``all`` is every algorithm the system can
+    run (``WhatIf.candidates``, which needs no routes), names only where they exist."""
+    from types import SimpleNamespace
+
+    from collsim.whatif import WhatIf
+
+    out: list[str] = []
+    for algo in requested:
+        if algo == "all":
+            proxy = SimpleNamespace(
+                topology=topo, has_in_network=any(d.in_network_reduction for d in topo.devices)
+            )
+            names = WhatIf.candidates(proxy, collective)  # type: ignore[arg-type]
+        else:
+            names = [algo] if algo == "auto" or algo in algorithms_for(collective) else []
+        out += [a for a in names if a not in out]
+    return tuple(out)
+
+
+def _step_tasks(spec: SweepIn, file: str | None, base: Path | None) -> list[Task]:
+    from collsim.analysis.workload import load_workload
+    from collsim.analysis.workload import resolve as resolve_workload
+
+    if spec.steps is None:
+        return []
+    workloads = []
+    for i, name in enumerate(spec.steps.workloads):
+        try:
+            path = str(resolve_workload(_resolve_file(name, base)))
+            w = load_workload(path)
+        except CollsimError as exc:
+            raise _fail(str(exc), file, f"steps.workloads.{i}", name) from None
+        workloads.append((w.name, path))
+    layouts = tuple(tuple(sorted(lay.changes().items())) for lay in spec.steps.layouts) or ((),)
+    tasks = []
+    for name, path, topo in _topologies(spec, file, base):
+        nodes = topo.nodes
+        for wname, wpath in workloads:
+            for engine in spec.engines:
+                tasks.append(
+                    Task(
+                        kind="step", topology=name, topology_path=path, nodes=nodes,
+                        engine=engine, model=spec.model, workload=wname, workload_path=wpath,
+                        layouts=layouts, efficiency=spec.steps.efficiency,
+                        n_points=len(layouts),
+                    )
+                )  # fmt: skip
+    return tasks
+
+
+def layout_text(changes: tuple[tuple[str, Any], ...]) -> str:
+    """``tp=8 pp=4`` for a layout's changes; ``own`` for the workload's own layout."""
+    if not changes:
+        return "own"
+    return " ".join(f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in changes)

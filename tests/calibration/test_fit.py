@@ -1,0 +1,140 @@
+"""Fitting profiles: physical, bounded, deterministic; a profile transfers across collectives;
+bad input (wrong results, a rank count the topology cannot hold) is a clear error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from collsim.calibration.dataset import DATA_DIR
+from collsim.calibration.fit import Sample, fit_samples
+from collsim.calibration.predict import (
+    Predictor,
+    Scale,
+    ScaledModel,
+    constraints,
+    env_from_notes,
+    topology_for_log,
+    uncalibrated_params,
+)
+from collsim.calibration.report import dataset_samples
+from collsim.calibration.validate import validate_samples
+from collsim.cli import cli
+from collsim.errors import CalibrationError
+from collsim.model.analytic import AnalyticModel
+from collsim.model.profile import load_profile
+from tests.calibration.conftest import ROWS, standard_log
+
+LOGS = DATA_DIR / "logs"
+
+
+@pytest.fixture(scope="module")
+def h100():
+    """The 8x H100 NVSwitch logs (all_gather, all_reduce, reduce_scatter; NCCL_ALGO=Ring)."""
+    return [s for s in dataset_samples() if s.name.startswith("h100-8gpu-together-ring")]
+
+
+def test_fit_is_physical_bounded_and_deterministic(h100, tmp_path):
+    a, b = fit_samples(h100), fit_samples(h100)
+    assert a.to_yaml() == b.to_yaml()
+    doc = a.doc
+    assert set(doc.link_classes) == {"nvlink"}
+    nv = doc.link_classes["nvlink"]
+    assert 0.02 <= nv.bandwidth_efficiency <= 1.2 and 0.05 <= nv.latency_scale <= 50
+    n_params = 2 * len(doc.link_classes) + 1 + len(doc.size_efficiency) - 1
+    assert n_params <= 10
+    assert doc.fit_error is not None and doc.fit_error.median_mape < 0.10
+    path = tmp_path / "p.yaml"
+    a.save(path)
+    assert load_profile(path).to_dict() == a.to_dict()
+
+
+def test_scaled_model_equals_profile_params(h100):
+    """The fit's fast path (scaling the model's lines) is the model under the profile's params,
+    exactly (every latency, links and devices, scales with the latency scale)."""
+    prof = fit_samples(h100[:1])
+    s = h100[0]
+    fast = Predictor.wrap(
+        ScaledModel(
+            AnalyticModel(s.topology),
+            Scale(
+                latency=prof.doc.link_classes["nvlink"].latency_scale,
+                bandwidth=prof.doc.memory_efficiency,
+                base_latency_s=prof.doc.base_latency_us * 1e-6,
+                size_factors=tuple(prof.doc.size_efficiency),
+            ),
+        )
+    )
+    slow = Predictor(s.topology, prof.params())
+    t_fast, _ = fast.predict(s.log.collective, s.sizes, env=s.env)
+    t_slow, _ = slow.predict(s.log.collective, s.sizes, env=s.env)
+    np.testing.assert_allclose(t_fast, t_slow, rtol=1e-6)
+
+
+def test_all_reduce_profile_improves_other_collectives(h100):
+    ar = [s for s in h100 if s.log.collective == "all_reduce"]
+    others = [s for s in h100 if s.log.collective != "all_reduce"]
+    fitted = validate_samples(others, fit_samples(ar).params())
+    raw = validate_samples(others, uncalibrated_params())
+    assert fitted.mape < raw.mape
+    assert fitted.mape < 0.10
+
+
+def test_nccl_settings_are_honoured():
+    assert constraints({"NCCL_ALGO": "Ring"}, "all_reduce").algorithms == ("ring",)
+    assert constraints({"NCCL_ALGO": "^Ring"}, "all_reduce").algorithms == ("tree", "in_network")
+    assert constraints({"NCCL_PROTO": "LL128"}, "all_gather").protocols == ("LL128",)
+    assert constraints({"NCCL_TREE_THRESHOLD": "0"}, "all_reduce").algorithms == (
+        "ring",
+        "in_network",
+    )
+    assert constraints({"NCCL_MAX_NCHANNELS": "4"}, "all_reduce").channels == (1,)
+    assert env_from_notes("labelled 'ring' (NCCL_ALGO=RING set)") == {"NCCL_ALGO": "RING"}
+
+
+def test_ring_log_is_predicted_with_the_ring(h100):
+    s = next(x for x in h100 if x.log.collective == "all_reduce")
+    assert s.env.get("NCCL_ALGO", "").lower() == "ring"
+    _, labels = Predictor(s.topology).predict("all_reduce", s.sizes, env=s.env)
+    assert {lab.split("/")[0] for lab in labels} == {"ring"}
+
+
+def test_wrong_results_are_refused_for_fitting(write, tmp_path):
+    bad = [*ROWS[:2], ROWS[2][:-1] + "3"]  # last in-place #wrong = 3
+    path = write(standard_log(bad))
+    out = tmp_path / "p.yaml"
+    args = ["calibrate", "fit", str(path), "-t", "h100-4gpu-ib", "--gpus-per-node", "2",
+            "-o", str(out)]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2
+    assert "#wrong" in result.output and "--allow-anomalies" in result.output
+    assert str(path) in result.output and not out.exists()
+    result = CliRunner().invoke(cli, [*args, "--allow-anomalies"])
+    assert result.exit_code == 0, result.output
+    assert out.exists()
+
+
+def test_rank_count_that_does_not_fit_is_an_error(write):
+    from collsim.calibration import read_log
+
+    text = standard_log().replace("# Using devices", "").split("\n")
+    text = "\n".join(line for line in text if "Rank " not in line)
+    log = read_log(write(text), ranks=64)
+    assert log.ranks == 64 and not log.nodes
+    with pytest.raises(CalibrationError) as err:
+        topology_for_log("dgx-h100", log, nodes=1)
+    msg = str(err.value)
+    assert "64 ranks" in msg and "dgx-h100" in msg and "8 GPUs" in msg and "--nodes" in msg
+    with pytest.raises(CalibrationError):
+        topology_for_log("dgx-h100", log)  # dgx-h100 has 4 nodes x 8 = 32 GPUs
+    assert topology_for_log("dgx-h100", log, nodes=8).n_gpus == 64
+
+
+def test_sample_rejects_log_without_data_rows(write):
+    from collsim.calibration import read_log
+
+    zero = "           0             0     float     sum      -1    20.48    0.00    0.00      0    20.48    0.00    0.00      0"  # noqa: E501
+    log = read_log(write(standard_log([zero])))
+    with pytest.raises(CalibrationError, match="no timed rows"):
+        Sample(log, topology_for_log("h100-4gpu-ib", log))

@@ -1,0 +1,161 @@
+"""``collsim validate`` and profiles: JSON schema, plots, --profile on simulate, clear errors for
+a profile of another topology and for malformed profile files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from collsim.calibration.dataset import DATA_DIR
+from collsim.cli import cli
+from collsim.errors import CalibrationError
+from collsim.model.profile import load_profile
+
+LOGS = DATA_DIR / "logs"
+AR = str(LOGS / "h100-8gpu-together-ring-all_reduce-1.txt")
+AG = str(LOGS / "h100-8gpu-together-ring-all_gather-1.txt")
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prof") / "h100.yaml"
+    result = CliRunner().invoke(
+        cli, ["calibrate", "fit", AR, "-t", "dgx-h100", "--nodes", "1", "-o", str(path)]
+    )
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def test_validate_json_schema_and_plot(profile, tmp_path):
+    js, png = tmp_path / "v.json", tmp_path / "v.png"
+    result = CliRunner().invoke(
+        cli,
+        ["validate", AR, AG, "-t", "dgx-h100", "--nodes", "1", "--profile", str(profile),
+         "--json", str(js), "--plot", str(png)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "overall MAPE" in result.output and "pred us" in result.output
+    doc = json.loads(js.read_text())
+    assert set(doc) == {"mape", "logs"}
+    assert [e["collective"] for e in doc["logs"]] == ["all_reduce", "all_gather"]
+    entry = doc["logs"][0]
+    assert set(entry) == {"file", "collective", "ranks", "nodes", "mape", "points"}
+    assert entry["ranks"] == 8 and entry["nodes"] == 1
+    point = entry["points"][-1]
+    assert set(point) == {"bytes", "measured_us", "predicted_us", "measured_busbw_gbps",
+                          "predicted_busbw_gbps", "rel_err"}  # fmt: skip
+    rel = abs(point["predicted_us"] - point["measured_us"]) / point["measured_us"]
+    assert point["rel_err"] == pytest.approx(rel)
+    mean = sum(p["rel_err"] for p in entry["points"]) / len(entry["points"])
+    assert entry["mape"] == pytest.approx(mean)
+    assert png.stat().st_size > 1000
+
+
+def test_calibrated_beats_uncalibrated(profile):
+    def mape(extra):
+        r = CliRunner().invoke(cli, ["validate", AR, "-t", "dgx-h100", "--nodes", "1",
+                                     "--summary", *extra])  # fmt: skip
+        assert r.exit_code == 0, r.output
+        return float(r.output.split("overall MAPE ")[1].split("%")[0])
+
+    assert mape(["--profile", str(profile)]) < mape([])
+    assert mape(["--model", "nccl"]) > 0
+
+
+def test_profile_for_another_topology_is_an_error(profile):
+    result = CliRunner().invoke(
+        cli, ["validate", AR, "-t", "dgx-a100", "--nodes", "1", "--profile", str(profile)]
+    )
+    assert result.exit_code == 2
+    assert "dgx-h100" in result.output and "dgx-a100" in result.output
+    assert str(profile) in result.output
+    sim = CliRunner().invoke(
+        cli, ["simulate", "all_reduce", "-t", "dgx-a100", "--profile", str(profile)]
+    )
+    assert sim.exit_code == 2 and "dgx-h100" in sim.output
+
+
+def test_simulate_and_step_accept_the_profile(profile):
+    base = ["simulate", "all_reduce", "-t", "dgx-h100", "--nodes", "1", "-b", "1G", "-e", "1G"]
+    for engine in ("analytic", "des"):
+        raw = CliRunner().invoke(cli, [*base, "--engine", engine])
+        cal = CliRunner().invoke(cli, [*base, "--engine", engine, "--profile", str(profile)])
+        assert raw.exit_code == 0 and cal.exit_code == 0, cal.output
+        assert "calibrated with" in cal.output and cal.output != raw.output
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda d: d.update(bogus=1), "bogus"),
+        (lambda d: d.update(base_latency_us="fast"), "base_latency_us"),
+        (lambda d: d.pop("topology"), "topology"),
+        (lambda d: d["link_classes"]["nvlink"].update(bandwidth_efficiency=-1), "link_classes"),
+    ],
+)
+def test_malformed_profile_is_one_line(profile, tmp_path, edit, field):
+    import yaml
+
+    doc = yaml.safe_load(profile.read_text())
+    edit(doc)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(CalibrationError) as err:
+        load_profile(bad)
+    msg = str(err.value)
+    assert str(bad) in msg and field in msg and "\n" not in msg
+    result = CliRunner().invoke(cli, ["validate", AR, "-t", "dgx-h100", "--nodes", "1",
+                                      "--profile", str(bad)])  # fmt: skip
+    assert result.exit_code == 2 and field in result.output
+
+
+def test_bad_logs_are_clear_errors(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    notable = tmp_path / "notable.txt"
+    notable.write_text("# nothing here\nhello\n")
+    for path in (empty, notable):
+        for cmd in (["validate"], ["calibrate", "fit"]):
+            args = [
+                *cmd,
+                str(path),
+                "-t",
+                "dgx-h100",
+                "-o" if cmd[0] != "validate" else "--summary",
+            ]
+            if cmd[0] != "validate":
+                args.append(str(tmp_path / "p.yaml"))
+            result = CliRunner().invoke(cli, args)
+            assert result.exit_code == 2, result.output
+            assert str(path) in result.output
+
+
+def test_step_accepts_the_profile(profile):
+    base = ["step", "-w", "gpt-1.3b-ddp", "-t", "dgx-h100", "--nodes", "1"]
+    raw = CliRunner().invoke(cli, base)
+    cal = CliRunner().invoke(cli, [*base, "--profile", str(profile)])
+    assert raw.exit_code == 0 and cal.exit_code == 0, cal.output
+    assert cal.output != raw.output
+    other = CliRunner().invoke(
+        cli, ["step", "-w", "gpt-1.3b-ddp", "-t", "dgx-a100", "--nodes", "1",
+              "--profile", str(profile)]
+    )  # fmt: skip
+    assert other.exit_code == 2 and "dgx-h100" in other.output and "dgx-a100" in other.output
+
+
+def test_truncated_log_and_rank_mismatch_are_clear_errors(tmp_path):
+    text = (LOGS / "h100-8gpu-together-ring-all_reduce-1.txt").read_text()
+    lines = text.splitlines()
+    last_row = max(i for i, line in enumerate(lines) if line.strip()[:1].isdigit())
+    cut = tmp_path / "cut.txt"
+    cut.write_text("\n".join([*lines[:last_row], lines[last_row][:40]]) + "\n")
+    result = CliRunner().invoke(cli, ["validate", str(cut), "-t", "dgx-h100", "--nodes", "1"])
+    assert result.exit_code == 2 and str(cut) in result.output
+    p4d = str(LOGS / "a100-p4d-efa-2n-all_reduce-1.txt")  # 16 ranks on 2 nodes
+    result = CliRunner().invoke(cli, ["validate", p4d, "-t", "dgx-a100", "--nodes", "1"])
+    assert result.exit_code == 2
+    assert "16 ranks" in result.output and "8 GPUs" in result.output
+    ok = CliRunner().invoke(cli, ["validate", p4d, "-t", "p4d", "--summary"])
+    assert ok.exit_code == 0, ok.output

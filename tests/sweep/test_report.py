@@ -1,0 +1,46 @@
+"""``collsim report``: Markdown + HTML with PNG plots from a sweep's results."""
+
+from __future__ import annotations
+
+import pytest
+
+from collsim.cli import main
+from collsim.sweep import load_spec, read_points, run_sweep
+
+
+def test_report_renders_every_section(spec_file, tmp_path, capsys):
+    spec = load_spec(spec_file(engines=["analytic", "des"], sizes=["1K", "64K", "4M"]))
+    run_sweep(spec, tmp_path / "res", jobs=1)
+    rows = [r for r in read_points(tmp_path / "res") if r["kind"] == "collective"]
+    measured = tmp_path / "measured.csv"
+    lines = ["collective,size_bytes,time_us,nodes,algorithm"]
+    lines += [
+        f"{r['collective']},{r['size_bytes']},{float(r['time_us']) * 1.1},{r['nodes']},"
+        f"{r['algorithm']}"
+        for r in rows
+        if r["engine"] == "des" and r["algorithm"] == "ring"
+    ]
+    measured.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "rep"
+    with pytest.raises(SystemExit) as info:
+        main(["report", str(tmp_path / "res"), "-o", str(out), "--measured", str(measured)])
+    assert info.value.code == 0
+    md = (out / "report.md").read_text()
+    page = (out / "report.html").read_text()
+    for heading in ("Bus bandwidth vs size", "Algorithm crossovers", "Link utilization",
+                    "Scaling", "Predicted vs measured"):  # fmt: skip
+        assert f"## {heading}" in md and f"<h2>{heading}</h2>" in page
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert "predicted-vs-measured.png" in pngs
+    assert any(p.startswith("busbw-") for p in pngs) and any(p.startswith("steps-") for p in pngs)
+    for name in pngs:
+        assert f"({name})" in md and f"src='{name}'" in page
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "median |error| 9.1%" in md  # predictions are measured / 1.1
+
+
+def test_report_of_nothing_is_a_clear_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["report", str(tmp_path), "-o", str(tmp_path / "rep")])
+    assert info.value.code == 2
+    assert "points.csv" in capsys.readouterr().err
