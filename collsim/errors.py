@@ -48,7 +48,9 @@ class CollsimError(Exception):
             if len(shown) > 80:
                 shown = shown[:77] + "..."
             text += f" (value: {shown})"
-        return ": ".join([*parts, text])
+        line = ": ".join([*parts, text])
+        # one line whatever the input held (a key, a file name or a message with a line break)
+        return line.replace("\r", "\\r").replace("\n", "\\n")
 
 
 class UnitError(CollsimError):

@@ -14,6 +14,7 @@ Conventions (stated once, used everywhere):
 
 from __future__ import annotations
 
+import math
 import re
 
 from collsim.errors import UnitError
@@ -65,13 +66,17 @@ def _split(text: str | int | float, what: str) -> tuple[float, str]:
     if isinstance(text, bool):
         raise UnitError(f"expected a {what}, got {text!r}")
     if isinstance(text, int | float):
-        return float(text), ""
-    if not isinstance(text, str):
+        value, unit = float(text), ""
+    elif not isinstance(text, str):
         raise UnitError(f"expected a {what}, got {text!r}")
-    match = _PATTERN.match(text.replace("µ", "u"))
-    if not match:
-        raise UnitError(f"malformed {what} {text!r}")
-    return float(match.group(1)), match.group(2)
+    else:
+        match = _PATTERN.match(text.replace("µ", "u"))
+        if not match:
+            raise UnitError(f"malformed {what} {text!r}")
+        value, unit = float(match.group(1)), match.group(2)
+    if not math.isfinite(value):
+        raise UnitError(f"{what} {text!r} is not a finite number")
+    return value, unit
 
 
 def parse_size(text: str | int) -> int:
@@ -80,6 +85,8 @@ def parse_size(text: str | int) -> int:
     if unit not in _SIZE_UNITS:
         raise UnitError(f"unknown size unit {unit!r} in {text!r} (use B, K, M, G, KiB, MB, ...)")
     size = value * _SIZE_UNITS[unit]
+    if not math.isfinite(size):
+        raise UnitError(f"size {text!r} is too large")
     if size != int(size):
         raise UnitError(f"size {text!r} is not a whole number of bytes")
     return int(size)

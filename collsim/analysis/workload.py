@@ -208,7 +208,7 @@ def _model_section(data: dict[str, Any]) -> dict[str, Any]:
         return data
     kind = model.get("kind", "transformer")
     classes: dict[str, type[BaseModel]] = {"transformer": TransformerIn, "generic": GenericIn}
-    if kind not in classes:
+    if not isinstance(kind, str) or kind not in classes:
         raise WorkloadError(
             "unknown model kind (use transformer or generic)", field="model.kind", value=kind
         )

@@ -49,6 +49,32 @@ TARGETS = (("in_sample", "median", 0.05), ("cross_collective", "median", 0.10),
            ("cross_scale", "median", 0.10))  # fmt: skip
 
 
+LIMITATIONS = (
+    "Read off the per-log table and the per-size output of `collsim validate`; each is physics "
+    "a profile of a few parameters cannot change (a per-log fit can, which is why the "
+    "alpha-beta baseline, two numbers per log, scores well in-sample but predicts nothing else):",
+    "",
+    "- *broadcast / reduce on more than 2 ranks*: collsim's chain schedule is not pipelined "
+    "(engine and model agree: each hop moves the whole buffer before the next starts), NCCL's is; "
+    "large sizes come out ~7x slow on 8 GPUs (a100-40g-8gpu-superbench broadcast/reduce).",
+    "- *rings that mix NVLink and network edges*: a send waits for its own previous send, so "
+    "every step pays the slowest edge's latency; small multi-node messages come out 2-3x slow "
+    "uncalibrated (h100-snellius-ib-2n: ~42 us predicted vs ~16 us measured; NCCL's formula, "
+    "which charges network latency only on the inter-node steps, gives ~16 us).",
+    "- *multi-node tree all-reduce*: NCCL's tree exceeds the ring's NIC bound at large sizes "
+    "(h100-snellius-ib-2n all_reduce reaches 155 GB/s busbw); collsim's tree does not win there, "
+    "so predictions stay at the ring's ~100 GB/s.",
+    "- *links that are slower both ways at once*: no-P2P host staging (2080ti: all_gather and "
+    "all_reduce at ~3.2 GB/s busbw, broadcast faster) and the PCIe/NIC path of "
+    "a100pcie-ib-2n1g-gdr (bidirectional all_reduce/sendrecv ~14.7 GB/s, broadcast 24 GB/s); the "
+    "topology's links are full duplex, so one efficiency cannot fit both directions' traffic.",
+    "- *point-to-point launch latency*: alltoall/sendrecv start at ~87 us where the collectives "
+    "start at ~35 us on the same system (superbench); the profile has one base latency.",
+    "- *cross-scale from one node*: a single-node fit says nothing about the network, whose "
+    "parameters stay at their datasheet values when predicting two nodes.",
+)
+
+
 def system_of(name: str) -> str:
     """``<setup>`` of ``<setup>-<collective>-<n>.txt``."""
     return re.sub(r"-(all_reduce|all_gather|reduce_scatter|broadcast|reduce|alltoall|sendrecv)"
@@ -265,6 +291,7 @@ def markdown(rep: Report, plots: dict[str, str]) -> str:
         err = _pct(doc.fit_error.mape) if doc.fit_error else "--"
         base_us = f"{doc.base_latency_us:.1f}"
         lines.append(f"| {name} | {doc.topology.name} | {cls} | {base_us} | {sizes} | {err} |")
+    lines += ["", "## Where the errors come from", "", *LIMITATIONS]
     lines += ["", "## Plots", ""]
     for title, path in plots.items():
         lines.append(f"![{title}]({path})")

@@ -9,6 +9,7 @@ match size, type and ranks.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -72,11 +73,17 @@ class Value:
         match = re.match(r"^[-+]?\d*(?:\.(\d*))?(?:[eE]([-+]?\d+))?$", token)
         if not match:
             raise ValueError(token)
+        value = float(token)
+        if not math.isfinite(value):  # 1e999: not a measurement
+            raise ValueError(token)
         if exact:
-            return cls(float(token), 5e-7)
+            return cls(value, 5e-7)
         decimals = len(match.group(1) or "")
         exponent = int(match.group(2) or 0)
-        return cls(float(token), 0.5 * 10.0 ** (exponent - decimals))
+        try:
+            return cls(value, 0.5 * 10.0 ** (exponent - decimals))
+        except OverflowError:  # 0E310
+            raise ValueError(token) from None
 
 
 @dataclass

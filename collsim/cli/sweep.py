@@ -82,6 +82,8 @@ def sweep(
     finally:
         if bar:
             bar.close()
+    for problem in out.problems:
+        click.echo(f"# warning: {problem}", err=True)
     click.echo(
         f"# {out.points} rows in {out.path / 'points.csv'} ({out.computed_tasks} tasks computed, "
         f"{out.reused_tasks} reused)"

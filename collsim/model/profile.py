@@ -44,7 +44,7 @@ class TopologyRef(_Strict):
 
 
 class LinkClass(_Strict):
-    bandwidth_efficiency: float = Field(gt=0, le=4)
+    bandwidth_efficiency: float = Field(gt=0, le=10)
     latency_scale: float = Field(ge=0, le=1000)
 
 

@@ -45,6 +45,7 @@ class SweepOutcome:
     computed_tasks: int
     computed_points: int
     interrupted: bool = False
+    problems: tuple[str, ...] = ()  # what an earlier, interrupted or damaged run left (not used)
 
 
 def _store(root: Path):  # type: ignore[no-untyped-def]
@@ -146,6 +147,7 @@ def run_sweep(
         raise SweepError("--executor dask needs --scheduler tcp://HOST:PORT", field="--scheduler")
     root = Path(output)
     store = _store(root)
+    problems = tuple(store.problems())  # e.g. a truncated part: reported, then computed again
     store.clean()
     atomic_write_text(root / "spec.json", json.dumps(spec.data, indent=1, sort_keys=True) + "\n")
     todo = [t for t in spec.tasks if not store.done(t.key)]
@@ -176,7 +178,7 @@ def run_sweep(
             runs.close()
     points = merge(root, spec, store)
     return SweepOutcome(root, len(spec.tasks), points, reused, computed, computed_points,
-                        interrupted)  # fmt: skip
+                        interrupted, problems)  # fmt: skip
 
 
 def read_points(path: str | os.PathLike[str]) -> list[dict[str, str]]:
@@ -188,12 +190,28 @@ def read_points(path: str | os.PathLike[str]) -> list[dict[str, str]]:
         p = p / POINTS
     if not p.is_file():
         raise SweepError("no sweep results here (expected points.csv)", file=str(p))
+    text = p.read_text(encoding="utf-8", errors="replace")
+    if text and not text.endswith("\n"):  # every row ends a line: this one was cut off
+        raise SweepError(
+            "truncated: the last row does not end; rerun the sweep",
+            file=str(p),
+            field=f"line {text.count(chr(10)) + 1}",
+        )
     with p.open(newline="") as handle:
         reader = csv.DictReader(handle)
         missing = [c for c in ("kind", "topology") if c not in (reader.fieldnames or [])]
         if missing:
             raise SweepError("not a collsim sweep results file", file=str(p), field=missing[0])
-        return list(reader)
+        rows = list(reader)
+    for i, row in enumerate(rows):  # a cut-off file (copied while written, disk full): refuse it
+        if None in row or None in row.values():
+            got = sum(v is not None for k, v in row.items() if k is not None)
+            raise SweepError(
+                f"truncated or damaged: {got} of {len(COLUMNS)} columns; rerun the sweep",
+                file=str(p),
+                field=f"line {i + 2}",
+            )
+    return rows
 
 
 __all__ = ["COLUMNS", "EXECUTORS", "SweepOutcome", "merge", "read_points", "run_sweep"]

@@ -360,7 +360,7 @@ def _step_tasks(spec: SweepIn, file: str | None, base: Path | None) -> list[Task
             path = str(resolve_workload(_resolve_file(name, base)))
             w = load_workload(path)
         except CollsimError as exc:
-            raise _fail(str(exc), file, f"steps.workloads.{i}", name) from None
+            raise _fail(exc.message, file, f"steps.workloads.{i}", name) from None
         workloads.append((w.name, path))
     layouts = tuple(tuple(sorted(lay.changes().items())) for lay in spec.steps.layouts) or ((),)
     tasks = []

@@ -304,7 +304,9 @@ def check_connected(topo: Topology) -> None:
 
 
 def _one_line(exc: ValidationError, model: type[BaseModel]) -> TopologyError:
-    err = exc.errors()[0]
+    errors = exc.errors()
+    # an unknown key first: a misspelt key also makes the key it was meant to be "missing"
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = [str(p) for p in err["loc"]]
     field = ".".join(loc)
     kind = err["type"]

@@ -209,3 +209,55 @@ def test_failing_or_hung_binary_is_a_clear_error(tmp_path):
     )
     assert (out / "run" / "all_gather.partial").exists()  # what it printed is kept, not used
     assert not (out / "logs" / "all_gather.txt").exists()
+
+
+def test_sigkill_mid_run_keeps_finished_collectives(tmp_path):
+    """``calibrate run`` killed with SIGKILL while the second collective runs: the rerun skips the
+    first (kept as it was), reports the output left by the killed one, and measures it again."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "res"
+    bins = _fake_binaries(tmp_path / "bin", f"cat {SAMPLE}\n", names=("all_reduce",))
+    _fake_binaries(bins, "echo '# nThread 1 nGpus 8 minBytes 8'\nexec sleep 20\n", ("all_gather",))
+    script = Path(sys.executable).parent / "collsim"
+    collsim = [str(script)] if script.exists() else [sys.executable, "-m", "collsim.cli"]
+    args = ["calibrate", "run", "--nprocs", "8", "-c", "all_reduce,all_gather",
+            "--binary-dir", str(bins), "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(
+        [*collsim, *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            if list((out / "run").glob("all_gather*")):  # all_reduce done, all_gather running
+                break
+            time.sleep(0.02)
+        time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # the hung stand-in runs in a session of its own; it ends by itself (sleep 20) unused
+    assert proc.returncode == -signal.SIGKILL
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert list(manifest["points"]) == ["all_reduce"]
+    kept = (out / "logs" / "all_reduce.txt").read_bytes()
+    gather = SAMPLE.with_name(SAMPLE.name.replace("all_reduce", "all_gather"))
+    _fake_binaries(bins, f"cat {gather}\n", names=("all_gather",))  # fixed: finishes now
+    again = _cli(*args)
+    assert again.exit_code == 0, again.output
+    assert "all_gather.partial: output of a run that did not finish; not used" in again.output
+    assert "all_reduce: done in an earlier run, skipped" in again.output
+    assert (out / "logs" / "all_reduce.txt").read_bytes() == kept
+    assert (out / "logs" / "all_gather.txt").exists()
+    done = json.loads((out / "manifest.json").read_text())["points"]
+    assert set(done) == {"all_reduce", "all_gather"}
+    assert done["all_reduce"] == manifest["points"]["all_reduce"]
