@@ -58,6 +58,9 @@ _TIME_UNITS: dict[str, float] = {
     "ns": 1e-9,
 }
 
+MAX_SIZES = 10_000
+"""Most sizes one ``-b/-e/-f`` range may give (a factor of 1.0000001 would not fit in memory)."""
+
 BYTES_PER_GB = 1e9
 """nccl-tests' GB: algbw and busbw are printed in units of 1e9 bytes per second."""
 
@@ -172,6 +175,13 @@ def size_range(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
         raise UnitError(f"minimum size {min_bytes} is larger than maximum size {max_bytes}")
     if factor <= 1 and min_bytes != max_bytes:
         raise UnitError(f"step factor must be > 1, got {factor}")
+    if min_bytes > 0 and max_bytes > min_bytes:
+        count = math.floor(math.log(max_bytes / min_bytes) / math.log(factor)) + 1
+        if count > MAX_SIZES:
+            raise UnitError(
+                f"sizes {min_bytes}..{max_bytes} by factor {factor} are {count} sizes; "
+                f"at most {MAX_SIZES} (use a larger factor)"
+            )
     sizes = [min_bytes]
     while True:
         nxt = int(sizes[-1] * factor) if sizes[-1] > 0 else 1

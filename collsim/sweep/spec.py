@@ -29,6 +29,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -41,6 +42,9 @@ from collsim.errors import CollsimError
 from collsim.topology.schema import Strict
 
 ENGINES = ("analytic", "des")
+MAX_SIZES = 10_000
+"""Most sizes a ``{min, max, factor}`` range may expand to (a factor of 1.0000001 would not fit
+in memory)."""
 SPECIAL_ALGORITHMS = ("all", "auto")
 
 
@@ -76,6 +80,12 @@ class SizesIn(Strict):
                 raise ValueError("give min and max (and optionally factor), or a list of sizes")
             if self.max < self.min:
                 raise ValueError(f"max ({self.max}) is smaller than min ({self.min})")
+            count = math.floor(math.log(self.max / self.min) / math.log(self.factor)) + 1
+            if count > MAX_SIZES:
+                raise ValueError(
+                    f"min {self.min}, max {self.max} and factor {self.factor} give {count} sizes; "
+                    f"at most {MAX_SIZES} (use a larger factor)"
+                )
         elif not self.values:
             raise ValueError("the list of sizes is empty")
         return self
