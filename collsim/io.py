@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
@@ -28,3 +30,17 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def save_figure(fig: Any, path: str | os.PathLike[str], *, dpi: int = 110) -> Path:
+    """Render a matplotlib figure (format from the suffix, PNG by default), write it atomically
+    and close it."""
+    import matplotlib.pyplot as plt
+
+    target = Path(path)
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format=target.suffix.lstrip(".") or "png", dpi=dpi)
+    finally:
+        plt.close(fig)
+    return atomic_write_bytes(target, buffer.getvalue())

@@ -16,7 +16,6 @@ count ``n0`` (taken as perfectly efficient, so speedups are in units of ``n0`` G
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from collsim.errors import CollsimError
+from collsim.io import save_figure
 
 
 @dataclass(frozen=True)
@@ -164,21 +164,3 @@ def plot_scaling(curve: ScalingCurve, path: str | os.PathLike[str], *, title: st
     fig.suptitle(title or f"{curve.mode} scaling")
     fig.tight_layout()
     return save_figure(fig, path)
-
-
-def save_figure(fig: Any, path: str | os.PathLike[str]) -> Path:
-    """Write a matplotlib figure atomically (temp file + ``os.replace``) and close it."""
-    import matplotlib.pyplot as plt
-
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=out.suffix or ".png")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=110)
-        os.replace(tmp, out)
-    finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out

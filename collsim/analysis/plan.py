@@ -223,7 +223,7 @@ def plot_pareto(options: list[Option], path: str | os.PathLike[str], title: str 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from collsim.analysis.amdahl import save_figure
+    from collsim.io import save_figure
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for o in options:

@@ -10,7 +10,6 @@ machinery as topology files (:mod:`collsim.topology.loader`).
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from pathlib import Path
@@ -227,19 +226,10 @@ def catalog_names() -> list[str]:
 
 def resolve(name_or_path: str | os.PathLike[str]) -> Path:
     """A catalog name or a path -> the file to read."""
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists() or os.sep in str(name_or_path):
-        if not path.is_file():
-            raise WorkloadError("no such workload file", file=str(path))
-        return path
-    candidate = CATALOG_DIR / f"{name_or_path}.yaml"
-    if candidate.is_file():
-        return candidate
-    hint = difflib.get_close_matches(str(name_or_path), catalog_names(), n=1)
-    extra = f"; did you mean {hint[0]!r}?" if hint else f" (bundled: {', '.join(catalog_names())})"
-    raise WorkloadError(
-        f"no workload named {str(name_or_path)!r}{extra}", field="workload", value=str(name_or_path)
-    )
+    return _topo_loader.resolve_in_catalog(
+        name_or_path, CATALOG_DIR, what="workload", error=WorkloadError,
+        none_hint=f" (bundled: {', '.join(catalog_names())})",
+    )  # fmt: skip
 
 
 def _as_workload_error(exc: CollsimError) -> WorkloadError:

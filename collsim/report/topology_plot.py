@@ -4,7 +4,6 @@ link kinds coloured, link widths growing with bandwidth."""
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -14,6 +13,7 @@ import matplotlib.pyplot as plt
 from matplotlib.lines import Line2D
 from matplotlib.patches import FancyBboxPatch
 
+from collsim.io import save_figure
 from collsim.topology.spec import Device, Topology
 
 LINK_COLOURS = {
@@ -157,15 +157,4 @@ def draw_topology(topology: Topology, path: str | os.PathLike[str], *, title: st
         spine.set_visible(False)
     ax.margins(0.03, 0.12)
     fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=out.suffix)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=110)
-        os.replace(tmp, out)
-    finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
+    return save_figure(fig, path)

@@ -35,19 +35,39 @@ def catalog_names() -> list[str]:
 
 def resolve(name_or_path: str | os.PathLike[str]) -> Path:
     """A catalog name or a path -> the file to read."""
+    return resolve_in_catalog(
+        name_or_path, CATALOG_DIR, what="topology", error=TopologyError,
+        none_hint=" (see `collsim topo list`)",
+    )  # fmt: skip
+
+
+def resolve_in_catalog(
+    name_or_path: str | os.PathLike[str],
+    catalog: Path,
+    *,
+    what: str,
+    error: type[CollsimError],
+    none_hint: str,
+) -> Path:
+    """A bundled ``catalog/NAME.yaml`` or a file path -> the file to read.
+
+    Anything that looks like a path (a YAML suffix, a separator, an existing file) is taken as
+    one; otherwise the name is looked up in ``catalog``, with a "did you mean" hint on a miss.
+    """
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists() or os.sep in str(name_or_path):
         if not path.is_file():
-            raise TopologyError("no such topology file", file=str(path))
+            raise error(f"no such {what} file", file=str(path))
         return path
-    candidate = CATALOG_DIR / f"{name_or_path}.yaml"
+    candidate = catalog / f"{name_or_path}.yaml"
     if candidate.is_file():
         return candidate
-    hint = difflib.get_close_matches(str(name_or_path), catalog_names(), n=1)
-    extra = f"; did you mean {hint[0]!r}?" if hint else " (see `collsim topo list`)"
-    raise TopologyError(
-        f"no topology named {str(name_or_path)!r} in the catalog{extra}",
-        field="topology",
+    names = sorted(p.stem for p in catalog.glob("*.yaml"))
+    hint = difflib.get_close_matches(str(name_or_path), names, n=1)
+    extra = f"; did you mean {hint[0]!r}?" if hint else none_hint
+    raise error(
+        f"no {what} named {str(name_or_path)!r} in the catalog{extra}",
+        field=what,
         value=str(name_or_path),
     )
 
