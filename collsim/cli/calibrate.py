@@ -10,16 +10,7 @@ from pathlib import Path
 import click
 
 from collsim.cli.base import cli
-
-_COLLECTIVES = [
-    "all_reduce",
-    "all_gather",
-    "reduce_scatter",
-    "broadcast",
-    "reduce",
-    "alltoall",
-    "sendrecv",
-]
+from collsim.collectives.registry import COLLECTIVES
 
 
 @cli.group()
@@ -34,7 +25,7 @@ def _collectives(text: str) -> list[str]:
     names = []
     for item in text.split(","):
         if item.strip() == "all":
-            names += _COLLECTIVES
+            names += COLLECTIVES
             continue
         try:
             names.append(canonical_collective(item.strip()))

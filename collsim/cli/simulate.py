@@ -7,14 +7,12 @@ import json
 import click
 
 from collsim.cli.base import cli, size_option
+from collsim.collectives.registry import COLLECTIVES
 from collsim.errors import CollsimError
-
-_COLLECTIVES = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "alltoall",
-                "sendrecv"]  # fmt: skip
 
 
 @cli.command()
-@click.argument("collective", type=click.Choice(_COLLECTIVES))
+@click.argument("collective", type=click.Choice(COLLECTIVES))
 @click.option("--topology", "-t", required=True, metavar="NAME|PATH", help="Catalog name or file.")
 @click.option("--nodes", type=int, default=None, help="Override the number of nodes.")
 @click.option("--gpus-per-node", type=int, default=None, help="Override the GPUs in each node.")
