@@ -10,6 +10,7 @@ longer than the timeout (a hung collective) with a message saying what it was ru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -28,7 +29,7 @@ from pathlib import Path
 from collsim import units
 from collsim.calibration._process import execute
 from collsim.calibration.nccltests import read_log
-from collsim.calibration.store import ResultStore
+from collsim.calibration.store import MANIFEST, ResultStore
 from collsim.errors import CalibrationError
 from collsim.io import atomic_write_text
 
@@ -287,7 +288,19 @@ def run(
             return _run(cfg, steps, on_line, on_skip, notify)
         finally:
             signal.signal(signal.SIGTERM, previous)
-    return _run(cfg, steps, on_line, on_skip, notify)
+            _settle(cfg)
+    try:
+        return _run(cfg, steps, on_line, on_skip, notify)
+    finally:
+        _settle(cfg)
+
+
+def _settle(cfg: RunConfig) -> None:
+    """Bring every per-point log up to date with its recorded points (a stopped run may lag)."""
+    if cfg.runner == "torch" and (cfg.out / MANIFEST).exists():
+        # an unreadable manifest is reported by the run itself
+        with contextlib.suppress(CalibrationError):
+            ResultStore(cfg.out, {}).settle()
 
 
 def _terminated(signum: int, frame: object) -> None:

@@ -40,6 +40,19 @@ def test_points_are_recorded_and_render_a_readable_log(tmp_path):
     assert not list(tmp_path.rglob("*.tmp"))
 
 
+def test_settle_brings_a_lagging_log_up_to_the_recorded_points(tmp_path):
+    """A process killed between keeping a point and re-rendering the log leaves the log behind."""
+    store = _filled(tmp_path, sizes=(1024, 2048))
+    lagging = (tmp_path / "logs" / "all_reduce.txt").read_text()
+    store.record_point("all_reduce", _row(4096))
+    (tmp_path / "logs" / "all_reduce.txt").write_text(lagging)  # as if killed before the render
+    assert len(read_log(tmp_path / "logs" / "all_reduce.txt", ranks=4).rows) == 2
+    settled = ResultStore(tmp_path, {}).settle()
+    assert settled == [tmp_path / "logs" / "all_reduce.txt"]
+    log = read_log(settled[0], ranks=4)
+    assert [r.size_bytes for r in log.rows] == [1024, 2048, 4096]
+
+
 def test_truncated_result_file_is_detected_not_used(tmp_path):
     _filled(tmp_path)
     damaged = tmp_path / "points" / "all_reduce" / "2048.json"
