@@ -113,6 +113,8 @@ class Sweep:
     dtype: str
     protocol: str
     channels: int
+    faults: tuple[str, ...] = ()
+    """What-if faults of the topology (``--fault``), in the order applied."""
     points: list[Point] = field(default_factory=list)
     last: SimResult | None = None
     last_schedule: Schedule | None = None
@@ -127,6 +129,7 @@ class Sweep:
             "dtype": self.dtype,
             "protocol": self.protocol,
             "channels": self.channels,
+            **({"faults": list(self.faults)} if self.faults else {}),
             "points": [p.as_json() for p in self.points],
         }
 
@@ -262,6 +265,7 @@ class WhatIf:
             dtype=dtype,
             protocol=proto,
             channels=channels,
+            faults=self.topology.faults,
         )
         n = self.topology.n_gpus
         for size, name in zip(sizes, picks, strict=True):

@@ -13,8 +13,11 @@ The candidates file (YAML, validated like every collsim input)::
       zero: [0, 1]
       recompute: [selective, full]
 
-Cost = GPUs x hours x price per GPU-hour. The Pareto front is the options no other option beats
-on both time and cost.
+Cost = GPUs x hours x price per GPU-hour. When the workload has a ``resilience`` section, each
+option also gets its expected goodput under failures (:mod:`collsim.analysis.resilience`, with
+the elastic option priced by whole data-parallel replicas) and the goodput-adjusted time and cost
+(``days_failures``, ``cost_failures_usd``), which then rank the options and form the Pareto
+front. The Pareto front is the options no other option beats on both time and cost.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, ValidationError
 
 from collsim.analysis.comm import make_timer
+from collsim.analysis.resilience import dp_step_time, for_job
 from collsim.analysis.step import StepModel, StepResult
 from collsim.analysis.workload import WorkloadError, WorkloadIn, parse_count, with_changes
 from collsim.errors import CollsimError
@@ -94,6 +98,17 @@ class Option:
     hours: float
     cost_usd: float
     pareto: bool = False
+    goodput: float | None = None
+    """Expected goodput under failures (the workload's ``resilience``), else None."""
+
+    @property
+    def expected_hours(self) -> float:
+        """Time to train with failures (checkpoints, rework, restarts, repairs): hours / goodput."""
+        return self.hours / (self.goodput or 1.0)
+
+    @property
+    def expected_cost_usd(self) -> float:
+        return self.cost_usd / (self.goodput or 1.0)
 
     def row(self) -> dict[str, Any]:
         r = self.result
@@ -108,6 +123,15 @@ class Option:
             "mem_GB": r.memory.total / 1e9,
             "days": self.hours / 24,
             "cost_usd": self.cost_usd,
+            **(
+                {}
+                if self.goodput is None
+                else {
+                    "goodput_%": 100 * self.goodput,
+                    "days_failures": self.expected_hours / 24,
+                    "cost_failures_usd": self.expected_cost_usd,
+                }
+            ),
             "pareto": "*" if self.pareto else "",
         }
 
@@ -189,6 +213,9 @@ def plan(
                     continue
                 res.details["recompute"] = v.recompute
                 hours = steps * res.step_time_s / 3600
+                gpn = biggest.gpus_per_node
+                replica = res.layout.tp * res.layout.pp
+                fail = for_job(v, n, gpn, dp_step_time(res.step_time_s, n, gpn, replica))
                 found.append(
                     Option(
                         cluster=cl.name or f"{cl.topology} x {nodes}",
@@ -197,11 +224,12 @@ def plan(
                         result=res,
                         hours=hours,
                         cost_usd=hours * n * cl.gpu_hour_usd,
+                        goodput=None if fail is None else fail.expected_goodput,
                     )
                 )
             found.sort(key=lambda o: o.result.step_time_s)
             options.extend(found if keep == "all" else found[:1])
-    options.sort(key=lambda o: (o.hours, o.cost_usd))
+    options.sort(key=lambda o: (o.expected_hours, o.expected_cost_usd))
     mark_pareto(options)
     return options, rejected
 
@@ -209,9 +237,10 @@ def plan(
 def mark_pareto(options: list[Option]) -> None:
     """Flag the options no other option beats on both time and cost."""
     for o in options:
+        t, c = o.expected_hours, o.expected_cost_usd
         o.pareto = not any(
-            (p.hours <= o.hours and p.cost_usd <= o.cost_usd)
-            and (p.hours < o.hours or p.cost_usd < o.cost_usd)
+            (p.expected_hours <= t and p.expected_cost_usd <= c)
+            and (p.expected_hours < t or p.expected_cost_usd < c)
             for p in options
         )
 
@@ -227,15 +256,14 @@ def plot_pareto(options: list[Option], path: str | os.PathLike[str], title: str 
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for o in options:
-        ax.scatter(o.hours / 24, o.cost_usd / 1e6, c="C1" if o.pareto else "C0", s=18)
-        ax.annotate(
-            f"{o.cluster} ({o.result.layout.label()})", (o.hours / 24, o.cost_usd / 1e6),
-            fontsize=6, alpha=0.7,
-        )  # fmt: skip
-    front = sorted((o for o in options if o.pareto), key=lambda o: o.hours)
+        xy = (o.expected_hours / 24, o.expected_cost_usd / 1e6)
+        ax.scatter(*xy, c="C1" if o.pareto else "C0", s=18)
+        ax.annotate(f"{o.cluster} ({o.result.layout.label()})", xy, fontsize=6, alpha=0.7)
+    front = sorted((o for o in options if o.pareto), key=lambda o: o.expected_hours)
     if front:
-        ax.plot([o.hours / 24 for o in front], [o.cost_usd / 1e6 for o in front], "C1-")
-    ax.set_xlabel("days to train")
+        days = [o.expected_hours / 24 for o in front]
+        ax.plot(days, [o.expected_cost_usd / 1e6 for o in front], "C1-")
+    ax.set_xlabel("days to train (with failures when the workload models them)")
     ax.set_ylabel("cost (million USD)")
     ax.set_title(title or "capacity plan: time vs cost (Pareto front in orange)")
     fig.tight_layout()

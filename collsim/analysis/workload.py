@@ -3,9 +3,10 @@
 A workload is a model (a GPT-style ``transformer`` or a ``generic`` job given by FLOPs and bytes),
 a batch, a data type, a parallel layout (DP x TP x PP, sequence parallel, ZeRO/FSDP, expert
 parallel), activation recomputation and training options (overlap, stragglers, local SGD,
-compression). ``docs/workload-format.md`` documents every field. Bad files raise
-:class:`WorkloadError`, one line naming the file, the field and the value, through the same
-machinery as topology files (:mod:`collsim.topology.loader`).
+compression) and, optionally, failures over a long run (``resilience``).
+``docs/workload-format.md`` documents every field. Bad files raise :class:`WorkloadError`, one
+line naming the file, the field and the value, through the same machinery as topology files
+(:mod:`collsim.topology.loader`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,28 @@ def _size(value: object) -> object:
         return units.parse_size(value)  # type: ignore[arg-type]
     except UnitError as exc:
         raise ValueError(exc.message) from None
+
+
+def _checked(parse: Any, what: str, zero_ok: bool = False) -> Any:
+    """A validator that parses ``value`` (a rate or duration string) to check it, and keeps the
+    text as written so that a dumped workload validates again (``with_changes``)."""
+
+    def check(value: object) -> object:
+        try:
+            parsed = parse(value)
+        except UnitError as exc:
+            raise ValueError(exc.message) from None
+        if not parsed < float("inf") or parsed < 0 or (parsed == 0 and not zero_ok):
+            raise ValueError(f"{what} must be finite and {'>= 0' if zero_ok else '> 0'}")
+        return value
+
+    return BeforeValidator(check)
+
+
+def _duration(value: object) -> float:
+    from collsim.analysis.resilience import parse_duration_s
+
+    return parse_duration_s(value)
 
 
 Count = Annotated[float, BeforeValidator(parse_count), Field(gt=0)]
@@ -177,6 +200,31 @@ class ComputeIn(Strict):
     memory_reserve: Size = 2_000_000_000
 
 
+class ResilienceIn(Strict):
+    """Failures over a long run (:mod:`collsim.analysis.resilience`): node MTBF, checkpoint size
+    (default: weights + optimizer state), storage bandwidth, restart and repair times. Rates and
+    durations keep their text; the ``*_s`` properties give seconds and bytes per second."""
+
+    node_mtbf_hours: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    checkpoint_bytes: Annotated[int, BeforeValidator(_size), Field(gt=0)] | None = None
+    storage_bandwidth: Annotated[str | float, _checked(units.parse_rate, "a bandwidth")]
+    restart_time: Annotated[str, _checked(_duration, "a restart time", zero_ok=True)]
+    repair_time: Annotated[str, _checked(_duration, "a repair time")] | None = None
+    elastic: bool = False
+
+    @property
+    def storage_bytes_per_s(self) -> float:
+        return units.parse_rate(self.storage_bandwidth)
+
+    @property
+    def restart_s(self) -> float:
+        return _duration(self.restart_time)
+
+    @property
+    def repair_s(self) -> float | None:
+        return None if self.repair_time is None else _duration(self.repair_time)
+
+
 class WorkloadIn(Strict):
     name: str
     description: str = ""
@@ -189,6 +237,7 @@ class WorkloadIn(Strict):
     recompute: Literal["none", "selective", "full"] = "none"
     training: TrainingIn = TrainingIn()
     compute: ComputeIn = ComputeIn()
+    resilience: ResilienceIn | None = None
 
     @model_validator(mode="after")
     def _batch(self) -> WorkloadIn:

@@ -3,7 +3,7 @@
 Each command family lives in its own module and registers itself on the root group when imported.
 """
 
-from collsim.cli import calibrate, simulate, step, sweep, topo, tune, validate  # noqa: F401  (registers the commands)
+from collsim.cli import calibrate, simulate, step, stragglers, sweep, topo, tune, validate  # noqa: F401  (registers the commands)
 from collsim.cli.base import cli, main
 
 __all__ = ["cli", "main"]

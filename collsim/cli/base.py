@@ -42,6 +42,41 @@ def topology_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def fault_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--fault TEXT`` (repeatable): a what-if fault applied to the topology (docs/faults.md)."""
+    return click.option(
+        "--fault",
+        "faults",
+        multiple=True,
+        metavar="KIND:TARGET:PARAMS",
+        help="What-if fault, repeatable: link:A-B:bw=0.5,lat=+2us | nic:N:fail | "
+        "switch:S:fail | gpu:G:slow=2 | background:A-B:rate=100Gbps | "
+        "background:ring[2,3]:rate=50GB/s (docs/faults.md).",
+    )(func)
+
+
+def _keep_faults(ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]) -> None:
+    ctx.meta["collsim.faults"] = tuple(value)
+
+
+fault_meta_option = click.option(
+    "--fault",
+    multiple=True,
+    expose_value=False,
+    callback=_keep_faults,
+    metavar="KIND:TARGET:PARAMS",
+    help="What-if fault on the topology, repeatable (as in `collsim simulate`; docs/faults.md).",
+)
+"""``--fault`` for commands whose signature stays as is: read it back with
+:func:`context_faults`."""
+
+
+def context_faults() -> tuple[str, ...]:
+    """The ``--fault`` texts of the running command (``fault_meta_option``), or none."""
+    ctx = click.get_current_context(silent=True)
+    return tuple(ctx.meta.get("collsim.faults", ())) if ctx is not None else ()
+
+
 @click.group(cls=CollsimGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="collsim")
 def cli() -> None:

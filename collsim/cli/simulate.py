@@ -6,7 +6,7 @@ import json
 
 import click
 
-from collsim.cli.base import cli, size_option
+from collsim.cli.base import cli, fault_option, size_option
 from collsim.collectives.registry import COLLECTIVES
 from collsim.errors import CollsimError
 
@@ -51,6 +51,7 @@ from collsim.errors import CollsimError
 )
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here.")
 @click.option("--trace", type=click.Path(dir_okay=False), help="Chrome/Perfetto trace (max size).")
+@fault_option
 def simulate(
     collective: str,
     topology: str,
@@ -69,6 +70,7 @@ def simulate(
     profile: str | None,
     json_file: str | None,
     trace: str | None,
+    faults: tuple[str, ...],
 ) -> None:
     """Simulate COLLECTIVE over message sizes, printed like nccl-tests.
 
@@ -93,7 +95,9 @@ def simulate(
     chunk = size_option("--chunk-bytes", chunk_bytes) if chunk_bytes else None
     if trace and engine != "des":
         raise CollsimError("a trace needs the discrete-event engine", field="--trace", value=engine)
-    topo = load_topology(topology, nodes=nodes, gpus_per_node=gpus_per_node)
+    topo = load_topology(topology, nodes=nodes, gpus_per_node=gpus_per_node, faults=faults)
+    if topo.faults:
+        click.echo(f"# faults: {'; '.join(topo.faults)}")
     if profile:
         from collsim.model.profile import load_profile, whatif_with_profile
 

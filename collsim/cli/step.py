@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from collsim.cli.base import cli
+from collsim.cli.base import cli, context_faults, fault_meta_option
 from collsim.errors import CollsimError
 
 _ENGINE = click.option(
@@ -78,7 +78,9 @@ def _setup(workload: str, topology: str, nodes: int | None, engine: str, profile
     from collsim.topology.loader import load_topology
 
     w = load_workload(workload)
-    topo = load_topology(topology, nodes=nodes)
+    topo = load_topology(topology, nodes=nodes, faults=context_faults())
+    if topo.faults:
+        click.echo(f"# faults: {'; '.join(topo.faults)}")
     params, eff = load_profile(profile)
     if params is not None and str(params.source).startswith("profile "):
         from collsim.model.profile import load_profile as read_fitted
@@ -114,6 +116,28 @@ def _read_measured(path: str) -> list[float]:
     return out
 
 
+def _elastic_step(model: Any, w: Any, result: Any, gpus_per_node: int):  # type: ignore[no-untyped-def]
+    """Step seconds on ``n`` nodes for the elastic option: the same TP x PP with as many
+    data-parallel replicas as fit in ``n`` nodes (and the global batch allows); None if none."""
+    from collsim.analysis.workload import with_changes
+
+    unit = result.layout.tp * result.layout.pp
+
+    def at(nodes: int) -> float | None:
+        if nodes * gpus_per_node >= result.n_gpus:
+            return float(result.step_time_s)
+        for dp in range(nodes * gpus_per_node // unit, 0, -1):
+            try:
+                r = model.evaluate(with_changes(w, parallel={"dp": dp}), dp * unit)
+            except CollsimError:
+                continue
+            if r.fits or not result.fits:
+                return float(r.step_time_s)
+        return None
+
+    return at
+
+
 @cli.command()
 @click.option("--workload", "-w", required=True, metavar="NAME|PATH", help="Workload file.")
 @click.option("--topology", "-t", required=True, metavar="NAME|PATH", help="Catalog name or file.")
@@ -123,6 +147,7 @@ def _read_measured(path: str) -> list[float]:
 @_EFF
 @click.option("--measured", type=click.Path(dir_okay=False), help="CSV of measured step times.")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here.")
+@fault_meta_option
 def step(
     workload: str,
     topology: str,
@@ -142,12 +167,21 @@ def step(
     result = model.evaluate(w)
     out = result.as_json()
     out["engine"] = engine
+    if _topo.faults:
+        out["faults"] = list(_topo.faults)
     if measured:
         times = _read_measured(measured)
         mean = sum(times) / len(times)
         out["measured_step_time_s"] = mean
         out["error"] = (result.step_time_s - mean) / mean
     click.echo(step_report(result, out.get("measured_step_time_s")))
+    if w.resilience is not None:
+        from collsim.analysis.resilience import for_job
+
+        gpn = _topo.gpus_per_node
+        res = for_job(w, result.n_gpus, gpn, _elastic_step(model, w, result, gpn))
+        out["resilience"] = res.as_json()  # type: ignore[union-attr]
+        click.echo(res.report())  # type: ignore[union-attr]
     if json_file:
         atomic_write_text(json_file, json.dumps(out, indent=2) + "\n")
         click.echo(f"# wrote {json_file}")
@@ -175,6 +209,7 @@ def step(
 @_EFF
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write the scaling plot (PNG).")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here.")
+@fault_meta_option
 def scale(
     workload: str,
     topology: str,

@@ -14,6 +14,7 @@ import numpy as np
 from collsim.collectives.schedule import NETWORK_REDUCE, REDUCTION, TRANSFER, Schedule
 from collsim.engine._csr import ptr_from_lengths
 from collsim.engine.fabric import Fabric
+from collsim.engine.skew import check_rank_slowdown, check_rank_start, op_release_s, slow_local
 from collsim.errors import ScheduleError
 from collsim.protocols import Protocol
 
@@ -38,6 +39,7 @@ class Prepared:
     succ_ptr: np.ndarray
     succ_idx: np.ndarray
     waiting: np.ndarray  # unmet dependencies per op (the replay decrements it in place)
+    release_s: np.ndarray | None = None  # earliest start per op (rank start times), if any
 
 
 def _check_ranks(values: np.ndarray, nranks: int, what: str) -> None:
@@ -88,8 +90,18 @@ def _route_kind(link_kind: np.ndarray, ptr: np.ndarray, links: np.ndarray) -> np
     return kinds
 
 
-def prepare(schedule: Schedule, fabric: Fabric, protocol: Protocol) -> Prepared:
-    """Classify operations, time their fixed parts and resolve routes (see module doc)."""
+def prepare(
+    schedule: Schedule,
+    fabric: Fabric,
+    protocol: Protocol,
+    *,
+    rank_start_s: np.ndarray | None = None,
+    rank_slowdown: np.ndarray | None = None,
+) -> Prepared:
+    """Classify operations, time their fixed parts and resolve routes (see module doc).
+
+    ``rank_start_s`` / ``rank_slowdown``: per-rank entry times and local-work slowdown factors
+    (stragglers, :mod:`collsim.engine.skew`); ``None`` changes nothing."""
     validate(schedule, fabric)
     a = schedule.arrays
     n = len(schedule)
@@ -110,6 +122,12 @@ def prepare(schedule: Schedule, fabric: Fabric, protocol: Protocol) -> Prepared:
         m = cls == code
         local_s[m] = payload[m] / rate[src[m]]
     local_s[fused] = payload[fused] / reduce_rate[dst[fused]]
+    if rank_slowdown is not None:
+        slowdown = check_rank_slowdown(rank_slowdown, schedule.nranks)
+        local_s = slow_local(local_s, slowdown, schedule, fused)
+    release_s = None
+    if rank_start_s is not None:
+        release_s = op_release_s(schedule, check_rank_start(rank_start_s, schedule.nranks))
 
     link_kind = np.asarray(fabric.link_kind, dtype=np.int64)
     latency = np.zeros(n)
@@ -156,4 +174,5 @@ def prepare(schedule: Schedule, fabric: Fabric, protocol: Protocol) -> Prepared:
         succ_ptr=ptr_from_lengths(np.bincount(schedule.dep_idx, minlength=n)),
         succ_idx=owner[order],
         waiting=ndeps.astype(np.int64),
+        release_s=release_s,
     )

@@ -14,6 +14,9 @@ operation that changes state at that time as one numpy batch:
 4. link shares are recomputed once (max-min fairness) if any flow came or went, for the flows
    the change can affect only (:mod:`collsim.engine.incremental`).
 
+Per-rank start times (stragglers, :mod:`collsim.engine.skew`): an op whose dependencies are met
+before its rank has entered the collective is deferred with a release event at that time.
+
 Events within a relative 1e-12 of the batch time are handled with it, so rounding noise does
 not split one logical instant into many batches. Authoritative times are the exactly computed
 floats (``t + latency``, ``t + bytes / rate``); ``env.now`` follows them.
@@ -43,7 +46,7 @@ from collsim.engine.uncontended import contention_free
 from collsim.errors import ScheduleError
 from collsim.protocols import Protocol, get_protocol
 
-_FLOW_START, _DONE = 0, 1
+_FLOW_START, _DONE, _RELEASE = 0, 1, 2
 _REL_TOL = 1e-12
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -55,6 +58,8 @@ def simulate(
     protocol: str | Protocol = "Simple",
     fast_path: bool = True,
     reshare: str = "auto",
+    rank_start_s: np.ndarray | None = None,
+    rank_slowdown: np.ndarray | None = None,
 ) -> SimResult:
     """Time ``schedule`` on ``fabric`` with NCCL ``protocol`` (LL, LL128, Simple or a Protocol).
 
@@ -63,11 +68,16 @@ def simulate(
     are exactly the replay's and are returned. Otherwise (or with ``fast_path=False``) the event
     replay runs. ``result.meta["engine_path"]`` says which: "contention_free" or "replay".
 
+    Stragglers (:mod:`collsim.engine.skew`): ``rank_start_s`` (seconds >= 0 per rank) is when
+    each rank enters the collective; no operation a rank issues starts before it.
+    ``rank_slowdown`` (factor per rank) stretches each rank's local GPU work (copies,
+    reductions, fused receive-reduces). ``None`` (the default) changes nothing.
+
     Raises ``ScheduleError`` if the schedule does not fit the fabric (ranks, groups, an
-    in-network reduction on a fabric without a reducing switch).
+    in-network reduction on a fabric without a reducing switch) or the per-rank arrays are bad.
     """
     proto = get_protocol(protocol)
-    prep = prepare(schedule, fabric, proto)
+    prep = prepare(schedule, fabric, proto, rank_start_s=rank_start_s, rank_slowdown=rank_slowdown)
     if fast_path:
         result = contention_free(schedule, fabric, proto, prep)
         if result is not None:
@@ -132,19 +142,30 @@ class Replay:
         finished = self.network.pop_finished(t, until)
         if finished.size:
             done.append(self._flows_finished(finished, t))
+        due: list[np.ndarray] = []
         while self._heap and self._heap[0][0] <= until:
             _, _, etype, ids = heapq.heappop(self._heap)
-            done.append(self._start_flows(ids, t) if etype == _FLOW_START else ids)
-        self._complete(done, t)
+            if etype == _RELEASE:
+                due.append(ids)
+            else:
+                done.append(self._start_flows(ids, t) if etype == _FLOW_START else ids)
+        self._complete(done, t, np.sort(np.concatenate(due)) if due else _EMPTY, held=False)
         self.network.reshare(t)
 
-    def _complete(self, parts: list[np.ndarray], t: float, ready: np.ndarray = _EMPTY) -> None:
-        """Mark ops done at ``t``, start what they release, repeat for zero-time ops."""
+    def _complete(
+        self, parts: list[np.ndarray], t: float, ready: np.ndarray = _EMPTY, held: bool = True
+    ) -> None:
+        """Mark ops done at ``t``, start what they release, repeat for zero-time ops.
+
+        ``held``: whether ``ready`` may still have to wait for its rank's start time (False
+        for ops whose release event is due now)."""
         done = np.concatenate(parts) if parts else _EMPTY
+        if held:
+            ready = self._hold(ready, t)
         while done.size or ready.size:
             if done.size:
                 self.end_s[done] = t
-                ready = np.concatenate((ready, self._release(done)))
+                ready = np.concatenate((ready, self._hold(self._release(done), t)))
             if ready.size > 1:  # sorted, without the repeats _release may return
                 ready = np.sort(ready)
                 ready = ready[np.r_[True, ready[1:] != ready[:-1]]]
@@ -161,6 +182,19 @@ class Replay:
         waiting = self.prep.waiting
         np.subtract.at(waiting, targets, 1)
         return targets[waiting[targets] == 0]
+
+    def _hold(self, ready: np.ndarray, t: float) -> np.ndarray:
+        """Defer ops whose rank has not entered the collective yet to its start time (a release
+        event); return those that may start at ``t``."""
+        release = self.prep.release_s
+        if release is None or not ready.size:
+            return ready
+        ready = np.unique(ready)  # _release lists an op once per dependency it met
+        late = release[ready] > t
+        if late.any():
+            self._push(release[ready[late]], ready[late], _RELEASE)
+            ready = ready[~late]
+        return ready
 
     def _push(self, times: np.ndarray, ids: np.ndarray, etype: int) -> None:
         """Schedule ``ids`` at ``times`` on the heap, one entry per distinct time."""

@@ -13,7 +13,8 @@ reductions never wait for their GPU, and the replay reduces to longest paths ove
    down flow does. Floating-point operations are grouped as in the replay
    (``(start + latency) + duration``) so times come out bit-identical.
 2. Times (:func:`_times`): the DAG in frontier order, one numpy batch per level (a 1024-rank
-   ring has ~2046 levels): ``start = max(end of deps)``, ``end = start + ...``.
+   ring has ~2046 levels): ``start = max(end of deps)``, ``end = start + ...``; with per-rank
+   start times (:mod:`collsim.engine.skew`) the max also takes the op's release time.
 3. Verification: every flow's active interval ``[flow start, flow end)`` is checked against the
    others on each directed link it crosses (:func:`_link_busy`), and local reductions against
    each other on their GPU (:func:`_reductions_overlap`). Sorted by start, a set of intervals
@@ -108,7 +109,8 @@ def _times(prep: Prepared, duration: np.ndarray) -> tuple[np.ndarray, np.ndarray
     """Start and end of every op, level by level; ``None`` if some op is never released."""
     n = prep.cls.shape[0]
     waiting = prep.waiting.copy()  # the replay's own counters stay untouched
-    ready_s = np.zeros(n)
+    # Dependencies met, or the issuing rank entered the collective if that is later (skew.py).
+    ready_s = np.zeros(n) if prep.release_s is None else prep.release_s.copy()
     start_s = np.full(n, np.nan)
     end_s = np.full(n, np.nan)
     latency, succ_ptr, succ_idx = prep.latency_s, prep.succ_ptr, prep.succ_idx

@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import html
 import os
+import re
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -68,7 +69,8 @@ def _title(key: tuple[str, ...]) -> str:
 
 
 def _slug(key: tuple[str, ...]) -> str:
-    return "-".join(k.replace("/", "_").replace(" ", "_") for k in key)
+    # file names: a faulty scenario's label holds ':', '>', ';' and brackets
+    return "-".join(re.sub(r"[^A-Za-z0-9._-]", "_", k) for k in key)
 
 
 def _size_axis(ax: Any) -> None:

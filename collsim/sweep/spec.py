@@ -14,6 +14,9 @@ A spec (``collsim sweep SPEC.yaml``)::
     dtype: float
     protocol: Simple
     channels: 1
+    faults:                       # optional: what-if scenarios (docs/faults.md), each a list
+      - []                        #   of --fault texts; [] is the healthy system (the default)
+      - [nic:n1.nic0:bw=0.25]
     steps:                        # optional: training step times
       workloads: [gpt3-175b]
       layouts: [{tp: 8, pp: 8}, {tp: 8, pp: 16}]   # optional; default: each workload's own
@@ -135,6 +138,7 @@ class SweepIn(Strict):
     dtype: str = "float"
     protocol: str = "Simple"
     channels: Pos = 1
+    faults: Annotated[tuple[tuple[str, ...] | str, ...], Field(min_length=1)] = ((),)
     steps: StepsIn | None = None
 
     @model_validator(mode="before")
@@ -165,6 +169,8 @@ class Task:
     workload_path: str = ""
     layouts: tuple[tuple[tuple[str, Any], ...], ...] = ()
     efficiency: float | None = None
+    faults: tuple[str, ...] = ()
+    """What-if faults (``--fault`` texts) applied to the topology."""
     n_points: int = field(default=0, compare=False)
 
     @property
@@ -172,6 +178,8 @@ class Task:
         """A stable identity of the task's inputs (its results file is named after it)."""
         data = asdict(self)
         data.pop("n_points")
+        if not data["faults"]:  # healthy tasks keep the keys they had before faults existed
+            data.pop("faults")
         for name in ("topology_path", "workload_path"):  # their contents, not where they lie
             path = data.pop(name)
             data[name] = hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else ""
@@ -179,7 +187,10 @@ class Task:
         return hashlib.sha256(text.encode()).hexdigest()[:20]
 
     def sort_key(self) -> tuple[Any, ...]:
-        return (self.kind, self.topology, self.nodes, self.collective, self.workload, self.engine)
+        return (
+            self.kind, self.topology, self.nodes, self.collective, self.workload, self.engine,
+            self.faults,
+        )  # fmt: skip
 
 
 @dataclass
@@ -292,8 +303,11 @@ def _resolve_file(name: str, base: Path | None) -> str:
     return name
 
 
-def _topologies(spec: SweepIn, file: str | None, base: Path | None) -> list[tuple[str, str, Any]]:
-    """(name, file, topology) of every topology x node count, checked by loading each one."""
+def _topologies(
+    spec: SweepIn, file: str | None, base: Path | None
+) -> list[tuple[str, str, Any, tuple[str, ...]]]:
+    """(label, file, topology, faults) of every topology x node count x fault scenario, checked
+    by loading each one. A faulty scenario's label is ``NAME [FAULT; ...]``."""
     from collsim.topology.loader import load_topology, resolve
 
     out = []
@@ -310,7 +324,17 @@ def _topologies(spec: SweepIn, file: str | None, base: Path | None) -> list[tupl
                 raise _fail(
                     f"{name}: {exc}", file, where or f"topologies.{i}", nodes if where else name
                 ) from None
-            out.append((topo.name, path, topo))
+            for k, scenario in enumerate(spec.faults):
+                faults = (scenario,) if isinstance(scenario, str) else tuple(scenario)
+                if not faults:
+                    out.append((topo.name, path, topo, faults))
+                    continue
+                try:
+                    faulty = load_topology(path, nodes=nodes, faults=faults)
+                except CollsimError as exc:
+                    raise _fail(f"{name}: {exc.message}", file, f"faults.{k}", exc.value) from None
+                label = f"{topo.name} [{'; '.join(faulty.faults)}]"
+                out.append((label, path, faulty, faults))
     return out
 
 
@@ -319,7 +343,7 @@ def _collective_tasks(spec: SweepIn, file: str | None, base: Path | None) -> lis
         return []
     sizes = tuple(spec.sizes.expand())  # type: ignore[union-attr]
     tasks = []
-    for name, path, topo in _topologies(spec, file, base):
+    for name, path, topo, faults in _topologies(spec, file, base):
         nodes = topo.nodes
         for coll in spec.collectives:
             algos = _algorithms(spec.algorithms, coll, topo)
@@ -331,7 +355,7 @@ def _collective_tasks(spec: SweepIn, file: str | None, base: Path | None) -> lis
                         kind="collective", topology=name, topology_path=path, nodes=nodes,
                         engine=engine, model=spec.model, collective=coll, algorithms=algos,
                         sizes=sizes, dtype=spec.dtype, protocol=spec.protocol,
-                        channels=spec.channels,
+                        channels=spec.channels, faults=faults,
                         n_points=len(algos) * len(sizes),
                     )
                 )  # fmt: skip
@@ -374,7 +398,7 @@ def _step_tasks(spec: SweepIn, file: str | None, base: Path | None) -> list[Task
         workloads.append((w.name, path))
     layouts = tuple(tuple(sorted(lay.changes().items())) for lay in spec.steps.layouts) or ((),)
     tasks = []
-    for name, path, topo in _topologies(spec, file, base):
+    for name, path, topo, faults in _topologies(spec, file, base):
         nodes = topo.nodes
         for wname, wpath in workloads:
             for engine in spec.engines:
@@ -382,7 +406,7 @@ def _step_tasks(spec: SweepIn, file: str | None, base: Path | None) -> list[Task
                     Task(
                         kind="step", topology=name, topology_path=path, nodes=nodes,
                         engine=engine, model=spec.model, workload=wname, workload_path=wpath,
-                        layouts=layouts, efficiency=spec.steps.efficiency,
+                        layouts=layouts, efficiency=spec.steps.efficiency, faults=faults,
                         n_points=len(layouts),
                     )
                 )  # fmt: skip

@@ -17,7 +17,7 @@ from collsim.errors import CollsimError
 from collsim.sweep.spec import Task, layout_text
 
 COLUMNS = (
-    "kind", "topology", "nodes", "gpus", "engine", "model",
+    "kind", "topology", "faults", "nodes", "gpus", "engine", "model",
     "collective", "algorithm", "algorithm_used", "dtype", "protocol", "channels",
     "size_bytes", "bytes", "count", "time_us", "algbw_gbps", "busbw_gbps",
     "link_util", "busiest_link",
@@ -63,6 +63,7 @@ def _base(task: Task, gpus: int) -> dict[str, Any]:
     return {
         "kind": task.kind,
         "topology": task.topology,
+        "faults": "; ".join(task.faults),
         "nodes": task.nodes,
         "gpus": gpus,
         "engine": task.engine,
@@ -77,7 +78,7 @@ def _collective_rows(task: Task) -> list[dict[str, Any]]:
     from collsim.topology.loader import load_topology
     from collsim.whatif import WhatIf, dtype_bytes
 
-    topo = load_topology(task.topology_path, nodes=task.nodes)
+    topo = load_topology(task.topology_path, nodes=task.nodes, faults=task.faults)
     whatif = WhatIf(topo)
     n = topo.n_gpus
     elem = dtype_bytes(task.dtype)
@@ -169,7 +170,7 @@ def _step_rows(task: Task) -> list[dict[str, Any]]:
     from collsim.analysis.workload import load_workload, with_changes
     from collsim.topology.loader import load_topology
 
-    topo = load_topology(task.topology_path, nodes=task.nodes)
+    topo = load_topology(task.topology_path, nodes=task.nodes, faults=task.faults)
     w = load_workload(task.workload_path)
     model = StepModel(topo, make_timer(task.engine, topo), task.efficiency)
     rows = []

@@ -66,6 +66,7 @@ def describe(topo: Topology) -> dict[str, Any]:
         "diameter_hops": net.diameter_hops(),
         "in_network_reduction": reducing,
         "gpu_nic_affinity": {g: nics for g, nics in affinity.items() if g.startswith("n0.")},
+        **({"faults": list(topo.faults)} if topo.faults else {}),
     }
 
 
@@ -94,6 +95,8 @@ def describe_text(info: dict[str, Any]) -> str:
         f"  diameter:    {info['diameter_hops']} hops (GPU to GPU)",
         "  in-network reduction: " + (", ".join(info["in_network_reduction"]) or "none"),
     ]
+    if info.get("faults"):
+        lines.append("  faults:      " + "; ".join(info["faults"]))
     nics = info["gpu_nic_affinity"]
     if any(nics.values()):
         lines.append(

@@ -43,10 +43,12 @@ class TopologyFabric:
         self.link_kind = np.array(
             [_HW_CLASS.get(kind, HW_NET) for kind in network.link_kind], dtype=np.int64
         )
-        memory = network.topology.gpu.memory_bandwidth_bytes_per_s
+        # Per-GPU speed (a slow GPU of a what-if fault) scales its memory rates.
+        speed = np.array([network.devices[i].speed for i in self._gpu_index], dtype=np.float64)
+        memory = network.topology.gpu.memory_bandwidth_bytes_per_s * speed
         # A reduction reads two operands and writes one; a copy reads one and writes one.
-        self.reduce_bytes_per_s = np.full(self.nranks, memory / 3.0)
-        self.copy_bytes_per_s = np.full(self.nranks, memory / 2.0)
+        self.reduce_bytes_per_s = memory / 3.0
+        self.copy_bytes_per_s = memory / 2.0
         self._reducer: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
 
     def route(self, src_rank: int, dst_rank: int) -> Route:

@@ -63,15 +63,23 @@ class Network:
                 self.link_dst[2 * i + j] = v
                 self.link_names.append(f"{self.devices[u].name}->{self.devices[v].name}")
                 self.link_kind.append(lk.kind)
-            self.capacity_bytes_per_s[2 * i : 2 * i + 2] = lk.bandwidth_bytes_per_s
-            self.latency_s[2 * i : 2 * i + 2] = lk.latency_s
+            self.capacity_bytes_per_s[2 * i : 2 * i + 2] = (
+                lk.bandwidth_bytes_per_s * lk.bandwidth_factor[0],
+                lk.bandwidth_bytes_per_s * lk.bandwidth_factor[1],
+            )
+            self.latency_s[2 * i : 2 * i + 2] = (
+                lk.latency_s + lk.extra_latency_s[0],
+                lk.latency_s + lk.extra_latency_s[1],
+            )
         self.device_latency_s = np.array([d.latency_s for d in self.devices])
+        # Routing costs the nominal bandwidth: a degraded link (a fault) is not routed around.
+        nominal = [lk.bandwidth_bytes_per_s for lk in links for _ in range(2)]
         self.graph = Graph(
             n_devices=n_dev,
             out_vertex=self._out_vertex,
             link_tail=self._out_vertex[self.link_src],
             link_head=self.link_dst,
-            cost=np.array([link_cost(b) for b in self.capacity_bytes_per_s], dtype=np.float64),
+            cost=np.array([link_cost(b) for b in nominal], dtype=np.float64),
             n_vertices=self.n_vertices,
         )
         self._generic = DijkstraRouter(self.graph)

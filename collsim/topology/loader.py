@@ -11,6 +11,7 @@ import difflib
 import os
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,14 +93,23 @@ def load_topology(
     *,
     nodes: int | None = None,
     gpus_per_node: int | None = None,
+    faults: Sequence[str] = (),
 ) -> Topology:
-    """Load, validate and expand a topology; ``nodes``/``gpus_per_node`` override a template."""
+    """Load, validate and expand a topology; ``nodes``/``gpus_per_node`` override a template.
+
+    ``faults`` are ``--fault`` texts (:mod:`collsim.topology.faults`), applied after the file's
+    own ``faults:``.
+    """
+    from collsim.topology.faults import apply_faults, parse_cli_faults
+
     path = resolve(name_or_path)
     data = read_yaml(path)
+    extra = parse_cli_faults(faults)
     try:
-        return topology_from_dict(data, nodes=nodes, gpus_per_node=gpus_per_node, file=str(path))
+        topo = topology_from_dict(data, nodes=nodes, gpus_per_node=gpus_per_node, file=str(path))
     except CollsimError as exc:
         raise exc.located(file=str(path)) from None
+    return apply_faults(topo, extra)
 
 
 def topology_from_dict(
@@ -135,6 +145,10 @@ def topology_from_dict(
     else:
         topo = _from_template(spec, nodes, gpus_per_node, file)
     check_connected(topo)
+    if spec.faults:
+        from collsim.topology.faults import apply_faults, faults_from_file
+
+        topo = apply_faults(topo, faults_from_file(spec.faults))
     return topo
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from collsim import units
 from collsim.errors import UnitError
@@ -120,6 +120,31 @@ class FabricIn(Strict):
     source: Source = None
 
 
+class FaultIn(Strict):
+    """A what-if fault (``docs/faults.md``): exactly one of ``link``/``nic``/``switch``/``gpu``/
+    ``background`` names the target; a plain string is the ``--fault`` text
+    (``switch:spine1:fail``). Rates and times are parsed by ``collsim.topology.faults``."""
+
+    fault: str | None = None
+    link: str | None = None
+    nic: str | None = None
+    switch: str | None = None
+    gpu: str | None = None
+    background: str | None = None
+    nodes: list[Annotated[int, Field(ge=0)]] | None = None
+    bw: float | None = None
+    lat: str | float | None = None
+    fail: bool = False
+    slow: float | None = None
+    rate: str | float | None = None
+    source: Source = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text(cls, data: object) -> object:
+        return {"fault": data} if isinstance(data, str) else data
+
+
 class TemplateIn(Strict):
     name: str
     description: str = ""
@@ -128,6 +153,7 @@ class TemplateIn(Strict):
     gpu: GpuIn
     node: NodeIn
     fabric: FabricIn = FabricIn()
+    faults: tuple[FaultIn, ...] = ()
 
 
 class DeviceIn(Strict):
@@ -157,3 +183,4 @@ class ExplicitIn(Strict):
     gpu: GpuIn
     devices: list[DeviceIn]
     links: list[LinkIn]
+    faults: tuple[FaultIn, ...] = ()

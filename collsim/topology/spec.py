@@ -67,6 +67,9 @@ class Device:
     """Fabric tier of a network switch (1 = leaf, 2 = spine, 3 = core); 0 elsewhere."""
     forwards: bool = True
     """Whether routes may pass through. GPUs are endpoints (False) except in chip-level tori."""
+    speed: float = 1.0
+    """A GPU's compute and memory speed relative to :attr:`Topology.gpu` (what-if faults: with a
+    slow GPU, ``Topology.gpu`` holds the slowest GPU's figures and the others run faster)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,12 @@ class Link:
     kind: str
     bandwidth_bytes_per_s: float
     latency_s: float
+    bandwidth_factor: tuple[float, float] = (1.0, 1.0)
+    """What-if faults: the fraction of ``bandwidth_bytes_per_s`` each direction (``a->b``,
+    ``b->a``) delivers. Routing keeps costing the nominal bandwidth (a degraded link is not
+    avoided, as static IB/NCCL routing does not avoid it)."""
+    extra_latency_s: tuple[float, float] = (0.0, 0.0)
+    """What-if faults: latency added to each direction (``a->b``, ``b->a``)."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +112,8 @@ class Topology:
     """Shape of a chip-level torus (GPUs linked directly), for pictures; empty otherwise."""
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """``source:`` notes of the file, by section, for provenance."""
+    faults: tuple[str, ...] = ()
+    """What-if faults applied (canonical ``--fault`` text, see :mod:`collsim.topology.faults`)."""
 
     @property
     def gpus(self) -> list[Device]:
