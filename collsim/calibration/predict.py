@@ -217,7 +217,6 @@ class ScaledModel:
         channels: int = 1,
     ) -> np.ndarray:
         from collsim.model.analytic import effective_bytes
-        from collsim.model.envelope import Lines, evaluate
 
         st = self.model.structure(collective, algorithm, protocol=protocol, channels=channels)
         sizes = np.atleast_1d(np.asarray(sizes_bytes))
@@ -227,8 +226,11 @@ class ScaledModel:
             xs = np.log2([p[0] for p in sc.size_factors])
             ys = np.array([p[1] for p in sc.size_factors])
             eff = eff / np.interp(np.log2(np.maximum(eff, 1.0)), xs, ys)
-        lines = Lines(st.lines.a_s * sc.latency, st.lines.b_s_per_byte / sc.bandwidth)
-        return self.model.params.base_latency_s + sc.base_latency_s + evaluate(lines, eff)
+        return (
+            self.model.params.base_latency_s
+            + sc.base_latency_s
+            + st.time_s(eff, sc.latency, sc.bandwidth)
+        )
 
 
 class Predictor:

@@ -1,15 +1,17 @@
 """Trees: NCCL's double binary tree all-reduce, and pipelined reduce-up / broadcast-down helpers.
 
 Double binary tree (NCCL 2.4, after Sanders, Speck & Träff, "Two-tree algorithms for full
-bandwidth broadcast, reduction and scan", Parallel Computing 2009): two binary trees over the
-ranks, built so that a rank is a leaf in one where it is an inner node in the other; each tree
-carries half the data, so every rank sends and receives about the whole buffer once up and once
-down, at logarithmic latency. Tree 0 is NCCL's ``ncclGetBtree``; tree 1 is its mirror image
-(even ``n``) or its shift by one rank (odd ``n``), as in ``ncclGetDtree``.
+bandwidth broadcast, reduction and scan", Parallel Computing 2009): two binary trees, built so
+that a member is a leaf in one where it is an inner node in the other; each tree carries half the
+data, so every member sends and receives about the whole buffer once up and once down, at
+logarithmic latency. Tree 0 is NCCL's ``ncclGetBtree``; tree 1 is its mirror image (even ``n``)
+or its shift by one (odd ``n``), as in ``ncclGetDtree``. As in NCCL the trees span *nodes*:
+inside a node the ranks form a chain below a head rank, and each channel picks another head
+(:func:`nccl_tree_parents`), so channels spread over the nodes' NICs.
 
 Each half is cut into pipeline chunks (``chunk_bytes``); chunk ``k`` goes up the tree (children
 reduce into their parent, NCCL's recvReduceSend, as ``reduce=True`` transfers into the parent's
-input) and then down from the root (recvCopySend). Chunks depend only on their own data, so an
+input) and then down from the root (recvCopySend). Every edge sends its chunks in order, and an
 engine overlaps chunk ``k`` going down with chunk ``k + 1`` going up.
 
 :func:`tree_reduce` and :func:`tree_broadcast` take any parent array, so the pipelined chain and
@@ -30,6 +32,7 @@ from collsim.collectives.common import (
     self_copy,
     split_bounds,
 )
+from collsim.collectives.layout import RankLayout
 from collsim.collectives.schedule import Schedule, ScheduleBuilder
 
 
@@ -103,6 +106,37 @@ def double_tree_parents(n: int) -> tuple[np.ndarray, np.ndarray]:
     return t0, t1
 
 
+def nccl_tree_parents(
+    layout: RankLayout, channel: int, channels: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """NCCL's two trees of one channel over ranks: a chain inside each node, a double binary
+    tree (:func:`double_tree_parents`) over the nodes between the chains' heads.
+
+    As NCCL builds them (``ncclTopoPreset`` / ``connectTrees``): inside a node the ranks form a
+    chain that hangs off one *head* rank, and only heads talk across nodes. Channel ``c`` of
+    ``C`` starts its chain at local index ``c * g // C`` (as :func:`~collsim.collectives.ring.
+    ring_order` rotates its rings), so channels leave their nodes through different GPUs and so
+    different NICs. One rank per node gives NCCL's plain double binary tree; one node, a chain.
+    """
+    n, g = layout.nranks, layout.ranks_per_node
+    nodes = layout.nnodes
+    a = (channel * g // channels) % g
+    heads = np.zeros(nodes, dtype=np.int64)
+    chain = np.full(n, -1, dtype=np.int64)  # intra-node parents
+    for m in range(nodes):
+        size = layout.node_size(m)
+        order = m * g + (a + np.arange(size)) % size
+        heads[m] = order[0]
+        chain[order[1:]] = order[:-1]
+    trees = []
+    for node_parent in double_tree_parents(nodes):
+        parent = chain.copy()
+        up = node_parent >= 0
+        parent[heads[up]] = heads[node_parent[up]]
+        trees.append(parent)
+    return trees[0], trees[1]
+
+
 def heap_parents(n: int, root: int) -> np.ndarray:
     """A balanced binary tree on ranks relabelled so that ``root`` is 0 (heap order)."""
     v = np.arange(n)
@@ -113,6 +147,20 @@ def chain_parents(n: int, root: int) -> np.ndarray:
     """A chain ``root -> root+1 -> ...``: each rank's parent is its predecessor."""
     v = (np.arange(n) - root) % n
     return np.where(v == 0, -1, (np.arange(n) - 1) % n)
+
+
+def _in_order(first_id: int, shape: tuple[int, int]) -> np.ndarray:
+    """Each edge sends its chunks in order: (K, m, 1) ids of the same edge's previous chunk.
+
+    A batch of ``K x m`` transfers (chunk-major) gets ids ``first_id ...``; chunk ``k`` on edge
+    ``j`` waits for chunk ``k - 1`` on edge ``j`` (none for the first). Without this every chunk
+    of an edge is in flight at once, they share the edge and finish together, and a chain or tree
+    does not pipeline at all: each hop would move the whole buffer before the next hop starts.
+    """
+    nk, m = shape
+    prev = first_id + (np.arange(nk)[:, None] - 1) * m + np.arange(m)[None, :]
+    prev[0] = -1
+    return prev[:, :, None]
 
 
 def tree_reduce(b: ScheduleBuilder, tree: Tree, bounds: np.ndarray, *, channel: int) -> np.ndarray:
@@ -138,6 +186,7 @@ def tree_reduce(b: ScheduleBuilder, tree: Tree, bounds: np.ndarray, *, channel: 
             ch = tree.children[group]
             deps = np.where(ch[None] >= 0, up[:, ch], -1)
             shape = (nk, group.size)
+            deps = np.concatenate([deps, _in_order(len(b), shape)], axis=2)
             ids = b.transfers(
                 np.broadcast_to(group, shape).reshape(-1),
                 np.broadcast_to(tree.parent[group], shape).reshape(-1),
@@ -195,6 +244,7 @@ def tree_broadcast(
         deps = (
             np.broadcast_to(ready[:, None, :], (*shape, ready.shape[1])) if d == 1 else down[:, par]
         )
+        deps = np.concatenate([deps.reshape(*shape, -1), _in_order(len(b), shape)], axis=2)
         ids = b.transfers(
             np.broadcast_to(par, shape).reshape(-1),
             np.broadcast_to(xs, shape).reshape(-1),
@@ -210,10 +260,12 @@ def tree_broadcast(
 
 
 def build_all_reduce(spec: BuildSpec) -> Schedule:
-    """Double binary tree all-reduce: half the data per tree, reduce up then broadcast down."""
+    """NCCL's tree all-reduce: per channel two trees (chains in nodes, a double binary tree
+    across them), half the data each, reduced up then broadcast down, pipelined by chunks."""
     b = ScheduleBuilder()
-    trees = [Tree.from_parents(p) for p in double_tree_parents(spec.nranks)]
     for c, lo, cnt in spec.channel_pieces(spec.count):
+        parents = nccl_tree_parents(spec.layout, c, spec.channels)
+        trees = [Tree.from_parents(p) for p in parents]
         halves = lo + split_bounds(cnt, 2)
         for t, tree in enumerate(trees):
             h_lo, h_hi = int(halves[t]), int(halves[t + 1])

@@ -47,7 +47,7 @@ from collsim.model.rings import (
     hierarchical_gather_scatter,
     two_level_all_reduce,
 )
-from collsim.model.trees import double_tree, rooted
+from collsim.model.trees import Pipeline, double_tree, rooted
 from collsim.topology.spec import Topology
 
 ROUNDED_TO_RANKS = frozenset({"all_gather", "reduce_scatter", "alltoall"})
@@ -62,8 +62,23 @@ class Structure:
     protocol: str
     channels: int
     lines: Lines
+    """The whole time for families that are lines (``max(path, load)``); unused when pipelined."""
     path_lines: Lines
     load_lines: Lines
+    pipeline: Pipeline | None = None
+    """Chunk-pipelined families (trees, chains): per-chunk fill and step lines."""
+
+    def time_s(
+        self, size_bytes: np.ndarray, latency: float = 1.0, bandwidth: float = 1.0
+    ) -> np.ndarray:
+        """Time at each (effective) size; ``latency`` scales intercepts, ``bandwidth`` divides
+        slopes (a calibration profile's link-class factors)."""
+        load = Lines(self.load_lines.a_s * latency, self.load_lines.b_s_per_byte / bandwidth)
+        if self.pipeline is not None:
+            return np.maximum(self.pipeline.time_s(size_bytes, latency, bandwidth),
+                              evaluate(load, size_bytes))  # fmt: skip
+        lines = Lines(self.lines.a_s * latency, self.lines.b_s_per_byte / bandwidth)
+        return evaluate(lines, size_bytes)
 
 
 def effective_bytes(
@@ -128,20 +143,25 @@ class AnalyticModel:
             )
         costs = FlowCosts(self.fabric, self.params, proto, self._shares)
         oracle = self._oracle(costs, collective, algorithm, channels)
-        path = discover(oracle)
+        pipeline = oracle if isinstance(oracle, Pipeline) else None
+        path = pipeline.fill if pipeline is not None else discover(oracle)
         a, b = costs.load_lines()
         load = Lines(a, b) if a.size else Lines(np.zeros(1), np.zeros(1))
-        found = Structure(collective, algorithm, proto.name, channels, path.merge(load), path, load)
+        found = Structure(
+            collective, algorithm, proto.name, channels, path.merge(load), path, load, pipeline
+        )
         self._cache[key] = found
         return found
 
-    def _oracle(self, costs: FlowCosts, collective: str, algorithm: str, channels: int) -> Oracle:
+    def _oracle(
+        self, costs: FlowCosts, collective: str, algorithm: str, channels: int
+    ) -> Oracle | Pipeline:
         n, lay = self.nranks, self.layout
         if algorithm == "ring":
             return flat_ring(costs, collective, channels, lay)
         if collective == "all_reduce":
             if algorithm == "tree":
-                return double_tree(costs, n, channels)
+                return double_tree(costs, lay, channels)
             if algorithm == "rhd":
                 groups = np.arange(n)[None, :]
                 return rhd(costs, groups, 1.0 / channels, in_place=False, channels=channels)
@@ -184,7 +204,7 @@ class AnalyticModel:
         st = self.structure(collective, algorithm, protocol=protocol, channels=channels)
         eff = effective_bytes(collective, sizes, elem_bytes, self.nranks)
         scaled = eff / self.params.size_factor(eff) if self.params.size_factors else eff
-        return self.params.base_latency_s + evaluate(st.lines, scaled)
+        return self.params.base_latency_s + st.time_s(scaled)
 
 
 def _rd(costs: FlowCosts, collective: str, n: int, channels: int) -> Oracle:

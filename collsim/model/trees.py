@@ -1,29 +1,39 @@
 """Closed forms of the tree family: NCCL's double binary tree all-reduce and the pipelined chain
 and binary-tree broadcast / reduce (``collsim/collectives/tree.py``, ``pipeline.py``).
 
-The schedules cut each tree's data into pipeline chunks that depend only on their own data, and
-every chunk of an edge is in flight at once, sharing that edge's links; so an edge moves its
-whole share in ``latency + bytes / share`` and the tree runs level by level. The critical path is
-a longest path over the tree (a few numpy passes, one per level):
+The schedules cut each tree's data into ``K`` pipeline chunks and every edge sends its chunks in
+order, so a tree is a pipeline: chunk ``k`` crosses edge ``e`` after chunk ``k`` crossed the
+edge before it and chunk ``k - 1`` crossed ``e``. Each (chunk, edge) cell costs the edge's
+latency plus the chunk's bytes over the edge's share; the time is the longest path through the
+(chunk x edge) grid, which runs along one root-to-leaf path and lingers ``K - 1`` cells at its
+slowest stage:
 
-* up (reduce): ``t(x) = max over children t(c) + cost(x -> parent)``, a fused receive-reduce
-  except the root's first child (plain into the root's output), then the root's local reductions
-  (serialised on its GPU across channels);
-* down (broadcast): ``t(x) = t(parent) + cost(parent -> x)``.
+    T = fill(chunk) + (K - 1) * step(chunk)
 
-Flows that run together share links: edges are grouped into waves by *slot* (an up edge's slot is
-its sender's height, a down edge's is the root's height plus its depth), across both trees and
-all channels, and each wave's flows get their max-min shares.
+* ``fill``: one chunk's longest path through the tree(s) -- up (reduce): ``t(x) = max over
+  children t(c) + cost(x -> parent)``, a fused receive-reduce except the root's first child
+  (plain into the root's output), then the root's local reduction; down (broadcast):
+  ``t(x) = t(parent) + cost(parent -> x)``;
+* ``step``: the slowest cell (edge, or the root's reduction, serialised on its GPU over the
+  channels).
+
+In steady state every edge of every tree and channel is busy at once, so the edges get their
+max-min shares as one wave. Both ``fill`` and ``step`` are affine in the chunk's size, hence
+lines (:func:`~collsim.model.envelope.discover`); :class:`Pipeline` combines them per size.
+(The longest path can only be shorter when the slowest stage lies off the longest fill path.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from collsim.collectives.tree import Tree, chain_parents, double_tree_parents, heap_parents
-from collsim.model.envelope import Aff
+from collsim.collectives.common import DEFAULT_CHUNK_BYTES, MAX_CHUNKS
+from collsim.collectives.layout import RankLayout
+from collsim.collectives.tree import Tree, chain_parents, heap_parents, nccl_tree_parents
+from collsim.model.envelope import Aff, Lines, discover, evaluate
 from collsim.model.flows import FlowCosts
 
 Oracle = Callable[[float], Aff]
@@ -44,6 +54,67 @@ def _depths(tree: Tree) -> np.ndarray:
     return d
 
 
+def _edge_costs(
+    costs: FlowCosts, rows: list, n: int, frac: float, copies: list[int], *, steady: bool
+) -> tuple[dict, dict]:
+    """Per (tree, direction): each edge's latency and seconds per collective byte, indexed by
+    the edge's child. ``steady``: all edges share links as one wave (pipeline steady state);
+    otherwise wave by wave of ``rows``' slots, which also carry the link-load bound."""
+    lat = {(r[0], r[3]): np.zeros(n) for r in rows}
+    per_byte = {(r[0], r[3]): np.zeros(n) for r in rows}
+    if steady:
+        waves = [[(i, c, p, u) for i, c, p, u, _ in rows]]
+    else:
+        slots = np.unique(np.concatenate([r[4] for r in rows])) if rows else []
+        waves = [[(i, c[s == k], p[s == k], u) for i, c, p, u, s in rows] for k in slots]
+    for parts in waves:
+        parts = [x for x in parts if x[1].size]
+        if not parts:
+            continue
+        src = np.concatenate([c if u else p for _, c, p, u in parts])
+        dst = np.concatenate([p if u else c for _, c, p, u in parts])
+        w = np.concatenate([np.full(c.size, copies[i], dtype=np.float64) for i, c, _, _ in parts])
+        if steady:
+            wave = costs.wave(src, dst, w)
+        else:
+            wave = costs.wave(src, dst, w, load_bytes=frac * w, size=1.0)
+        lo = 0
+        for i, c, _, u in parts:
+            hi = lo + c.size
+            lat[(i, u)][c] = wave.lat_s[lo:hi]
+            per_byte[(i, u)][c] = frac * wave.s_per_byte[lo:hi]
+            lo = hi
+    return lat, per_byte
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A chunk-pipelined family: its time from per-chunk lines (see the module docstring)."""
+
+    fill: Lines
+    step: Lines
+    streams: int
+    """Independent chunk streams the collective's bytes are split into (channels x trees)."""
+    max_chunks: int
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+
+    def chunks(self, size_bytes: np.ndarray) -> np.ndarray:
+        """Chunks per stream at each size (as ``BuildSpec.chunks`` cuts them)."""
+        per_stream = np.asarray(size_bytes, dtype=np.float64) / self.streams
+        return np.clip(np.ceil(per_stream / self.chunk_bytes), 1, self.max_chunks)
+
+    def time_s(
+        self, size_bytes: np.ndarray, latency: float = 1.0, bandwidth: float = 1.0
+    ) -> np.ndarray:
+        """Time at each size; ``latency`` scales intercepts and ``bandwidth`` divides slopes."""
+        size = np.asarray(size_bytes, dtype=np.float64)
+        k = self.chunks(size)
+        x = size / k
+        fill = Lines(self.fill.a_s * latency, self.fill.b_s_per_byte / bandwidth)
+        step = Lines(self.step.a_s * latency, self.step.b_s_per_byte / bandwidth)
+        return evaluate(fill, x) + (k - 1.0) * evaluate(step, x)
+
+
 def tree_family(
     costs: FlowCosts,
     parents: list[np.ndarray],
@@ -51,65 +122,66 @@ def tree_family(
     *,
     up: bool,
     down: bool,
-    channels: int,
-) -> Oracle:
-    """Longest path of ``parents`` trees run together: reduce up and/or broadcast down.
+    copies: list[int],
+) -> tuple[Oracle, Oracle]:
+    """The ``fill`` and ``step`` oracles of ``parents`` trees run together (reduce up and/or
+    broadcast down), each a function of the collective size whose chunk is being timed.
 
-    ``frac``: payload bytes per edge per collective byte (one tree's share of one channel).
+    ``frac``: payload bytes per edge per collective byte (one tree's share of one channel);
+    ``copies[i]``: how many channels run tree ``i`` (identical copies share its links).
     """
     trees = [Tree.from_parents(p) for p in parents]
     heights = [_heights(t) for t in trees]
     depths = [_depths(t) for t in trees]
     top = max(int(h[t.root]) for t, h in zip(trees, heights, strict=True)) + 1
-    # Gather every edge with its slot, then cost each slot's wave together.
     rows = []  # (tree, child, parent, is_up, slot)
     for i, (t, h, d) in enumerate(zip(trees, heights, depths, strict=True)):
         child = np.flatnonzero(t.parent >= 0)
         if up:
             rows.append((i, child, t.parent[child], True, h[child]))
         if down:
-            slot = d[child] + (top if up else 0)
-            rows.append((i, child, t.parent[child], False, slot))
-    edge_lat: dict[tuple[int, bool], np.ndarray] = {}
-    edge_b: dict[tuple[int, bool], np.ndarray] = {}
+            rows.append((i, child, t.parent[child], False, d[child] + (top if up else 0)))
     n = trees[0].parent.shape[0]
-    for i, _, _, is_up, _ in rows:
-        edge_lat[(i, is_up)] = np.zeros(n)
-        edge_b[(i, is_up)] = np.zeros(n)
-    slots = np.unique(np.concatenate([r[4] for r in rows])) if rows else np.zeros(0, np.int64)
-    for slot in slots:
-        parts = [(i, c[s == slot], p[s == slot], u) for i, c, p, u, s in rows]
-        parts = [x for x in parts if x[1].size]
-        src = np.concatenate([c if u else p for _, c, p, u in parts])
-        dst = np.concatenate([p if u else c for _, c, p, u in parts])
-        wave = costs.wave(src, dst, channels, load_bytes=frac * channels, size=1.0)
-        lo = 0
-        for i, c, _, u in parts:
-            hi = lo + c.size
-            edge_lat[(i, u)][c] = wave.lat_s[lo:hi]
-            edge_b[(i, u)][c] = frac * wave.s_per_byte[lo:hi]
-            lo = hi
+    # The fill's chunk meets the edges wave by wave (an up edge's slot is its sender's height, a
+    # down edge's the root's height plus its depth); in steady state every edge is busy at once.
+    lone = _edge_costs(costs, rows, n, frac, copies, steady=False)
+    busy = _edge_costs(costs, rows, n, frac, copies, steady=True)
     red = costs.reduce_bytes_per_s
+    # Roots reduce their chunks on their GPU, serialised over every tree rooted there.
+    rooted_at = np.zeros(n)
+    for t, k in zip(trees, copies, strict=True):
+        rooted_at[t.root] += k
     plans = []
+    cells: list[Aff] = []
     for i, t in enumerate(trees):
         child = np.flatnonzero(t.parent >= 0)
         first = int(t.children[t.root, 0])
-        if up:
-            b = edge_b[(i, True)]
-            fused = np.maximum(b, frac / red[np.maximum(t.parent, 0)])
-            fused[first] = b[first]  # the root's first child delivers plain into the output
-            fused[t.root] = 0.0
-            up_cost = Aff(edge_lat[(i, True)], np.where(t.parent >= 0, fused, 0.0))
-        else:
-            up_cost = None
-        down_cost = Aff(edge_lat[(i, False)], edge_b[(i, False)]) if down else None
-        root_red = channels * frac / red[t.root] if up else 0.0
+        root_red = rooted_at[t.root] * frac / red[t.root] if up else 0.0
         root_copy = frac / costs.copy_bytes_per_s[t.root] if (down and not up) else 0.0
-        plans.append((t, child, up_cost, down_cost, root_red, root_copy))
+        costs_of = []
+        for lat, per_byte in (lone, busy):
+            up_cost = down_cost = None
+            if up:
+                b = per_byte[(i, True)]
+                fused = np.maximum(b, frac / red[np.maximum(t.parent, 0)])
+                fused[first] = b[first]  # the root's first child delivers plain into the output
+                fused[t.root] = 0.0
+                up_cost = Aff(lat[(i, True)], np.where(t.parent >= 0, fused, 0.0))
+            if down:
+                down_cost = Aff(lat[(i, False)], per_byte[(i, False)])
+            costs_of.append((up_cost, down_cost))
+        (up_cost, down_cost), steady = costs_of
+        cells += [c[child] for c in steady if c is not None]
+        cells.append(Aff.const(np.zeros(1), np.array([root_red + root_copy])))
+        plans.append((t, up_cost, down_cost, root_red, root_copy))
+    every = Aff(np.concatenate([c.a for c in cells]), np.concatenate([c.b for c in cells]))
 
-    def oracle(s: float) -> Aff:
+    def step(s: float) -> Aff:
+        return every.max(s)
+
+    def fill(s: float) -> Aff:
         ends = []
-        for t, _child, up_cost, down_cost, root_red, root_copy in plans:
+        for t, up_cost, down_cost, root_red, root_copy in plans:
             n_t = t.parent.shape[0]
             done = Aff.zeros(n_t)
             if up_cost is not None:
@@ -143,19 +215,34 @@ def tree_family(
                 ends.append(done)
         return Aff(np.concatenate([e.a for e in ends]), np.concatenate([e.b for e in ends])).max(s)
 
-    return oracle
+    return fill, step
 
 
-def double_tree(costs: FlowCosts, n: int, channels: int) -> Oracle:
-    """NCCL's double binary tree all-reduce: half of each channel's data per tree."""
-    t0, t1 = double_tree_parents(n)
-    return tree_family(costs, [t0, t1], 0.5 / channels, up=True, down=True, channels=channels)
+def _pipeline(oracles: tuple[Oracle, Oracle], streams: int, max_chunks: int) -> Pipeline:
+    fill, step = oracles
+    return Pipeline(discover(fill), discover(step), streams, max_chunks)
 
 
-def rooted(costs: FlowCosts, collective: str, algorithm: str, n: int, channels: int) -> Oracle:
+def double_tree(costs: FlowCosts, layout: RankLayout, channels: int) -> Pipeline:
+    """NCCL's tree all-reduce: per channel two trees (:func:`nccl_tree_parents`), half of the
+    channel's data each; channels whose trees coincide are copies sharing the same links."""
+    distinct: dict[bytes, tuple[np.ndarray, int]] = {}
+    for c in range(channels):
+        for p in nccl_tree_parents(layout, c, channels):
+            key = p.tobytes()
+            tree, k = distinct.get(key, (p, 0))
+            distinct[key] = (tree, k + 1)
+    parents = [p for p, _ in distinct.values()]
+    copies = [k for _, k in distinct.values()]
+    oracles = tree_family(costs, parents, 0.5 / channels, up=True, down=True, copies=copies)
+    return _pipeline(oracles, 2 * channels, max(1, MAX_CHUNKS // 2))
+
+
+def rooted(costs: FlowCosts, collective: str, algorithm: str, n: int, channels: int) -> Pipeline:
     """Pipelined chain / binary-tree broadcast or reduce from/to rank 0."""
     parents = chain_parents(n, 0) if algorithm == "chain" else heap_parents(n, 0)
     bcast = collective == "broadcast"
-    return tree_family(
-        costs, [parents], 1.0 / channels, up=not bcast, down=bcast, channels=channels
+    oracles = tree_family(
+        costs, [parents], 1.0 / channels, up=not bcast, down=bcast, copies=[channels]
     )
+    return _pipeline(oracles, channels, MAX_CHUNKS)
