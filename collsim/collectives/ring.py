@@ -7,10 +7,12 @@ steps position ``j`` holds block ``j`` fully reduced. Ring all-gather circulates
 onward in ``m - 1`` plain steps. All-reduce is the two back to back: ``2(m - 1)`` steps, each
 moving one block per rank, so each rank sends ``2(m - 1)/m`` of the buffer -- the bandwidth optimum.
 
-Each step's transfer depends on the transfer that delivered its data in the previous step and on
-the same rank's previous send (a channel's sends to its neighbour go in order over one connection,
-as in NCCL), so an engine replays the ring as fast as data arrives, without a global step barrier,
-and a slow link delays its own sender's later sends instead of being shared by them.
+Each step's transfer depends on the transfer that delivered its data in the previous step and
+follows the same rank's previous send (``after``: a channel's sends to its neighbour go in order
+over one connection, as in NCCL, but a send's latency overlaps the previous send's bytes), so an
+engine replays the ring as fast as data arrives, without a global step barrier; a slow link
+delays its own sender's later sends instead of being shared by them, and a slow hop's latency is
+paid once per block that crosses it, not once per step.
 
 Data flow and buffers. Partial sums accumulate in place in the *accumulation* buffer (the input for
 a first phase: NCCL's recvReduceSend never writes the output either). The last hop into a block's
@@ -93,8 +95,8 @@ def _emit_steps(
 
     At step ``s`` position ``i`` sends block ``(i - s - shift) mod m`` to position ``i + 1``; it
     depends on the transfer that brought that block to ``i`` at step ``s - 1`` (``ready[i]`` at
-    step 0), on its own send of step ``s - 1`` (sends on one connection go in order) and on
-    ``rx[i + 1]`` (the receiver's buffer being ready).
+    step 0) and on ``rx[i + 1]`` (the receiver's buffer being ready), and follows its own send of
+    step ``s - 1`` on the connection (``after``).
     """
     src_buf, src_tab, dst_buf, dst_tab = bufs
     nr, m, npc = blk.shape
@@ -115,13 +117,15 @@ def _emit_steps(
     if first < steps.stop:
         prev = np.roll(ids[first - 1 : steps.stop - 1], 1, axis=2)  # ids[s-1][.., i-1, ..]
         data[first - steps.start :, ..., 0] = prev
-    # FIFO per connection: position i's send at step s also waits for its own send at step s-1,
-    # as NCCL's channel sends to its ring neighbour in order (one connection, fixed buffers).
-    own = np.full((*shape, 1), -1, dtype=np.int64)
-    if first < steps.stop:
-        own[first - steps.start :, ..., 0] = ids[first - 1 : steps.stop - 1]
+    # In order per connection: position i's send at step s follows its own send at step s-1 (NCCL's
+    # channel sends to its ring neighbour over one connection with fixed slots): its bytes go on
+    # the wire once the previous send's are off it; its latency overlaps (``after``, not a dep).
+    own = np.full(shape, -1, dtype=np.int64)
+    if steps.start > 0 or len(steps) > 1:
+        lo = 1 if steps.start == 0 else 0
+        own[lo:] = ids[steps.start + lo - 1 : steps.stop - 1]
     recv = np.roll(rx, -1, axis=1)[None, :, :, None, :]  # rx of position i + 1
-    deps = cat_deps(shape, data, own, recv)
+    deps = cat_deps(shape, data, recv)
     src = np.broadcast_to(blk.ranks[None, :, :, None], shape)
     dst = np.broadcast_to(np.roll(blk.ranks, -1, axis=1)[None, :, :, None], shape)
     got = b.transfers(
@@ -135,6 +139,7 @@ def _emit_steps(
         reduce=reduce,
         deps=deps,
         channel=channel,
+        after=own.reshape(-1),
     )
     if got.size and got[0] != base:  # pragma: no cover - builder contract
         raise RuntimeError("ring step ids out of sync with the builder")

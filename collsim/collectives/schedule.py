@@ -22,6 +22,13 @@ Data model. Every rank owns three buffers of elements: ``input`` (the collective
 ``deps`` (CSR: ``dep_ptr``/``dep_idx``) name operations that must complete first. Dependencies
 always point to earlier operations, so the operation order is a valid execution order.
 
+``after`` (optional column ``arrays["after"]``, -1 for none): the earlier transfer this one follows
+on its connection. Sends over one connection go in order (NCCL's fixed slots per peer), but a send
+need not wait for the previous one to *arrive*: its bytes may go on the wire as soon as the
+previous send's are off it, so per-hop latency overlaps with the previous transfer instead of
+adding to it. Engines start the transfer's flow no earlier than the ``after`` op ends; its
+latency runs from its dependencies as usual. It orders timing only, never data.
+
 The schedule is stored column-wise in numpy arrays: a 1 GiB ring all-reduce on 1024 GPUs has two
 million transfers, and the engine consumes them in vectorised batches.
 """
@@ -97,6 +104,12 @@ class Schedule:
         """The collective's size as nccl-tests prints it (``count * elem_bytes``)."""
         return self.count * self.elem_bytes
 
+    @property
+    def after(self) -> np.ndarray:
+        """Per op, the transfer it follows on its connection (-1: none)."""
+        got = self.arrays.get("after")
+        return got if got is not None else np.full(len(self), -1, dtype=np.int64)
+
     def deps_of(self, op_id: int) -> tuple[int, ...]:
         lo, hi = self.dep_ptr[op_id], self.dep_ptr[op_id + 1]
         return tuple(int(d) for d in self.dep_idx[lo:hi])
@@ -145,6 +158,7 @@ class ScheduleBuilder:
         self._dep_values: list[np.ndarray] = []
         self._rows: list[tuple[int, ...]] = []
         self._row_deps: list[tuple[int, ...]] = []
+        self._after_parts: list[tuple[int, np.ndarray]] = []
         self._n = 0
         self.groups: list[tuple[int, ...]] = []
 
@@ -236,15 +250,21 @@ class ScheduleBuilder:
         reduce: bool = False,
         deps: np.ndarray | None = None,
         channel: np.ndarray | int = 0,
+        after: np.ndarray | None = None,
     ) -> np.ndarray:
         """Add ``len(src)`` transfers at once; returns their ids.
 
         ``deps`` is ``None``, a 1-D array (one dependency per transfer, negative for none) or a 2-D
-        array of shape ``(len(src), k)`` padded with negatives.
+        array of shape ``(len(src), k)`` padded with negatives. ``after``: per transfer, the
+        earlier transfer it follows on its connection (negative for none; see the module doc).
         """
         self._flush_rows()
         src = np.asarray(src, dtype=np.int64)
         m = src.shape[0]
+        if after is not None:
+            self._after_parts.append(
+                (self._n, np.broadcast_to(np.asarray(after, dtype=np.int64), (m,)))
+            )
         cols = {
             "kind": TRANSFER,
             "src": src,
@@ -315,6 +335,14 @@ class ScheduleBuilder:
         if dep_idx.size and np.any(dep_idx >= owner):
             bad = int(owner[np.argmax(dep_idx >= owner)])
             raise ValueError(f"operation {bad} depends on itself or a later operation")
+        if self._after_parts:
+            after = np.full(self._n, -1, dtype=np.int64)
+            for first, values in self._after_parts:
+                after[first : first + values.shape[0]] = np.where(values >= 0, values, -1)
+            if np.any(after >= np.arange(self._n)):
+                bad = int(np.argmax(after >= np.arange(self._n)))
+                raise ValueError(f"operation {bad} follows itself or a later operation")
+            arrays["after"] = after
         return Schedule(
             collective=collective,
             algorithm=algorithm,

@@ -150,17 +150,17 @@ def chain_parents(n: int, root: int) -> np.ndarray:
 
 
 def _in_order(first_id: int, shape: tuple[int, int]) -> np.ndarray:
-    """Each edge sends its chunks in order: (K, m, 1) ids of the same edge's previous chunk.
+    """Each edge sends its chunks in order: the ids (K * m,) of the same edge's previous chunk.
 
     A batch of ``K x m`` transfers (chunk-major) gets ids ``first_id ...``; chunk ``k`` on edge
-    ``j`` waits for chunk ``k - 1`` on edge ``j`` (none for the first). Without this every chunk
-    of an edge is in flight at once, they share the edge and finish together, and a chain or tree
-    does not pipeline at all: each hop would move the whole buffer before the next hop starts.
+    ``j`` follows chunk ``k - 1`` on edge ``j`` (``after``; none for the first). Without this
+    every chunk of an edge is in flight at once, they share the edge and finish together, and a
+    chain or tree does not pipeline at all: each hop moves the whole buffer before the next.
     """
     nk, m = shape
     prev = first_id + (np.arange(nk)[:, None] - 1) * m + np.arange(m)[None, :]
     prev[0] = -1
-    return prev[:, :, None]
+    return prev.reshape(-1)
 
 
 def tree_reduce(b: ScheduleBuilder, tree: Tree, bounds: np.ndarray, *, channel: int) -> np.ndarray:
@@ -186,7 +186,6 @@ def tree_reduce(b: ScheduleBuilder, tree: Tree, bounds: np.ndarray, *, channel: 
             ch = tree.children[group]
             deps = np.where(ch[None] >= 0, up[:, ch], -1)
             shape = (nk, group.size)
-            deps = np.concatenate([deps, _in_order(len(b), shape)], axis=2)
             ids = b.transfers(
                 np.broadcast_to(group, shape).reshape(-1),
                 np.broadcast_to(tree.parent[group], shape).reshape(-1),
@@ -198,6 +197,7 @@ def tree_reduce(b: ScheduleBuilder, tree: Tree, bounds: np.ndarray, *, channel: 
                 reduce=reduce,
                 deps=deps.reshape(nk * group.size, -1),
                 channel=channel,
+                after=_in_order(len(b), shape),
             )
             up[:, group] = ids.reshape(shape)
     kids = tree.children[root]
@@ -244,7 +244,6 @@ def tree_broadcast(
         deps = (
             np.broadcast_to(ready[:, None, :], (*shape, ready.shape[1])) if d == 1 else down[:, par]
         )
-        deps = np.concatenate([deps.reshape(*shape, -1), _in_order(len(b), shape)], axis=2)
         ids = b.transfers(
             np.broadcast_to(par, shape).reshape(-1),
             np.broadcast_to(xs, shape).reshape(-1),
@@ -255,6 +254,7 @@ def tree_broadcast(
             np.broadcast_to(off, shape).reshape(-1),
             deps=deps.reshape(nk * xs.size, -1),
             channel=channel,
+            after=_in_order(len(b), shape),
         )
         down[:, xs] = ids.reshape(shape)
 

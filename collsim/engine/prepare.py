@@ -40,6 +40,9 @@ class Prepared:
     succ_idx: np.ndarray
     waiting: np.ndarray  # unmet dependencies per op (the replay decrements it in place)
     release_s: np.ndarray | None = None  # earliest start per op (rank start times), if any
+    after: np.ndarray | None = None  # the op a transfer's flow follows on its connection, or -1
+    follow_ptr: np.ndarray | None = None  # CSR: the transfers following each op (``after``)
+    follow_idx: np.ndarray | None = None
 
 
 def _check_ranks(values: np.ndarray, nranks: int, what: str) -> None:
@@ -160,6 +163,16 @@ def prepare(
     ndeps = np.diff(schedule.dep_ptr)
     owner = np.repeat(np.arange(n, dtype=np.int64), ndeps)
     order = np.argsort(schedule.dep_idx, kind="stable")
+    after = follow_ptr = follow_idx = None
+    if "after" in a:  # only network transfers follow another on a connection
+        after = np.where(cls == NET, a["after"], -1).astype(np.int64)
+        if (after >= 0).any():
+            followers = np.flatnonzero(after >= 0)
+            by_pred = np.argsort(after[followers], kind="stable")
+            follow_ptr = ptr_from_lengths(np.bincount(after[followers], minlength=n))
+            follow_idx = followers[by_pred]
+        else:
+            after = None
     return Prepared(
         cls=cls,
         fused=fused,
@@ -175,4 +188,7 @@ def prepare(
         succ_idx=owner[order],
         waiting=ndeps.astype(np.int64),
         release_s=release_s,
+        after=after,
+        follow_ptr=follow_ptr,
+        follow_idx=follow_idx,
     )

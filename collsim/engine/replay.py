@@ -14,6 +14,10 @@ operation that changes state at that time as one numpy batch:
 4. link shares are recomputed once (max-min fairness) if any flow came or went, for the flows
    the change can affect only (:mod:`collsim.engine.incremental`).
 
+A transfer that follows another on its connection (the schedule's ``after``) starts its flow at
+the later of ``latency`` after its dependencies and the end of that transfer; if the latter is
+still running, the transfer waits as *pending* and is resumed when it ends.
+
 Per-rank start times (stragglers, :mod:`collsim.engine.skew`): an op whose dependencies are met
 before its rank has entered the collective is deferred with a release event at that time.
 
@@ -112,6 +116,10 @@ class Replay:
         self.end_s = np.full(n, np.nan)
         self.flows_left = np.zeros(n, dtype=np.int64)
         self.fused_end_s = np.zeros(n)
+        # Transfers whose latency has elapsed but whose connection is still busy with the
+        # transfer they follow (``after``): when their flow may start, once that one ends.
+        self.pending = np.zeros(n, dtype=bool)
+        self.latency_done_s = np.full(n, np.nan)
         self.gpu_free_s = np.zeros(fabric.nranks)
         self.network = FlowNetwork(fabric.capacity_bytes_per_s, mode=reshare)
         self.in_network_link_bytes = np.zeros(len(fabric.capacity_bytes_per_s))
@@ -163,14 +171,35 @@ class Replay:
         if held:
             ready = self._hold(ready, t)
         while done.size or ready.size:
+            resumed = _EMPTY
             if done.size:
                 self.end_s[done] = t
                 ready = np.concatenate((ready, self._hold(self._release(done), t)))
+                resumed = self._resume(done, t)
             if ready.size > 1:  # sorted, without the repeats _release may return
                 ready = np.sort(ready)
                 ready = ready[np.r_[True, ready[1:] != ready[:-1]]]
             done = self._dispatch(ready, t) if ready.size else _EMPTY
+            if resumed.size:
+                done = np.concatenate((done, resumed))
             ready = _EMPTY
+
+    def _resume(self, done: np.ndarray, t: float) -> np.ndarray:
+        """Start the flows of pending transfers that follow ``done`` (ended at ``t``) on their
+        connection; returns those complete at once."""
+        prep = self.prep
+        if prep.follow_ptr is None:
+            return _EMPTY
+        positions, _ = gather_rows(prep.follow_ptr, done)
+        followers = prep.follow_idx[positions]
+        followers = followers[self.pending[followers]]
+        if not followers.size:
+            return _EMPTY
+        self.pending[followers] = False
+        at = np.maximum(self.latency_done_s[followers], t)
+        now = at <= t
+        self._push(at[~now], followers[~now], _FLOW_START)
+        return self._start_flows(followers[now], t) if now.any() else _EMPTY
 
     def _release(self, done: np.ndarray) -> np.ndarray:
         """Decrement successors' counters; return those with no unmet dependency left (an op
@@ -220,6 +249,15 @@ class Replay:
         flows = ready[(cls == NET) | (cls == IN_NETWORK)]
         if flows.size:
             at = t + prep.latency_s[flows]
+            if prep.after is not None:  # not before the transfer each follows has ended
+                pred = prep.after[flows]
+                pred_end = np.where(pred >= 0, self.end_s[np.maximum(pred, 0)], -np.inf)
+                busy = np.isnan(pred_end)
+                at = np.maximum(at, np.where(busy, -np.inf, pred_end))
+                if busy.any():
+                    self.pending[flows[busy]] = True
+                    self.latency_done_s[flows[busy]] = at[busy]
+                    flows, at = flows[~busy], at[~busy]
             now = at <= t
             if now.any():
                 instant.append(self._start_flows(flows[now], t))

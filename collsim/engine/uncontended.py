@@ -7,11 +7,12 @@ When that holds, max-min sharing is trivial (every flow runs at its route's bott
 reductions never wait for their GPU, and the replay reduces to longest paths over the DAG.
 
 1. Durations (:func:`_durations`), exactly as the replay computes them: a network transfer
-   starts its flow ``latency`` after its dependencies are met and ends ``wire / bottleneck``
-   later (a fused receive-reduce at the later of that and ``flow start + reduction time``); a
-   copy or reduction takes ``bytes / rate``; an in-network reduction ends when its slowest up or
-   down flow does. Floating-point operations are grouped as in the replay
-   (``(start + latency) + duration``) so times come out bit-identical.
+   starts its flow ``latency`` after its dependencies are met (and not before the transfer it
+   follows on its connection has ended) and ends ``wire / bottleneck`` later (a fused
+   receive-reduce at the later of that and ``flow start + reduction time``); a copy or
+   reduction takes ``bytes / rate``; an in-network reduction ends when its slowest up or down
+   flow does. Floating-point operations are grouped as in the replay
+   (``max(start + latency, ...) + duration``) so times come out bit-identical.
 2. Times (:func:`_times`): the DAG in frontier order, one numpy batch per level (a 1024-rank
    ring has ~2046 levels): ``start = max(end of deps)``, ``end = start + ...``; with per-rank
    start times (:mod:`collsim.engine.skew`) the max also takes the op's release time.
@@ -105,13 +106,21 @@ def _durations(prep: Prepared, flows: _Flows) -> np.ndarray:
     return duration
 
 
-def _times(prep: Prepared, duration: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """Start and end of every op, level by level; ``None`` if some op is never released."""
+def _times(
+    prep: Prepared, duration: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Start, flow start and end of every op, level by level; ``None`` if some op is never
+    released. A transfer that follows another on its connection (``after``) is processed once
+    that one has ended too: its flow starts at ``max(start + latency, that end)``."""
     n = prep.cls.shape[0]
     waiting = prep.waiting.copy()  # the replay's own counters stay untouched
     # Dependencies met, or the issuing rank entered the collective if that is later (skew.py).
     ready_s = np.zeros(n) if prep.release_s is None else prep.release_s.copy()
+    pred_end_s = np.full(n, -np.inf)  # end of the op each one follows on its connection
+    if prep.after is not None:
+        waiting += prep.after >= 0
     start_s = np.full(n, np.nan)
+    flow_s = np.full(n, np.nan)
     end_s = np.full(n, np.nan)
     latency, succ_ptr, succ_idx = prep.latency_s, prep.succ_ptr, prep.succ_idx
     frontier = np.flatnonzero(waiting == 0)
@@ -119,21 +128,29 @@ def _times(prep: Prepared, duration: np.ndarray) -> tuple[np.ndarray, np.ndarray
     while frontier.shape[0]:
         reached += frontier.shape[0]
         start = ready_s[frontier]
-        end = (start + latency[frontier]) + duration[frontier]
+        flow = np.maximum(start + latency[frontier], pred_end_s[frontier])
+        end = flow + duration[frontier]
         start_s[frontier] = start
+        flow_s[frontier] = flow
         end_s[frontier] = end
         positions, lengths = gather_rows(succ_ptr, frontier)
-        if positions.shape[0] == 0:
-            break
         targets = succ_idx[positions]
         np.maximum.at(ready_s, targets, np.repeat(end, lengths))
         np.subtract.at(waiting, targets, 1)
+        if prep.follow_ptr is not None:
+            fpos, flen = gather_rows(prep.follow_ptr, frontier)
+            followers = prep.follow_idx[fpos]
+            pred_end_s[followers] = np.repeat(end, flen)
+            waiting[followers] -= 1  # one predecessor each: no repeats
+            targets = np.concatenate((targets, followers))
+        if targets.shape[0] == 0:
+            break
         frontier = np.sort(targets[waiting[targets] == 0])
         if frontier.shape[0] > 1:  # an op released by several deps is listed once each
             frontier = frontier[np.r_[True, frontier[1:] != frontier[:-1]]]
     if reached != n:
         return None
-    return start_s, end_s
+    return start_s, flow_s, end_s
 
 
 def _group_order(keys: np.ndarray, nkeys: int) -> np.ndarray:
@@ -225,12 +242,12 @@ def contention_free(
     times = _times(prep, _durations(prep, flows))
     if times is None:
         return None
-    start_s, end_s = times
+    start_s, flow_s, end_s = times
     if _reductions_overlap(prep, schedule.arrays["src"], start_s, end_s):
         return None
     flow_start_s = np.full(start_s.shape[0], np.nan)
     on_wire = (prep.cls == NET) | (prep.cls == IN_NETWORK)
-    flow_start_s[on_wire] = start_s[on_wire] + prep.latency_s[on_wire]
+    flow_start_s[on_wire] = flow_s[on_wire]
     fs = flow_start_s[flows.op]
     busy = _link_busy(flows, fs, fs + flows.duration_s, capacity.shape[0])
     if busy is None:

@@ -64,7 +64,7 @@ def sends_in_order() -> bool:
 
     sched = build_schedule("all_gather", "ring", nranks=3, count=3)
     mine = [op for op in sched if op.kind == 0 and op.src == 0 and op.dst != 0]
-    return len(mine) >= 2 and mine[0].id in mine[1].deps
+    return len(mine) >= 2 and int(sched.after[mine[1].id]) == mine[0].id
 
 
 def scatter_max(n: int, ranks: np.ndarray, values: Aff, s: float, base: Aff | None = None) -> Aff:
@@ -82,12 +82,15 @@ def scatter_max(n: int, ranks: np.ndarray, values: Aff, s: float, base: Aff | No
 
 def _grid(step_costs: list[Aff], s: float, start: Aff | None = None) -> Aff:
     """Longest path over (position, step) when a send waits for the block's arrival (previous
-    position, previous step) and for its own previous send: ``T(i,s) = max(T(i-1,s-1),
-    T(i,s-1)) + c_s(i)``; a slow edge then sets the pace, ``T ~ steps x its cost``."""
+    position, previous step) plus its latency ``l``, and follows its own previous send on the
+    connection (its bytes go once those are off the wire): ``T(i,s) = max(T(i-1,s-1) + l(i),
+    T(i,s-1)) + f_s(i)`` with ``c = l + f`` (intercept: latency; slope: bytes). A slow edge then
+    sets the pace, ``T ~ steps x its bytes' time``, paying its latency once per block crossing
+    it rather than once per step."""
     t = step_costs[0] if start is None else start + step_costs[0]
     for cost in step_costs[1:]:
-        prev = Aff(np.roll(t.a, 1, axis=1), np.roll(t.b, 1, axis=1))
-        t = t.maximum(prev, s) + cost
+        prev = Aff(np.roll(t.a, 1, axis=1) + cost.a, np.roll(t.b, 1, axis=1))
+        t = t.maximum(prev, s) + Aff(np.zeros_like(cost.a), cost.b)
     return t
 
 

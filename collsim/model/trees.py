@@ -2,11 +2,11 @@
 and binary-tree broadcast / reduce (``collsim/collectives/tree.py``, ``pipeline.py``).
 
 The schedules cut each tree's data into ``K`` pipeline chunks and every edge sends its chunks in
-order, so a tree is a pipeline: chunk ``k`` crosses edge ``e`` after chunk ``k`` crossed the
-edge before it and chunk ``k - 1`` crossed ``e``. Each (chunk, edge) cell costs the edge's
-latency plus the chunk's bytes over the edge's share; the time is the longest path through the
-(chunk x edge) grid, which runs along one root-to-leaf path and lingers ``K - 1`` cells at its
-slowest stage:
+order, so a tree is a pipeline: chunk ``k`` crosses edge ``e`` once chunk ``k`` has crossed the
+edge before it (plus ``e``'s latency) and chunk ``k - 1``'s bytes are off ``e`` (its latency
+overlaps them). Each (chunk, edge) cell costs the chunk's bytes over the edge's share; the time
+is the longest path through the (chunk x edge) grid, which runs along one root-to-leaf path
+(paying each edge's latency once) and lingers ``K - 1`` cells at its slowest stage:
 
     T = fill(chunk) + (K - 1) * step(chunk)
 
@@ -14,8 +14,8 @@ slowest stage:
   children t(c) + cost(x -> parent)``, a fused receive-reduce except the root's first child
   (plain into the root's output), then the root's local reduction; down (broadcast):
   ``t(x) = t(parent) + cost(parent -> x)``;
-* ``step``: the slowest cell (edge, or the root's reduction, serialised on its GPU over the
-  channels).
+* ``step``: the slowest cell's bytes (edge, or the root's reduction, serialised on its GPU over
+  the channels).
 
 In steady state every edge of every tree and channel is busy at once, so the edges get their
 max-min shares as one wave. Both ``fill`` and ``step`` are affine in the chunk's size, hence
@@ -171,7 +171,9 @@ def tree_family(
                 down_cost = Aff(lat[(i, False)], per_byte[(i, False)])
             costs_of.append((up_cost, down_cost))
         (up_cost, down_cost), steady = costs_of
-        cells += [c[child] for c in steady if c is not None]
+        # a chunk's latency overlaps the previous chunk's bytes on the edge (it follows it on the
+        # connection): a stage's step is its bytes' time only
+        cells += [Aff(np.zeros(child.size), c.b[child]) for c in steady if c is not None]
         cells.append(Aff.const(np.zeros(1), np.array([root_red + root_copy])))
         plans.append((t, up_cost, down_cost, root_red, root_copy))
     every = Aff(np.concatenate([c.a for c in cells]), np.concatenate([c.b for c in cells]))
