@@ -71,12 +71,17 @@ def element_count(collective: str, size_bytes: int, elem_bytes: int, nranks: int
 
 
 def layout_for(topology: Topology) -> RankLayout:
-    """Ranks on the topology's nodes; a (nodes x GPUs-per-node) grid for 2D algorithms."""
+    """Ranks on the topology's nodes; a (nodes x GPUs-per-node) grid for 2D algorithms; on
+    point-to-point meshes, per-channel ring orders inside nodes (:func:`mesh_rings`)."""
+    from collsim.topology.rings import mesh_rings
+
     n = topology.n_gpus
     grid = (topology.nodes, topology.gpus_per_node) if topology.nodes > 1 else None
     if grid is not None and grid[0] * grid[1] != n:
         grid = None
-    return RankLayout(nranks=n, ranks_per_node=min(topology.gpus_per_node, n), grid=grid)
+    rpn = min(topology.gpus_per_node, n)
+    rings = mesh_rings(topology) if rpn == topology.gpus_per_node else None
+    return RankLayout(nranks=n, ranks_per_node=rpn, grid=grid, local_rings=rings)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,10 @@ class RankLayout:
     nranks: int
     ranks_per_node: int
     grid: tuple[int, ...] | None = None
+    local_rings: tuple[tuple[int, ...], ...] | None = None
+    """Per channel (in turn), the order of a node's local indices around its rings, where the
+    topology calls for other orders than rank order (point-to-point meshes,
+    :func:`collsim.topology.rings.mesh_rings`); ``None``: rank order."""
 
     def __post_init__(self) -> None:
         if not _is_int(self.nranks) or self.nranks < 1:
@@ -47,6 +51,16 @@ class RankLayout:
                     value=self.grid,
                 )
             object.__setattr__(self, "grid", grid)
+        if self.local_rings is not None:
+            rings = tuple(tuple(int(x) for x in r) for r in self.local_rings)
+            want = list(range(self.ranks_per_node))
+            if not rings or any(sorted(r) != want for r in rings):
+                raise ScheduleError(
+                    f"each ring must order the local indices 0..{self.ranks_per_node - 1}",
+                    field="layout.local_rings",
+                    value=self.local_rings,
+                )
+            object.__setattr__(self, "local_rings", rings)
 
     @classmethod
     def default(cls, nranks: int, ranks_per_node: int = DEFAULT_RANKS_PER_NODE) -> RankLayout:

@@ -283,11 +283,18 @@ def ring_order(spec: BuildSpec, channel: int) -> np.ndarray:
     and odd nodes the reverse, ``a+1, a+2, ..., a`` (indices mod ``g``). Hops between nodes thus
     stay on rails ``a`` and ``a + 1``, like NCCL's rings on rail-optimized clusters, and different
     channels use different NICs. (With an odd number of nodes the closing hop changes rail.)
-    Inside one node, and for a partial last node, the order is plain rank order.
+    On one node whose GPUs form a mesh of direct links, channel ``c`` takes the layout's
+    ``local_rings[c]`` (other links for other channels, as NCCL's ring search on such nodes);
+    across nodes the rail alignment above matters more (the NICs are the bottleneck), so meshes
+    keep it there. Otherwise, inside one node and for a partial last node, the order is plain
+    rank order.
     """
     n, g = spec.nranks, spec.layout.ranks_per_node
     order = np.arange(n, dtype=np.int64)
     full_nodes = n // g
+    rings = spec.layout.local_rings
+    if rings and g >= 2 and n == g:
+        return np.asarray(rings[channel % len(rings)], dtype=np.int64)[None, :]
     if g < 2 or full_nodes < 2:
         return order[None, :]
     a = (channel * g // spec.channels) % g

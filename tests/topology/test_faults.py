@@ -167,7 +167,7 @@ def test_one_slow_nic_slows_every_rank_of_a_ring(h100, slow_nic):
     assert np.all(faulty.rank_finish_s > 2.0 * healthy.rank_finish_s.max())
 
 
-def test_tree_and_hierarchical_degrade_differently_from_ring(h100, slow_nic):
+def test_hierarchical_degrades_differently_from_ring_and_tree(h100, slow_nic):
     ratios = {
         alg: _time(slow_nic, algorithm=alg).time_s / _time(h100, algorithm=alg).time_s
         for alg in ("ring", "tree", "hierarchical")
@@ -175,7 +175,9 @@ def test_tree_and_hierarchical_degrade_differently_from_ring(h100, slow_nic):
     assert all(r > 1.5 for r in ratios.values()), ratios
     # hierarchical crosses the slow NIC with fewer bytes than a flat ring
     assert abs(ratios["ring"] - ratios["hierarchical"]) > 0.5, ratios
-    assert ratios["tree"] != pytest.approx(ratios["ring"], rel=0.01), ratios
+    # ring and tree are both pipelines paced by their slowest link: the slow NIC at a quarter
+    # rate slows both about 4x at large sizes (the tree's head on that NIC carries its share)
+    assert ratios["tree"] == pytest.approx(4.0, rel=0.05), ratios
 
 
 def test_engine_and_analytic_agree_on_a_faulty_uncontended_case(slow_nic):
