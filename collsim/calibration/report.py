@@ -54,24 +54,36 @@ LIMITATIONS = (
     "a profile of a few parameters cannot change (a per-log fit can, which is why the "
     "alpha-beta baseline, two numbers per log, scores well in-sample but predicts nothing else):",
     "",
-    "- *broadcast / reduce on more than 2 ranks*: collsim's chain schedule is not pipelined "
-    "(engine and model agree: each hop moves the whole buffer before the next starts), NCCL's is; "
-    "large sizes come out ~7x slow on 8 GPUs (a100-40g-8gpu-superbench broadcast/reduce).",
-    "- *rings that mix NVLink and network edges*: a send waits for its own previous send, so "
-    "every step pays the slowest edge's latency; small multi-node messages come out 2-3x slow "
-    "uncalibrated (h100-snellius-ib-2n: ~42 us predicted vs ~16 us measured; NCCL's formula, "
-    "which charges network latency only on the inter-node steps, gives ~16 us).",
-    "- *multi-node tree all-reduce*: NCCL's tree exceeds the ring's NIC bound at large sizes "
-    "(h100-snellius-ib-2n all_reduce reaches 155 GB/s busbw); collsim's tree does not win there, "
-    "so predictions stay at the ring's ~100 GB/s.",
+    "- *per-step latency*: measured small messages cost about the same for all_reduce "
+    "(2(n-1) ring steps) as for all_gather (n-1 steps) -- 16.9 vs 16.7 us on h100-snellius-1n4g, "
+    "34.7 vs 34.4 us on a100-40g-8gpu-superbench -- so a step costs ~0.1-0.3 us and the launch "
+    "dominates; collsim charges a step the route's latency plus NCCL's hwLat (~1.3-2 us on "
+    "NVLink). A profile fitted on all_reduce alone cannot tell launch from step latency and "
+    "then mispredicts the collectives with other step counts (cross-collective, superbench and "
+    "snellius-1n4g all_gather / reduce_scatter at 29-36%).",
     "- *links that are slower both ways at once*: no-P2P host staging (2080ti: all_gather and "
     "all_reduce at ~3.2 GB/s busbw, broadcast faster) and the PCIe/NIC path of "
     "a100pcie-ib-2n1g-gdr (bidirectional all_reduce/sendrecv ~14.7 GB/s, broadcast 24 GB/s); the "
     "topology's links are full duplex, so one efficiency cannot fit both directions' traffic.",
     "- *point-to-point launch latency*: alltoall/sendrecv start at ~87 us where the collectives "
     "start at ~35 us on the same system (superbench); the profile has one base latency.",
+    "- *which algorithm NCCL ran*: collsim's tuner picks the fastest by its own physics; on two "
+    "p4d nodes (NCCL 2.9.9, EFA) that is the tree (~93 GB/s busbw at 4 GiB) while the measured "
+    "43.8 GB/s is what a ring gets there, whereas on h100-snellius-ib-2n (NCCL 2.22) the measured "
+    "156 GB/s is above any ring's NIC bound, i.e. NCCL ran its tree.",
+    "- *unpublished intra-node topology*: rtx6000d-spcx-roce alltoall (PCIe switches and CPU "
+    "links of the measured hosts are not published; the catalog's guess routes GPU pairs "
+    "through the CPUs and comes out 2x slow).",
     "- *cross-scale from one node*: a single-node fit says nothing about the network, whose "
     "parameters stay at their datasheet values when predicting two nodes.",
+    "",
+    "Mechanisms fixed since the first report (each moved the numbers above): chain and tree "
+    "broadcast/reduce now pipeline (every edge sends its chunks in order; superbench broadcast "
+    "144% -> 31% uncalibrated); NCCL's tree spans nodes with chains inside them (snellius-2n "
+    "all_reduce 47% -> 22%); a send's latency overlaps the previous send's bytes on its "
+    "connection, so a slow hop is paid once per block, not once per step (small multi-node "
+    "rings); rings on NVLink/xGMI meshes use other links per channel (snellius-1n4g in-sample "
+    "8-10% -> 4-7%).",
 )
 
 
