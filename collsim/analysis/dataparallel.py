@@ -6,8 +6,8 @@
 * ZeRO (Rajbhandari et al. 2020, arXiv:1910.02054): stages 1-2 reduce-scatter gradients and
   all-gather updated weights (the all-reduce's volume, ``2 (n-1)/n`` bytes per byte); stage 3 /
   FSDP all-gathers weights in the forward and again in the backward and reduce-scatters
-  gradients (``3 (n-1)/n``: 1.5x), per micro-batch, in prefetch buckets (never finer than one
-  call per weight matrix) that overlap compute.
+  gradients (``3 (n-1)/n``: 1.5x), per micro-batch and per layer (per tensor with DeepSpeed),
+  exposed layer by layer: :mod:`collsim.analysis.zero3`.
 * Local SGD (communicate every ``k`` steps) divides the exposed time by ``k``; asynchronous
   training hides it behind ``staleness`` steps of compute. Compression divides gradient bytes
   by its ratio and costs ``2 x bytes / codec`` (encode + decode).
@@ -25,6 +25,7 @@ import numpy as np
 
 from collsim.analysis.layout import Groups, Layout
 from collsim.analysis.workload import DTYPE_BYTES, WorkloadIn
+from collsim.analysis.zero3 import zero3
 
 
 def expected_max_multiplier(n: int, cv: float, distribution: str, seed: int, samples: int) -> float:
@@ -64,8 +65,11 @@ def data_parallel(
     crit: dict[str, float],
     m: int,
     algo: str,
+    tensors: list[list[float]] | None = None,
 ) -> tuple[float, float, dict[str, Any]]:
-    """Exposed data-parallel time, compression time and details (bytes moved per GPU)."""
+    """Exposed data-parallel time, compression time and details (bytes moved per GPU).
+    ``tensors``: the parameter tensors per layer of the stage (ZeRO-3, :mod:`.zero3`)."""
+    detail: dict[str, Any] = {}
     if lay.dp <= 1:
         return 0.0, 0.0, {"dp_bytes_per_gpu": 0.0}
     tr = w.training
@@ -81,18 +85,7 @@ def data_parallel(
     share = (n - 1) / n
     dp = groups.dp
     if lay.zero >= 3:
-        # Gathers coalesce parameters up to the prefetch bucket, but never split a tensor:
-        # at most one call per weight matrix (4 per transformer layer).
-        tensors = 4 * crit["layers"] if w.model.kind == "transformer" else crit["layers"]
-        nb = max(1, min(math.ceil(weight_bytes / max(tr.prefetch_bucket, 1)), int(tensors)))
-        ag = nb * coll("all_gather", dp, weight_bytes / nb, algo)
-        rs = nb * coll("reduce_scatter", dp, grad_bytes / nb, algo)
-        if tr.dp_overlap:
-            fwd_exposed = max(ag, crit["fwd"]) + ag / nb - crit["fwd"]
-            bwd_exposed = max(ag + rs, crit["bwd"]) + (ag + rs) / nb - crit["bwd"]
-        else:
-            fwd_exposed, bwd_exposed = ag, ag + rs
-        exposed = m * (fwd_exposed + bwd_exposed)
+        exposed, detail = zero3(coll, w, lay, groups, tensors or [], crit, m, algo)
         moved = m * share * (2 * weight_bytes + grad_bytes)
     else:
         reduce = "all_reduce" if lay.zero == 0 else "reduce_scatter"
@@ -112,4 +105,4 @@ def data_parallel(
     elif tr.sync.mode == "async":
         hidden = tr.sync.staleness * m * crit["total"]
         exposed = max(0.0, exposed - hidden)
-    return exposed, codec, {"dp_bytes_per_gpu": moved}
+    return exposed, codec, {"dp_bytes_per_gpu": moved, **detail}

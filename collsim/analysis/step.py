@@ -20,7 +20,9 @@ Per micro-batch and pipeline stage (one GPU's view; ``b`` sequences, TP size ``t
   exposed; without overlap one all-reduce of all gradients. ZeRO-1/2: reduce-scatter + all-gather
   (the all-reduce's volume); ZeRO-3/FSDP: all-gather weights in the forward and again in the
   backward, reduce-scatter gradients (1.5x the all-reduce's volume; Rajbhandari et al. 2020,
-  section 7), per micro-batch, prefetched in buckets that overlap compute;
+  section 7), per micro-batch and layer, one collective per tensor (DeepSpeed) or per layer
+  (FSDP), ``max(0, comm - compute)`` exposed per layer with overlap
+  (:mod:`collsim.analysis.zero3`);
 * expert parallelism: 2 all-to-alls (dispatch, combine) forward and 2 backward per MoE layer;
 * optimizer: memory-bound (Adam: 34 bytes per local parameter, SGD: 14);
 * stragglers: per-GPU compute multipliers (mean 1, seeded), the synchronous step waits for the
@@ -53,6 +55,7 @@ from collsim.analysis.transformer import (
     model_flops_per_sample,
 )
 from collsim.analysis.workload import DTYPE_BYTES, PEAK_KEY, WorkloadError, WorkloadIn
+from collsim.analysis.zero3 import stage_tensors
 from collsim.topology.spec import Topology
 
 DEFAULT_EFFICIENCY = 0.67
@@ -186,9 +189,11 @@ class StepModel:
         costs = self._layer_costs(w, lay, elem)
         counts = stage_layer_counts(w.model.layers, lay.pp)
         stages = []
+        ranges = []
         first = 0
         for i, count in enumerate(counts):
             idx = range(first, first + count)
+            ranges.append(idx)
             first += count
             stages.append(
                 self._stage(w, lay, groups, [costs[j] for j in idx], i, b, flops_s, mem_bw, traffic)
@@ -211,9 +216,11 @@ class StepModel:
         ep_comm = m * crit["ep"]
 
         # Data parallelism on the stage holding the most parameters.
-        params_gpu = max(s["params"] for s in stages)
+        fullest = max(range(lay.pp), key=lambda i: stages[i]["params"])
+        params_gpu = stages[fullest]["params"]
+        tensors = stage_tensors(w, lay, fullest, ranges[fullest]) if lay.zero >= 3 else None
         dp_comm, compression, dp_detail = data_parallel(
-            self._coll, w, lay, groups, params_gpu, crit, m, algo
+            self._coll, w, lay, groups, params_gpu, crit, m, algo, tensors
         )
         local_params = params_gpu / (lay.dp if lay.zero >= 1 else 1)
         optimizer = local_params * OPTIMIZER_BYTES[w.training.optimizer] / mem_bw

@@ -186,10 +186,19 @@ class TrainingIn(Strict):
     dp_overlap: bool = True
     bucket: Size = 25_000_000
     prefetch_bucket: Size = 100_000_000
+    gather_copy_time: Annotated[str | float, _checked(units.parse_time, "a time", zero_ok=True)] = (
+        "5us"
+    )
+    """ZeRO-3's per-rank copy out of each list all-gather (DeepSpeed 2021 gathers into ``n``
+    tensors, one launch each; :mod:`collsim.analysis.zero3`); ``0us`` for flat-buffer gathers."""
     algorithm: Literal["nccl", "auto", "ring"] = "nccl"
     stragglers: StragglersIn = StragglersIn()
     sync: SyncIn = SyncIn()
     compression: CompressionIn = CompressionIn()
+
+    @property
+    def gather_copy_s(self) -> float:
+        return units.parse_time(self.gather_copy_time)
 
 
 class ComputeIn(Strict):

@@ -1,0 +1,185 @@
+"""ZeRO-3 / FSDP communication of one step, layer by layer (Rajbhandari et al. 2020, ZeRO,
+arXiv:1910.02054, section 7; Zhao et al. 2023, PyTorch FSDP, arXiv:2304.11277).
+
+Every data-parallel rank holds ``1/n`` of each parameter tensor. Per micro-batch, each layer's
+weights are all-gathered before its forward and again before its backward (a recomputed forward
+reuses the backward's gather), and its gradients are reduce-scattered after its backward:
+``3 (n-1)/n`` bytes per parameter byte, 1.5x data parallelism's all-reduce. What makes ZeRO-3
+slow at scale is not that volume but its shape:
+
+* **granularity**: the collectives are per layer, not per step. DeepSpeed (``zero: 3``) gathers
+  every parameter tensor with its own collective -- a GPT layer has 12: four weight matrices and
+  eight bias / layer-norm vectors of ``h`` elements -- and reduce-scatters gradients in buckets of
+  ``training.bucket`` bytes (a tensor larger than the bucket alone); FSDP (``fsdp: true``)
+  flattens each layer into one unit: one all-gather and one reduce-scatter per layer. Each
+  collective spans all ``n`` data-parallel ranks, across nodes: a ring's ``n - 1`` steps cost
+  ``n - 1`` latencies, so at 1000+ ranks a bias vector's gather costs as much as milliseconds of
+  compute, and a weight matrix's shard moves at the bandwidth the ring reaches at that size.
+  Each collective is timed by the step model's timer at its own size on the real group.
+  DeepSpeed (2021) called PyTorch's list all-gather, which copies the gathered buffer into ``n``
+  output tensors one launch at a time: ``n`` x :data:`LIST_COPY_S` per collective, on the
+  communication stream and the launching CPU thread (likewise the list reduce-scatter's input):
+  a per-collective cost that grows with the data-parallel size and never overlaps compute.
+* **overlap** (``training.dp_overlap``): without it every collective is exposed. With it, a
+  layer's collectives run while the neighbouring layer computes (prefetch one layer ahead;
+  reduce-scatters behind the next layer's backward): per layer ``max(0, comm - compute)`` is
+  exposed, forward and backward separately. DeepSpeed only prefetches tensors up to its
+  prefetch bucket (``training.prefetch_bucket``, the memory it may fill with gathered-ahead
+  parameters): a larger tensor is gathered on demand when its module runs, fully exposed. FSDP
+  prefetches the whole next unit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from collsim.analysis.layout import Groups, Layout
+from collsim.analysis.transformer import is_moe_layer
+from collsim.analysis.workload import DTYPE_BYTES, WorkloadIn
+
+Coll = Callable[[str, list[str], float, str], float]
+
+LIST_COPY_S = 5e-6
+"""Seconds per output tensor of a list all-gather (``torch.distributed.all_gather(list, t)``,
+what DeepSpeed's ZeRO-3 called per parameter in 2021): PyTorch's NCCL backend gathers into a
+flat buffer, then copies it into the ``n`` output tensors one ``copy_`` launch at a time on the
+communication stream, so each gather costs ``n`` launches (a typical CUDA launch + dispatch
+cost, a priori, not fitted) that serialise the stream and occupy the launching CPU thread:
+never hidden behind compute. FSDP gathers into one flat tensor (no copies)."""
+
+
+def transformer_tensors(w: WorkloadIn, tp: int, ep: int, moe: bool) -> list[float]:
+    """Elements of each parameter tensor of one transformer layer on one TP rank, in forward
+    order: layer norm (weight, bias), QKV (weight, bias), projection (weight, bias), layer norm,
+    MLP matrices and biases. They sum to :func:`collsim.analysis.transformer.layer_params` / tp
+    (experts divided over EP)."""
+    m = w.model
+    h = m.hidden
+    kv = h if m.kv_heads is None else h * m.kv_heads // m.heads
+    f = m.ffn if m.ffn is not None else 4 * h
+    mlp = [float(h * f)] * (3 if m.gated_mlp else 2) + [float(f), float(h)]
+    if moe and m.experts is not None:
+        mlp = [x * m.experts.count / ep for x in mlp]
+    out = [h, h, h * (h + 2 * kv), h + 2 * kv, h * h, h, h, h, *mlp]
+    return [float(x) / tp for x in out]
+
+
+def stage_tensors(w: WorkloadIn, lay: Layout, index: int, layers: range) -> list[list[float]]:
+    """Parameter tensors (elements per TP rank) of pipeline stage ``index``, one list per layer,
+    with the embeddings as a layer of their own on the first / last stage."""
+    m = w.model
+    if m.kind == "generic":
+        return [[m.params / m.layers / lay.tp] for _ in layers]
+    out = [transformer_tensors(w, lay.tp, lay.ep, is_moe_layer(m, i)) for i in layers]
+    embed: list[float] = []
+    if index == 0:
+        embed += [m.vocab * m.hidden / lay.tp, m.seq_len * m.hidden / lay.tp]
+    if index == lay.pp - 1 and (lay.pp > 1 or not m.tied_embeddings):
+        embed.append(m.vocab * m.hidden / lay.tp)
+    if embed:
+        out.append(embed)
+    return out
+
+
+def buckets(sizes: list[float], limit: float) -> list[float]:
+    """Consecutive tensors coalesced into buckets of at most ``limit`` bytes (a larger tensor
+    alone): the sizes of the collectives issued."""
+    out: list[float] = []
+    cur = 0.0
+    for s in sizes:
+        if cur and cur + s > limit:
+            out.append(cur)
+            cur = 0.0
+        cur += s
+    if cur:
+        out.append(cur)
+    return out
+
+
+@dataclass
+class LayerComm:
+    """One layer's ZeRO-3 collectives for one micro-batch (seconds)."""
+
+    demand: float
+    """All-gathers that cannot be prefetched (gathered on demand): always exposed, per pass."""
+    prefetch: float
+    """All-gathers that can be prefetched behind compute, per pass."""
+    reduce_scatter: float
+    copies: float = 0.0
+    """Per-rank copies of one pass's list all-gathers (:data:`LIST_COPY_S`): always exposed."""
+    rs_copies: float = 0.0
+    """The same for the reduce-scatters (list inputs flattened)."""
+
+
+def layer_comm(
+    coll: Coll, dp: list[str], w: WorkloadIn, tensors: list[float], algo: str
+) -> LayerComm:
+    """Time one layer's all-gathers (per tensor, or one flat unit with FSDP) and its gradient
+    reduce-scatters on the data-parallel group ``dp``."""
+    tr = w.training
+    elem = DTYPE_BYTES[w.dtype]
+    gelem = DTYPE_BYTES[tr.grad_reduce_dtype or w.dtype] / tr.compression.ratio
+    if w.parallel.fsdp:
+        gathers = [sum(tensors) * elem]
+        grads = [sum(tensors) * gelem]
+    else:
+        gathers = [t * elem for t in tensors]
+        grads = buckets([t * gelem for t in reversed(tensors)], max(tr.bucket, 1))
+    demand = prefetch = 0.0
+    for size in gathers:
+        t = coll("all_gather", dp, size, algo)
+        if w.parallel.fsdp or size <= tr.prefetch_bucket:
+            prefetch += t
+        else:
+            demand += t
+    rs = sum(coll("reduce_scatter", dp, g, algo) for g in grads)
+    copy = 0.0 if w.parallel.fsdp else getattr(tr, "gather_copy_s", LIST_COPY_S) * len(dp)
+    return LayerComm(demand, prefetch, rs, copy * len(gathers), copy * len(grads))
+
+
+def exposed_per_layer(c: LayerComm, fwd_s: float, bwd_s: float, overlap: bool) -> float:
+    """Exposed seconds of one layer's collectives, forward + backward, one micro-batch:
+    on-demand gathers and copies in full, prefetched gathers and reduce-scatters beyond the
+    layer's compute (``max(0, comm - compute)``) with overlap, everything without."""
+    copies = 2 * c.copies + c.rs_copies
+    if not overlap:
+        return 2 * (c.demand + c.prefetch) + c.reduce_scatter + copies
+    fwd = c.demand + max(0.0, c.prefetch - fwd_s)
+    bwd = c.demand + max(0.0, c.prefetch + c.reduce_scatter - bwd_s)
+    return fwd + bwd + copies
+
+
+def zero3(
+    coll: Coll,
+    w: WorkloadIn,
+    lay: Layout,
+    groups: Groups,
+    tensors: list[list[float]],
+    crit: dict[str, float],
+    m: int,
+    algo: str,
+) -> tuple[float, dict[str, Any]]:
+    """Exposed ZeRO-3 seconds of one step (``m`` micro-batches) and details. ``tensors``: the
+    stage's parameter tensors per layer; ``crit``: its per-micro-batch compute (``fwd``,
+    ``bwd``, ``layers``), spread evenly over its transformer layers."""
+    n_layers = max(1.0, crit["layers"])
+    fwd_l, bwd_l = crit["fwd"] / n_layers, crit["bwd"] / n_layers
+    exposed = total = 0.0
+    calls = 0
+    cache: dict[tuple[float, ...], LayerComm] = {}
+    for i, layer in enumerate(tensors):
+        key = tuple(layer)
+        if key not in cache:
+            cache[key] = layer_comm(coll, groups.dp, w, layer, algo)
+        c = cache[key]
+        # The embeddings' pseudo-layer has no compute of its own to hide behind.
+        f, b = (fwd_l, bwd_l) if i < crit["layers"] else (0.0, 0.0)
+        exposed += exposed_per_layer(c, f, b, w.training.dp_overlap)
+        total += exposed_per_layer(c, 0.0, 0.0, False)
+        calls += 2 * (1 if w.parallel.fsdp else len(layer))
+    return m * exposed, {
+        "zero3_comm_s": m * total,
+        "zero3_gathers_per_micro_batch": calls,
+    }
