@@ -7,12 +7,12 @@ predict the other published runs (data/steptime/runs.json), report the errors.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 
 import numpy as np
 
-from collsim.analysis import zero3
 from collsim.analysis.reference import (
     ASSUMPTIONS,
     CALIBRATION_RUN,
@@ -82,21 +82,21 @@ def _zero3_section(
 
 
 def _copy_sensitivity(engine: str, efficiency: float) -> list[str]:
-    """The ZeRO-3 runs' errors with other per-copy costs (module constant swapped, restored)."""
+    """The ZeRO-3 runs' errors with other per-copy costs (``training.gather_copy_time``)."""
     runs = [to_reference(r) for r in load_runs() if "zero3" in r["id"]]
     out = ["| per-copy cost | " + " | ".join(r.id.split("zero3-")[1] for r in runs) + " | mean |"]
     out.append("|---" * (len(runs) + 2) + "|")
-    saved = zero3.LIST_COPY_S
-    try:
-        for c in (0.0, 2.5e-6, 5e-6, 10e-6):
-            zero3.LIST_COPY_S = c
-            pred = Predictor(engine)
-            e = [pred.predict(r, efficiency) / r.measured_s - 1 for r in runs]
-            mean = 100 * float(np.mean(np.abs(e)))
-            cells = " | ".join(f"{100 * x:+.1f}%" for x in e)
-            out.append(f"| {c * 1e6:g} us | {cells} | {mean:.1f}% |")
-    finally:
-        zero3.LIST_COPY_S = saved
+    pred = Predictor(engine)
+    for c in (0.0, 2.5e-6, 5e-6, 10e-6):
+        e = []
+        for r in runs:
+            w = with_changes(r.workload, training={"gather_copy_time": f"{c * 1e6:g}us"})
+            e.append(
+                pred.predict(dataclasses.replace(r, workload=w), efficiency) / r.measured_s - 1
+            )
+        mean = 100 * float(np.mean(np.abs(e)))
+        cells = " | ".join(f"{100 * x:+.1f}%" for x in e)
+        out.append(f"| {c * 1e6:g} us | {cells} | {mean:.1f}% |")
     return out
 
 

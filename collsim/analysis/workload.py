@@ -190,7 +190,8 @@ class TrainingIn(Strict):
         "5us"
     )
     """ZeRO-3's per-rank copy out of each list all-gather (DeepSpeed 2021 gathers into ``n``
-    tensors, one launch each; :mod:`collsim.analysis.zero3`); ``0us`` for flat-buffer gathers."""
+    tensors, one launch each; :mod:`collsim.analysis.zero3`, whose ``LIST_COPY_S`` is this
+    default); ``0us`` for flat-buffer gathers."""
     algorithm: Literal["nccl", "auto", "ring"] = "nccl"
     stragglers: StragglersIn = StragglersIn()
     sync: SyncIn = SyncIn()

@@ -135,7 +135,7 @@ def layer_comm(
         else:
             demand += t
     rs = sum(coll("reduce_scatter", dp, g, algo) for g in grads)
-    copy = 0.0 if w.parallel.fsdp else getattr(tr, "gather_copy_s", LIST_COPY_S) * len(dp)
+    copy = 0.0 if w.parallel.fsdp else tr.gather_copy_s * len(dp)
     return LayerComm(demand, prefetch, rs, copy * len(gathers), copy * len(grads))
 
 

@@ -195,3 +195,7 @@ def test_gather_copy_time_is_a_workload_knob():
     assert _z3(gather_copy_time="10us").training.gather_copy_s == pytest.approx(10e-6)
     with pytest.raises(Exception, match="gather_copy_time"):
         _z3(gather_copy_time="-1us")
+
+
+def test_the_schema_default_is_the_documented_constant():
+    assert _z3().training.gather_copy_s == pytest.approx(LIST_COPY_S)
