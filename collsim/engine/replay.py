@@ -120,6 +120,7 @@ class Replay:
         # transfer they follow (``after``): when their flow may start, once that one ends.
         self.pending = np.zeros(n, dtype=bool)
         self.latency_done_s = np.full(n, np.nan)
+        self.n_pending = 0
         self.gpu_free_s = np.zeros(fabric.nranks)
         self.network = FlowNetwork(fabric.capacity_bytes_per_s, mode=reshare)
         self.in_network_link_bytes = np.zeros(len(fabric.capacity_bytes_per_s))
@@ -188,7 +189,7 @@ class Replay:
         """Start the flows of pending transfers that follow ``done`` (ended at ``t``) on their
         connection; returns those complete at once."""
         prep = self.prep
-        if prep.follow_ptr is None:
+        if prep.follow_ptr is None or not self.n_pending:
             return _EMPTY
         positions, _ = gather_rows(prep.follow_ptr, done)
         followers = prep.follow_idx[positions]
@@ -196,6 +197,7 @@ class Replay:
         if not followers.size:
             return _EMPTY
         self.pending[followers] = False
+        self.n_pending -= followers.shape[0]
         at = np.maximum(self.latency_done_s[followers], t)
         now = at <= t
         self._push(at[~now], followers[~now], _FLOW_START)
@@ -256,6 +258,7 @@ class Replay:
                 at = np.maximum(at, np.where(busy, -np.inf, pred_end))
                 if busy.any():
                     self.pending[flows[busy]] = True
+                    self.n_pending += int(busy.sum())
                     self.latency_done_s[flows[busy]] = at[busy]
                     flows, at = flows[~busy], at[~busy]
             now = at <= t

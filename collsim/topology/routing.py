@@ -15,7 +15,9 @@ routes are the same on every run and machine and flows still spread over paralle
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from scipy.sparse import csr_matrix
@@ -153,6 +155,7 @@ class ServerFabricRouter:
         )
         self._fab_link = fabric_links[order]
         self._fab_dist: np.ndarray | None = None
+        self._between: dict[tuple[int, int], np.ndarray] = {}
         # Links of each server's region: inside the server, or between it and the fabric.
         owner = np.where(tail_srv >= 0, tail_srv, head_srv)
         self._links_by_server = _group(owner)
@@ -204,7 +207,11 @@ class ServerFabricRouter:
         a = src_dist[src_region.local(exits)]
         b = dst_dist[dst_region.local(entries)]
         fab = self._fabric_dist()
-        total = a[:, None] + fab[np.ix_(self._fabric_local[exits], self._fabric_local[entries])]
+        between = self._between.get((s_srv, d_srv))
+        if between is None:  # fabric distances from this server's ports to that one's
+            between = fab[np.ix_(self._fabric_local[exits], self._fabric_local[entries])]
+            self._between[(s_srv, d_srv)] = between
+        total = a[:, None] + between
         total = total + b[None, :]
         best = total.min() if total.size else np.inf
         if not np.isfinite(best):
@@ -297,28 +304,61 @@ class _Region:
             return None
         return _walk(int(start), int(self.local(dst)), dist, self.fwd, self.link_of, (src, dst))
 
+    @cached_property
+    def _fwd_lists(self) -> tuple[list, list, list, list]:
+        """``fwd`` as Python lists: a region is small, and list walks beat numpy calls there."""
+        f = self.fwd
+        return f.indptr.tolist(), f.indices.tolist(), f.data.tolist(), self.link_of.tolist()
+
+    @cached_property
+    def _rev_lists(self) -> tuple[list, list, list, list]:
+        r = self.rev
+        return r.indptr.tolist(), r.indices.tolist(), r.data.tolist(), self._rev_link.tolist()
+
     def path_forward(
         self, start_dev: int, dst: int, dist_to_dst: np.ndarray, salt: tuple[int, int]
     ) -> list[int]:
+        """Links from ``start_dev`` to ``dst`` along equal-cost next hops (as :func:`_walk`)."""
         start = int(self.local(self.graph.out_vertex[start_dev]))
-        return _walk(start, int(self.local(dst)), dist_to_dst, self.fwd, self.link_of, salt)
+        hops = _walk_lists(start, int(self.local(dst)), dist_to_dst.tolist(), self._fwd_lists,
+                           salt, lambda cur: cur)  # fmt: skip
+        if hops is None:
+            raise TopologyError("routing found no next hop", field="links")
+        return hops
 
     def path_back(
         self, src: int, goal_dev: int, dist_from_src: np.ndarray, salt: tuple[int, int]
     ) -> list[int]:
         """Links from ``src`` to ``goal_dev``, walking predecessors back from the goal."""
-        indptr, indices, data = self.rev.indptr, self.rev.indices, self.rev.data
         start = int(self.local(self.graph.out_vertex[src]))
-        cur = int(self.local(goal_dev))
-        hops: list[int] = []
-        while cur != start:
-            lo, hi = indptr[cur], indptr[cur + 1]
-            preds = indices[lo:hi]
-            ok = np.flatnonzero(dist_from_src[preds] + data[lo:hi] == dist_from_src[cur])
-            if len(ok) == 0:
-                raise TopologyError("routing found no previous hop", field="links")
-            pick = ok[0] if len(ok) == 1 else ok[mix(*salt, -2 - cur) % len(ok)]
-            hops.append(int(self._rev_link[lo + pick]))
-            cur = int(preds[pick])
+        hops = _walk_lists(int(self.local(goal_dev)), start, dist_from_src.tolist(),
+                           self._rev_lists, salt, lambda cur: -2 - cur)  # fmt: skip
+        if hops is None:
+            raise TopologyError("routing found no previous hop", field="links")
         hops.reverse()
         return hops
+
+
+def _walk_lists(
+    start: int,
+    goal: int,
+    dist: list[float],
+    csr: tuple[list, list, list, list],
+    salt: tuple[int, int],
+    tag: Callable[[int], int],
+) -> list[int] | None:
+    """:func:`_walk` over Python lists (same choices): from ``start`` to ``goal`` through
+    neighbours ``n`` with ``dist[n] + cost == dist[cur]``, ties hashed with ``tag(cur)``."""
+    indptr, indices, data, link_of = csr
+    hops: list[int] = []
+    cur = start
+    while cur != goal:
+        lo, hi = indptr[cur], indptr[cur + 1]
+        here = dist[cur]
+        ok = [k for k in range(lo, hi) if dist[indices[k]] + data[k] == here]
+        if not ok:
+            return None
+        k = ok[0] if len(ok) == 1 else ok[mix(*salt, tag(cur)) % len(ok)]
+        hops.append(link_of[k])
+        cur = indices[k]
+    return hops
