@@ -215,7 +215,7 @@ class ResilienceIn(Strict):
     (default: weights + optimizer state), storage bandwidth, restart and repair times. Rates and
     durations keep their text; the ``*_s`` properties give seconds and bytes per second."""
 
-    node_mtbf_hours: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    node_mtbf_hours: Annotated[float, Field(gt=0, le=1e12, allow_inf_nan=False)]
     checkpoint_bytes: Annotated[int, BeforeValidator(_size), Field(gt=0)] | None = None
     storage_bandwidth: Annotated[str | float, _checked(units.parse_rate, "a bandwidth")]
     restart_time: Annotated[str, _checked(_duration, "a restart time", zero_ok=True)]

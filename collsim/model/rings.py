@@ -88,10 +88,24 @@ def _grid(step_costs: list[Aff], s: float, start: Aff | None = None) -> Aff:
     sets the pace, ``T ~ steps x its bytes' time``, paying its latency once per block crossing
     it rather than once per step."""
     t = step_costs[0] if start is None else start + step_costs[0]
+    # Carried as the value at ``s`` and the slope of the path attaining it (the intercept is
+    # their difference at the end): fewer array operations per step than two Affs.
+    v, b = t.at(s), np.array(t.b, dtype=np.float64)
+    rv, rb = np.empty_like(v), np.empty_like(b)
+    grow: dict[int, np.ndarray] = {}  # bytes' time at ``s`` per distinct step cost
     for cost in step_costs[1:]:
-        prev = Aff(np.roll(t.a, 1, axis=1) + cost.a, np.roll(t.b, 1, axis=1))
-        t = t.maximum(prev, s) + Aff(np.zeros_like(cost.a), cost.b)
-    return t
+        f = grow.get(id(cost))
+        if f is None:
+            f = grow[id(cost)] = cost.b * s
+        rv[:, 1:], rv[:, 0] = v[:, :-1], v[:, -1]
+        rb[:, 1:], rb[:, 0] = b[:, :-1], b[:, -1]
+        rv += cost.a
+        pick = rv > v
+        v = np.where(pick, rv, v)
+        v += f
+        b = np.where(pick, rb, b)
+        b += cost.b
+    return Aff(v - b * s, b)
 
 
 def ring_phase(
