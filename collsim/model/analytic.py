@@ -30,7 +30,7 @@ import numpy as np
 from collsim.collectives.registry import algorithms_for, needs_in_network
 from collsim.collectives.verify import COLLECTIVES
 from collsim.errors import ScheduleError
-from collsim.model.envelope import Lines, discover, evaluate
+from collsim.model.envelope import Lines, discover, evaluate, upper_envelope
 from collsim.model.exchange import (
     alltoall_direct,
     alltoall_hierarchical,
@@ -146,7 +146,7 @@ class AnalyticModel:
         pipeline = oracle if isinstance(oracle, Pipeline) else None
         path = pipeline.fill if pipeline is not None else discover(oracle)
         a, b = costs.load_lines()
-        load = Lines(a, b) if a.size else Lines(np.zeros(1), np.zeros(1))
+        load = upper_envelope(a, b)  # one line per link: keep the few that are ever the max
         found = Structure(
             collective, algorithm, proto.name, channels, path.merge(load), path, load, pipeline
         )
