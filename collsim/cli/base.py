@@ -42,6 +42,34 @@ def topology_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def run_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """How a collective runs, as nccl-tests and NCCL take it: size step, data type, channels,
+    protocol and the tree/chain pipelining chunk (``simulate`` and ``stragglers``)."""
+    options = [
+        click.option(
+            "-f", "--stepfactor", type=float, default=2.0, show_default=True, help="Size step."
+        ),
+        click.option(
+            "-d", "--datatype", default="float", show_default=True, help="nccl-tests type."
+        ),
+        click.option(
+            "--channels", type=int, default=1, show_default=True, help="Parallel channels."
+        ),
+        click.option(
+            "--protocol",
+            type=click.Choice(["LL", "LL128", "Simple"], case_sensitive=False),
+            default="Simple",
+            show_default=True,
+        ),
+        click.option(
+            "--chunk-bytes", default=None, help="Pipelining chunk for tree/chain algorithms."
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
 def fault_option(func: Callable[..., Any]) -> Callable[..., Any]:
     """``--fault TEXT`` (repeatable): a what-if fault applied to the topology (docs/faults.md)."""
     return click.option(

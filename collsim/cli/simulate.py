@@ -6,7 +6,7 @@ import json
 
 import click
 
-from collsim.cli.base import cli, fault_option, size_option
+from collsim.cli.base import cli, fault_option, run_options, size_option
 from collsim.collectives.registry import COLLECTIVES
 from collsim.errors import CollsimError
 
@@ -21,16 +21,7 @@ from collsim.errors import CollsimError
     "-b", "--minbytes", default="8", show_default=True, help="Smallest size (nccl-tests)."
 )
 @click.option("-e", "--maxbytes", default="128M", show_default=True, help="Largest size.")
-@click.option("-f", "--stepfactor", type=float, default=2.0, show_default=True, help="Size step.")
-@click.option("-d", "--datatype", default="float", show_default=True, help="nccl-tests type.")
-@click.option("--channels", type=int, default=1, show_default=True, help="Parallel channels.")
-@click.option(
-    "--protocol",
-    type=click.Choice(["LL", "LL128", "Simple"], case_sensitive=False),
-    default="Simple",
-    show_default=True,
-)
-@click.option("--chunk-bytes", default=None, help="Pipelining chunk for tree/chain algorithms.")
+@run_options
 @click.option(
     "--engine",
     default="des",

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from collsim.cli.base import cli, size_option
+from collsim.cli.base import cli, run_options, size_option
 from collsim.collectives.registry import COLLECTIVES, default_algorithm
 from collsim.errors import CollsimError
 
@@ -24,16 +24,7 @@ _BAR_MIN = 50
 @click.option("--algorithm", "-a", default=None, help="Algorithm or 'auto' [default: registry's].")
 @click.option("-b", "--minbytes", default="64M", show_default=True, help="Smallest size.")
 @click.option("-e", "--maxbytes", default=None, help="Largest size [default: -b].")
-@click.option("-f", "--stepfactor", type=float, default=2.0, show_default=True, help="Size step.")
-@click.option("-d", "--datatype", default="float", show_default=True, help="nccl-tests type.")
-@click.option("--channels", type=int, default=1, show_default=True, help="Parallel channels.")
-@click.option(
-    "--protocol",
-    type=click.Choice(["LL", "LL128", "Simple"], case_sensitive=False),
-    default="Simple",
-    show_default=True,
-)
-@click.option("--chunk-bytes", default=None, help="Pipelining chunk for tree/chain algorithms.")
+@run_options
 @click.option(
     "--skew",
     default="none",
