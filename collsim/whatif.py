@@ -20,6 +20,7 @@ from collsim.errors import ScheduleError
 from collsim.protocols import get_protocol
 from collsim.topology.fabric import TopologyFabric
 from collsim.topology.graph import Network
+from collsim.topology.rings import mesh_rings
 from collsim.topology.spec import Topology
 
 DTYPES: dict[str, int] = {
@@ -73,8 +74,6 @@ def element_count(collective: str, size_bytes: int, elem_bytes: int, nranks: int
 def layout_for(topology: Topology) -> RankLayout:
     """Ranks on the topology's nodes; a (nodes x GPUs-per-node) grid for 2D algorithms; on
     point-to-point meshes, per-channel ring orders inside nodes (:func:`mesh_rings`)."""
-    from collsim.topology.rings import mesh_rings
-
     n = topology.n_gpus
     grid = (topology.nodes, topology.gpus_per_node) if topology.nodes > 1 else None
     if grid is not None and grid[0] * grid[1] != n:

@@ -2,18 +2,14 @@
 two-level (hierarchical, 2D-ring) algorithms built from ring and recursive phases.
 
 Ring (``collsim/collectives/ring.py``): on a ring of ``m`` positions with edge ``i`` from position
-``i`` to ``i + 1``, a transfer depends only on the transfer that delivered its block, so block
-``j``'s chain of transfers *is* the critical path. With per-edge costs ``r_i`` (a fused
-receive-reduce step: latency + bytes x max(wire time, reduction time), as the engine charges it)
-and ``g_i`` (a plain step), and ``R = sum r``, ``G = sum g``:
-
-* all-reduce (``2(m-1)`` steps; block ``j`` skips edge ``j`` in the reduce-scatter and ``j-1`` in
-  the all-gather): ``T = R + G - min_j (r_j + g_{j-1})``; on a uniform ring this is the textbook
-  ``2(m-1)(alpha + S/(mB))``;
-* reduce-scatter in place (``m-1`` fused steps): ``T = R - min_j r_j``; into another buffer (the
-  last hop plain, then a local reduction at the owner): ``max_j (R - r_j - r_{j-1} + g_{j-1})``
-  plus the owner's reductions (serialised on its GPU over channels);
-* all-gather (``m-1`` plain steps): ``T = G - min_j g_{j-1}``.
+``i`` to ``i + 1``, a send at step ``s`` waits for the block it forwards (position ``i - 1``, step
+``s - 1``) plus its own latency, and follows its own previous send on the connection (its bytes
+queue behind those). The time is the longest path over (position, step) (:func:`_grid`), with
+per-edge costs ``r_i`` (a fused receive-reduce step: latency + bytes x max(wire time, reduction
+time), as the engine charges it) and ``g_i`` (a plain step): all-reduce ``m-1`` r-steps then
+``m-1`` g-steps; reduce-scatter in place ``m-1`` r-steps, into another buffer ``m-2`` r-steps, a
+plain last hop and the owner's reduction (serialised on its GPU over channels); all-gather
+``m-1`` g-steps. On a uniform ring all-reduce is the textbook ``2(m-1)(alpha + S/(mB))``.
 
 Every edge's bandwidth is its max-min share among *all* ring edges of all channels (they all run
 at once: several ring edges through one NIC or PCIe switch split it). Where a ring mixes fast and
@@ -23,7 +19,6 @@ bound (``flows.FlowCosts.load_lines``) covers that regime.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -54,17 +49,6 @@ def ring_orders(collective: str, n: int, channels: int, layout: RankLayout) -> n
         layout=layout, channels=channels, chunk_bytes=DEFAULT_CHUNK_BYTES, root=0,
     )  # fmt: skip
     return np.stack([np.asarray(ring_order(spec, c)).reshape(-1) for c in range(channels)])
-
-
-@functools.lru_cache(maxsize=1)
-def sends_in_order() -> bool:
-    """Whether the ring builders make a rank's sends on a channel go in order (each waits for the
-    same rank's previous send, NCCL's one connection per neighbour): read off a 3-rank schedule."""
-    from collsim.collectives.registry import build_schedule
-
-    sched = build_schedule("all_gather", "ring", nranks=3, count=3)
-    mine = [op for op in sched if op.kind == 0 and op.src == 0 and op.dst != 0]
-    return len(mine) >= 2 and int(sched.after[mine[1].id]) == mine[0].id
 
 
 def scatter_max(n: int, ranks: np.ndarray, values: Aff, s: float, base: Aff | None = None) -> Aff:
@@ -138,63 +122,40 @@ def ring_phase(
     r_b = np.maximum(g_b, frac / red_rate)
     own_red_b = red_mult * frac / costs.reduce_bytes_per_s[rings]  # reduction at the owner
     copy_b = frac / costs.copy_bytes_per_s[rings]
-    big_r = Aff(lat.sum(1, keepdims=True), r_b.sum(1, keepdims=True))
-    big_g = Aff(lat.sum(1, keepdims=True), g_b.sum(1, keepdims=True))
     r = Aff(lat, r_b)
     g = Aff(lat, g_b)
-    g_prev = Aff(np.roll(lat, 1, axis=1), np.roll(g_b, 1, axis=1))  # g_{j-1}
-    r_prev = Aff(np.roll(lat, 1, axis=1), np.roll(r_b, 1, axis=1))
     zeros = np.zeros((k, m))
-    if sends_in_order():
-        red = Aff(zeros, own_red_b)
-        if mode == AR:
-            plan = [r] * (m - 1) + [g] * (m - 1)
-        elif mode == RS_INPLACE:
-            plan = [r] * (m - 1)
-        elif mode == RS_OUT:
-            plan = [r] * (m - 2) + [g]
-        else:
-            plan = [g] * (m - 1)
-
-        def run(s: float, ready: Aff | None = None) -> Aff:
-            """Per-rank done times, ranks starting at ``ready`` (n,)."""
-            rp = Aff.zeros((k, m)) if ready is None else ready[rings]
-            start = rp
-            if mode != AG:  # a reduce-scatter also waits for the receiver's buffer
-                start = rp.maximum(Aff(np.roll(rp.a, -1, axis=1), np.roll(rp.b, -1, axis=1)), s)
-            t = _grid(plan, s, start)
-            done = Aff(np.roll(t.a, 1, axis=1), np.roll(t.b, 1, axis=1))  # the last hop into i
-            if mode == RS_OUT:  # the owner adds its own part after the last hop into it
-                done = done.maximum(rp, s) + red
-            if copy:
-                done = done.maximum(rp + Aff(zeros, copy_b), s)
-            every = Aff(np.concatenate((t.a, done.a)), np.concatenate((t.b, done.b)))
-            ranks2 = np.concatenate((np.roll(rings, -1, axis=1), rings))
-            return scatter_max(costs.nranks, ranks2, every, s, ready)
-
-        def grid(s: float) -> Aff:
-            return run(s).max(s)
-
-        grid.run = run  # type: ignore[attr-defined]
-        return grid
+    red = Aff(zeros, own_red_b)
     if mode == AR:
-        per_block = Aff(big_r.a + big_g.a - r.a - g_prev.a, big_r.b + big_g.b - r.b - g_prev.b)
+        plan = [r] * (m - 1) + [g] * (m - 1)
     elif mode == RS_INPLACE:
-        per_block = Aff(big_r.a - r.a, big_r.b - r.b)
+        plan = [r] * (m - 1)
     elif mode == RS_OUT:
-        per_block = Aff(
-            big_r.a - r.a - r_prev.a + g_prev.a,
-            big_r.b - r.b - r_prev.b + g_prev.b + own_red_b,
-        )
+        plan = [r] * (m - 2) + [g]
     else:
-        per_block = Aff(big_g.a - g_prev.a, big_g.b - g_prev.b)
-    if copy:
-        side = Aff(zeros, copy_b)
-        return lambda s: Aff(
-            np.concatenate((per_block.a.ravel(), side.a.ravel())),
-            np.concatenate((per_block.b.ravel(), side.b.ravel())),
-        ).max(s)
-    return lambda s: per_block.max(s)
+        plan = [g] * (m - 1)
+
+    def run(s: float, ready: Aff | None = None) -> Aff:
+        """Per-rank done times, ranks starting at ``ready`` (n,)."""
+        rp = Aff.zeros((k, m)) if ready is None else ready[rings]
+        start = rp
+        if mode != AG:  # a reduce-scatter also waits for the receiver's buffer
+            start = rp.maximum(Aff(np.roll(rp.a, -1, axis=1), np.roll(rp.b, -1, axis=1)), s)
+        t = _grid(plan, s, start)
+        done = Aff(np.roll(t.a, 1, axis=1), np.roll(t.b, 1, axis=1))  # the last hop into i
+        if mode == RS_OUT:  # the owner adds its own part after the last hop into it
+            done = done.maximum(rp, s) + red
+        if copy:
+            done = done.maximum(rp + Aff(zeros, copy_b), s)
+        every = Aff(np.concatenate((t.a, done.a)), np.concatenate((t.b, done.b)))
+        ranks2 = np.concatenate((np.roll(rings, -1, axis=1), rings))
+        return scatter_max(costs.nranks, ranks2, every, s, ready)
+
+    def grid(s: float) -> Aff:
+        return run(s).max(s)
+
+    grid.run = run  # type: ignore[attr-defined]
+    return grid
 
 
 def chain(*phases: Oracle, groups: tuple[np.ndarray | None, ...] = ()) -> Oracle:
