@@ -2,10 +2,13 @@
 
 The parameters (:mod:`collsim.model.profile`): a bandwidth efficiency (achieved / datasheet, for
 every link and the GPU memory), a latency scale (every route, switch and per-hop protocol
-latency), one base (launch) latency, a size-dependent bandwidth efficiency at three fixed sizes
-(64 KiB, 1 MiB, 16 MiB; 1 from 256 MiB on, interpolated in log2 size), and where the logs cross
-both intra-node links and the network, the network's bandwidth and latency relative to
-intra-node -- at most 8 numbers per system, the same for every collective, rank count and size.
+latency), a base latency per call and the host's launch floor under back-to-back calls, a
+size-dependent bandwidth efficiency at three fixed sizes (64 KiB, 1 MiB, 16 MiB; 1 from 256 MiB
+on, interpolated in log2 size), where the logs cross both intra-node links and the network, the
+network's bandwidth and latency relative to intra-node, and where the logs hold both one-way
+(broadcast, reduce) and two-way collectives, a duplex efficiency (what both directions of a link
+carry together) -- at most 10 numbers per system, the same for every collective, rank count and
+size.
 Predictions are the analytic model's, with the tuner choosing NCCL's algorithm, protocol and
 channels per size (:mod:`.predict`), so a profile fitted on some collectives or scales predicts
 the others through the same physics.
@@ -17,7 +20,7 @@ NCCL, does not drag the others) and each log weighted as ~30 rows whatever its l
 starts (the best wins) and fixed finite-difference steps, so a fit is deterministic. During the
 search the model's lines are scaled (:class:`~collsim.calibration.predict.Scale`: every latency
 x the latency scale, every rate x the bandwidth efficiency -- exact, as the model is affine in
-both), so only the network-vs-intra-node ratios rebuild the model.
+both), so only the network-vs-intra-node ratios and the duplex efficiency rebuild the model.
 """
 
 from __future__ import annotations
@@ -48,20 +51,26 @@ from collsim.topology.spec import Topology
 SIZE_KNOTS_BYTES = (64 * 1024, 1024**2, 16 * 1024**2)
 SIZE_ANCHOR_BYTES = 256 * 1024**2
 """Where the size-dependent efficiency is fitted; from the anchor on it is 1 (asymptotic)."""
-BOUNDS = {"eff": (0.02, 1.2), "lat": (0.05, 50.0), "base": (0.0, 1000.0), "size": (0.05, 2.0),
-          "rel": (0.05, 5.0)}  # fmt: skip
+BOUNDS = {"eff": (0.02, 1.2), "lat": (0.05, 50.0), "base": (0.0, 1000.0),
+          "floor": (0.0, 1000.0), "size": (0.05, 2.0),
+          "rel": (0.05, 5.0), "rel_lat": (0.05, 5.0), "duplex": (0.5, 1.0)}  # fmt: skip
+ONE_WAY = frozenset({"broadcast", "reduce"})
+"""Collectives whose traffic crosses each link one way; the others load both directions."""
 START_POINTS = ((0.8, 1.0), (0.5, 0.3), (1.0, 3.0))
 """(bandwidth efficiency, latency scale) starts; the best fit wins (the tuner's choices make the
 cost piecewise smooth, with local minima)."""
 REF_ROWS = 30.0
 LOSS_SCALE = 0.1
 PRIOR_WEIGHT = 0.1
-"""Weight of the weak prior that the datasheet's latencies are right (latency scales 1) and that
-efficiency does not depend on size (size factors 1): residuals ``PRIOR_WEIGHT * ln(x)``. Where the
-data can tell (a 1% misfit over one log's rows outweighs a factor 1.2), it decides; where it
-cannot -- a fixed ~35 us is as well explained by a launch latency as by 14 slower ring hops when
-only all_reduce was measured -- the prior puts it in the launch latency, which carries over to
-collectives with other step counts."""
+"""Weight of the weak prior that the datasheet's latencies are right (latency scales 1), that
+efficiency does not depend on size (size factors 1), that links are full duplex (residuals
+``PRIOR_WEIGHT * ln(x)``) and that a fixed cost is the host's launch floor rather than a per-call
+GPU cost (residual ``PRIOR_WEIGHT * base / smallest time measured``). Where the data can tell (a
+1% misfit over one log's rows outweighs a factor 1.2), it decides; where it cannot -- a fixed
+~35 us is as well explained by a launch floor as by 14 slower ring hops or an additive base when
+only all_reduce was measured -- the prior puts it in the floor, which carries over unchanged to
+collectives with other step counts and to other scales (nccl-tests' small messages cost about the
+same for every collective of a system, and on one or two nodes)."""
 
 
 @dataclass
@@ -105,6 +114,14 @@ def classes_used(topology: Topology) -> list[int]:
     return sorted({int(k) for k in kinds})
 
 
+def duplex_identifiable(samples: Sequence[Sample]) -> bool:
+    """Whether the logs can tell a link's one-way rate from what both ways carry together: they
+    hold both a one-way collective (broadcast, reduce) and one loading both directions. Otherwise
+    the duplex efficiency is not fitted (it stays at the datasheet's full duplex)."""
+    kinds = {s.log.collective in ONE_WAY for s in samples if s.log.ranks > 1}
+    return kinds == {True, False}
+
+
 class _Problem:
     """The residual function over one system's samples, with the model cache.
 
@@ -119,29 +136,34 @@ class _Problem:
         self.classes = classes
         self.base = base
         self.split = 2 in classes and any(k in classes for k in (0, 1))
-        self._models: dict[tuple[float, float], list[Any]] = {}
+        self.duplex = duplex_identifiable(samples)
+        self._models: dict[tuple[float, float, float], list[Any]] = {}
         self.weights = [np.sqrt(min(1.0, REF_ROWS / s.sizes.size)) for s in samples]
-        self.kinds = ["eff", "lat", "base"] + ["size"] * len(SIZE_KNOTS_BYTES)
+        self.smallest_us = min(float(s.measured_s.min()) for s in samples) * 1e6
+        self.kinds = ["eff", "lat", "base", "floor"] + ["size"] * len(SIZE_KNOTS_BYTES)
         if self.split:
-            self.kinds += ["rel", "rel"]
-        prior = [k in ("lat", "size") for k in self.kinds]
-        if self.split:
-            prior[-1] = True  # the network's latency relative to intra-node
-        self.prior = np.array(prior)
+            self.kinds += ["rel", "rel_lat"]
+        if self.duplex:
+            self.kinds += ["duplex"]
+        # Weak prior: datasheet latencies, size-independent efficiency, full duplex.
+        self.prior = np.array([k in ("lat", "size", "rel_lat", "duplex") for k in self.kinds])
 
-    def structural(self, x: np.ndarray) -> tuple[float, float]:
-        return (float(x[-2]), float(x[-1])) if self.split else (1.0, 1.0)
+    def structural(self, x: np.ndarray) -> tuple[float, float, float]:
+        """(net bandwidth / intra, net latency / intra, duplex): what rebuilds the model."""
+        get = {k: float(v) for k, v in zip(self.kinds, x, strict=True)}
+        return (get.get("rel", 1.0), get.get("rel_lat", 1.0), get.get("duplex", 1.0))
 
     def models(self, x: np.ndarray) -> list[Any]:
         key = self.structural(x)
         if key not in self._models:
             if len(self._models) > 32:
                 self._models.clear()
-            r_eff, r_lat = key
+            r_eff, r_lat, duplex = key
             params = dataclasses.replace(
                 self.base,
                 bandwidth_efficiency=(1.0, 1.0, r_eff),
                 route_latency_scale=(1.0, 1.0, r_lat),
+                duplex_efficiency=(duplex,) * 3,
                 protocols=tuple(
                     ProtocolParams(
                         p.name,
@@ -159,7 +181,8 @@ class _Problem:
             latency=float(x[1]),
             bandwidth=float(x[0]),
             base_latency_s=float(x[2]) * 1e-6,
-            size_factors=tuple(_size_table(x[3 : 3 + len(SIZE_KNOTS_BYTES)])),
+            launch_floor_s=float(x[3]) * 1e-6,
+            size_factors=tuple(_size_table(x[4 : 4 + len(SIZE_KNOTS_BYTES)])),
         )
 
     def predict(self, x: np.ndarray) -> list[np.ndarray]:
@@ -177,15 +200,19 @@ class _Problem:
             w * (p - s.measured_s) / s.measured_s
             for w, p, s in zip(self.weights, preds, self.samples, strict=True)
         ]
-        r = np.concatenate([*parts, PRIOR_WEIGHT * np.log(x[self.prior])])
+        base_share = x[self.kinds.index("base")] / self.smallest_us
+        r = np.concatenate(
+            [*parts, PRIOR_WEIGHT * np.log(x[self.prior]), [PRIOR_WEIGHT * base_share]]
+        )
         return np.where(np.isfinite(r), r, 10.0)
 
     def doc(self, x: np.ndarray) -> ProfileDoc:
-        r_eff, r_lat = self.structural(x)
+        r_eff, r_lat, duplex = self.structural(x)
         link_classes = {
             CLASSES[k]: LinkClass(
                 bandwidth_efficiency=round(float(x[0]) * (r_eff if k == 2 else 1.0), 5),
                 latency_scale=round(float(x[1]) * (r_lat if k == 2 else 1.0), 5),
+                duplex_efficiency=round(duplex, 5) if self.duplex else None,
             )
             for k in self.classes
         }
@@ -197,9 +224,10 @@ class _Problem:
             ),
             link_classes=link_classes,  # type: ignore[arg-type]
             base_latency_us=round(float(x[2]), 4),
+            launch_floor_us=round(float(x[3]), 4),
             memory_efficiency=round(float(x[0]), 5),
             size_efficiency=[
-                (s, round(f, 5)) for s, f in _size_table(x[3 : 3 + len(SIZE_KNOTS_BYTES)])
+                (s, round(f, 5)) for s, f in _size_table(x[4 : 4 + len(SIZE_KNOTS_BYTES)])
             ],
             provenance=Provenance(logs=[], collectives=[], ranks=[], method="", fitted=[]),
         )
@@ -227,10 +255,15 @@ def fit_samples(
     classes = sorted({k for s in samples for k in classes_used(s.topology)})
     prob = _Problem(samples, classes, base)
     smallest_us = min(float(s.measured_s.min()) for s in samples) * 1e6
-    starts = [np.r_[eff, lat, 0.5 * smallest_us, [1.0] * len(SIZE_KNOTS_BYTES)]
+    # The floor starts at the smallest time measured, the base at none: what both explain
+    # (only the smallest sizes) goes to the host's launch floor, which carries over to
+    # collectives of other step counts unchanged (the per-step latencies keep their prior).
+    starts = [np.r_[eff, lat, 0.0, smallest_us, [1.0] * len(SIZE_KNOTS_BYTES)]
               for eff, lat in START_POINTS]  # fmt: skip
-    if prob.split:  # the network ratios rebuild the model: one start
-        starts = [np.r_[starts[0], 1.0, 1.0]]
+    extra = [1.0] * (len(prob.kinds) - len(starts[0]))  # network ratios, duplex: datasheet
+    starts = [np.r_[x0, extra] for x0 in starts]
+    if prob.split:  # the network ratios rebuild the model at every step: one start
+        starts = starts[:1]
     lo = np.array([BOUNDS[k][0] for k in prob.kinds])
     hi = np.array([BOUNDS[k][1] for k in prob.kinds])
     result = None
@@ -243,7 +276,7 @@ def fit_samples(
             loss="cauchy",
             f_scale=LOSS_SCALE,
             diff_step=1e-3,
-            x_scale=np.where(np.array(prob.kinds) == "base", max(1.0, x0[2]), 1.0),
+            x_scale=np.where(np.isin(prob.kinds, ["base", "floor"]), max(1.0, x0[3]), 1.0),
             max_nfev=max_nfev,
             method="trf",
         )
@@ -263,9 +296,12 @@ def fit_samples(
         for p, s in zip(preds, samples, strict=True)
     }
     fitted = ["bandwidth_efficiency (all links, memory)", "latency_scale (all links)",
-              "base_latency_us"] + [f"size_efficiency@{s}" for s in SIZE_KNOTS_BYTES]  # fmt: skip
+              "base_latency_us", "launch_floor_us",
+              *(f"size_efficiency@{s}" for s in SIZE_KNOTS_BYTES)]  # fmt: skip
     if prob.split:
         fitted += ["net bandwidth / intra-node", "net latency / intra-node"]
+    if prob.duplex:
+        fitted += ["duplex_efficiency (all links)"]
     doc = prob.doc(x).model_copy(
         update={
             "provenance": Provenance(

@@ -183,14 +183,15 @@ def elem_bytes(log: NcclTestsLog) -> int:
 @dataclass(frozen=True)
 class Scale:
     """Uniform scaling of a model's times: every latency x ``latency``, every rate (links and
-    memory) x ``bandwidth``, then ``base_latency_s`` added and the bandwidth term divided by the
-    size factors. Exact: the model's lines are ``a + b S`` with ``a`` sums of latencies and ``b``
-    of seconds per byte at max-min shares, which scale linearly with all rates (so a fit can
-    move these without rebuilding the model)."""
+    memory) x ``bandwidth``, the bandwidth term divided by the size factors, ``base_latency_s``
+    added to the time and ``launch_floor_s`` to the floor under it. Exact: the model's lines are
+    ``a + b S`` with ``a`` sums of latencies and ``b`` of seconds per byte at max-min shares,
+    which scale linearly with all rates (so a fit can move these without rebuilding the model)."""
 
     latency: float = 1.0
     bandwidth: float = 1.0
     base_latency_s: float = 0.0
+    launch_floor_s: float = 0.0
     size_factors: tuple[tuple[float, float], ...] = ()
 
 
@@ -226,10 +227,10 @@ class ScaledModel:
             xs = np.log2([p[0] for p in sc.size_factors])
             ys = np.array([p[1] for p in sc.size_factors])
             eff = eff / np.interp(np.log2(np.maximum(eff, 1.0)), xs, ys)
-        return (
-            self.model.params.base_latency_s
-            + sc.base_latency_s
-            + st.time_s(eff, sc.latency, sc.bandwidth)
+        p = self.model.params
+        return np.maximum(
+            p.launch_floor_s + sc.launch_floor_s,
+            p.base_latency_s + sc.base_latency_s + st.time_s(eff, sc.latency, sc.bandwidth),
         )
 
 

@@ -54,17 +54,18 @@ LIMITATIONS = (
     "a profile of a few parameters cannot change (a per-log fit can, which is why the "
     "alpha-beta baseline, two numbers per log, scores well in-sample but predicts nothing else):",
     "",
-    "- *per-step latency*: measured small messages cost about the same for all_reduce "
-    "(2(n-1) ring steps) as for all_gather (n-1 steps) -- 16.9 vs 16.7 us on h100-snellius-1n4g, "
-    "34.7 vs 34.4 us on a100-40g-8gpu-superbench -- so a step costs ~0.1-0.3 us and the launch "
-    "dominates; collsim charges a step the route's latency plus NCCL's hwLat (~1.3-2 us on "
-    "NVLink). A profile fitted on all_reduce alone cannot tell launch from step latency and "
-    "then mispredicts the collectives with other step counts (cross-collective, superbench and "
-    "snellius-1n4g all_gather / reduce_scatter at 29-36%).",
-    "- *links that are slower both ways at once*: no-P2P host staging (2080ti: all_gather and "
-    "all_reduce at ~3.2 GB/s busbw, broadcast faster) and the PCIe/NIC path of "
-    "a100pcie-ib-2n1g-gdr (bidirectional all_reduce/sendrecv ~14.7 GB/s, broadcast 24 GB/s); the "
-    "topology's links are full duplex, so one efficiency cannot fit both directions' traffic.",
+    "- *mid-size all_gather / reduce_scatter*: from ~128 KiB to ~8 MiB, all_gather and "
+    "reduce_scatter of S bytes take about as long as all_reduce of S bytes (h100-snellius-1n4g: "
+    "44.6 vs 45.0 us at 4 MiB; superbench likewise), though a ring all_reduce moves twice the "
+    "bytes in twice the steps; an all_reduce fit then predicts them ~2x fast there "
+    "(cross-collective 12-14% for superbench and snellius-1n4g reduce_scatter / all_gather). "
+    "collsim has no mechanism for it (NCCL's per-size channel and protocol choices are a "
+    "suspect).",
+    "- *links slower both ways at once*: modelled (a duplex efficiency, fitted where a system has "
+    "one-way and two-way logs: a100pcie-ib-2n1g-gdr broadcast 61% -> 0.6% in-sample), but an "
+    "all_reduce fit alone cannot see it (its broadcast stays at 63% cross-collective), and the "
+    "2080ti's no-P2P host staging is below even half duplex (both ways 4+4 GB/s, one way 11.1 "
+    "GB/s), which no shared capacity describes.",
     "- *point-to-point launch latency*: alltoall/sendrecv start at ~87 us where the collectives "
     "start at ~35 us on the same system (superbench); the profile has one base latency.",
     "- *which algorithm NCCL ran*: collsim's tuner picks the fastest by its own physics; on two "
@@ -75,7 +76,9 @@ LIMITATIONS = (
     "links of the measured hosts are not published; the catalog's guess routes GPU pairs "
     "through the CPUs and comes out 2x slow).",
     "- *cross-scale from one node*: a single-node fit says nothing about the network, whose "
-    "parameters stay at their datasheet values when predicting two nodes.",
+    "parameters stay at their datasheet values when predicting two nodes; h100-snellius-1n4g's "
+    "mid sizes also put its fixed cost in the per-call base rather than the launch floor, so the "
+    "network's hops add to it at two nodes (predicted 27 us, measured 16-18 us).",
     "",
     "Mechanisms fixed since the first report (each moved the numbers above): chain and tree "
     "broadcast/reduce now pipeline (every edge sends its chunks in order; superbench broadcast "
@@ -83,7 +86,10 @@ LIMITATIONS = (
     "all_reduce 47% -> 22%); a send's latency overlaps the previous send's bytes on its "
     "connection, so a slow hop is paid once per block, not once per step (small multi-node "
     "rings); rings on NVLink/xGMI meshes use other links per channel (snellius-1n4g in-sample "
-    "8-10% -> 4-7%).",
+    "8-10% -> 4-7%); the launch latency is a floor under back-to-back calls, not an addend "
+    "(measured small messages cost the same for all_reduce and all_gather, and on one node and "
+    "two: cross-collective median 25.5% -> 12.0%); links may be slower both ways at once (a "
+    "fitted duplex efficiency; in-sample median 5.6% -> 4.9%).",
 )
 
 
@@ -301,7 +307,7 @@ def markdown(rep: Report, plots: dict[str, str]) -> str:
         )
         sizes = ", ".join(f"{f:.2f}" for _, f in doc.size_efficiency[:-1])
         err = _pct(doc.fit_error.mape) if doc.fit_error else "--"
-        base_us = f"{doc.base_latency_us:.1f}"
+        base_us = f"{doc.base_latency_us:.1f} / {doc.launch_floor_us:.1f}"
         lines.append(f"| {name} | {doc.topology.name} | {cls} | {base_us} | {sizes} | {err} |")
     lines += ["", "## Where the errors come from", "", *LIMITATIONS]
     lines += ["", "## Plots", ""]

@@ -237,7 +237,9 @@ def fit_cmd(
             f"#   {name}: bandwidth efficiency {c.bandwidth_efficiency:.3f}, "
             f"latency scale {c.latency_scale:.3f}"
         )
-    click.echo(f"#   base latency {doc.base_latency_us:.2f} us")
+    click.echo(
+        f"#   base latency {doc.base_latency_us:.2f} us, launch floor {doc.launch_floor_us:.2f} us"
+    )
     click.echo(
         "#   size efficiency " + ", ".join(f"{int(s)}B: {f:.3f}" for s, f in doc.size_efficiency)
     )

@@ -14,8 +14,11 @@ How a prediction is made (and why it is fast):
 2. *Lines*: all costs are affine in the size, so the time is a convex piecewise-linear function;
    :func:`~collsim.model.envelope.discover` finds its pieces (a few evaluations of the
    recurrence), merged with the link-load bound (every link must carry its bytes).
-3. *Sizes*: ``T(S) = base_latency + max_i(a_i + b_i S / f(S))`` -- a vectorised max over a handful
-   of lines (``f``: the calibratable size factor, 1 by default).
+3. *Sizes*: ``T(S) = max(floor, base + max_i(a_i + b_i S / f(S)))`` -- a vectorised max over a
+   handful of lines (``f``: the calibratable size factor, 1 by default; ``base`` a per-call cost
+   on the GPUs' path; ``floor`` the host's cost to issue a call, which overlaps the GPUs' work on
+   the previous one when calls follow each other, as nccl-tests times them; both 0 by default,
+   see :class:`~collsim.model.params.ModelParams`).
 
 Sizes are rounded as nccl-tests (and :func:`collsim.whatif.element_count`) round them: whole
 elements, and for all_gather / reduce_scatter / alltoall a multiple of the rank count.
@@ -48,7 +51,7 @@ from collsim.model.rings import (
     two_level_all_reduce,
 )
 from collsim.model.trees import Pipeline, double_tree, rooted
-from collsim.topology.spec import Topology
+from collsim.topology.spec import Topology, with_duplex
 
 ROUNDED_TO_RANKS = frozenset({"all_gather", "reduce_scatter", "alltoall"})
 
@@ -99,6 +102,9 @@ class AnalyticModel:
         from collsim.whatif import WhatIf
 
         self.whatif = topology if isinstance(topology, WhatIf) else WhatIf(topology)  # type: ignore[arg-type]
+        duplex = params.duplex_by_kind()
+        if duplex:  # links short of full duplex share a capacity both ways (a rebuilt fabric)
+            self.whatif = WhatIf(with_duplex(self.whatif.topology, duplex))
         self.topology = self.whatif.topology
         self.fabric = self.whatif.fabric
         self.layout = self.whatif.layout
@@ -204,7 +210,8 @@ class AnalyticModel:
         st = self.structure(collective, algorithm, protocol=protocol, channels=channels)
         eff = effective_bytes(collective, sizes, elem_bytes, self.nranks)
         scaled = eff / self.params.size_factor(eff) if self.params.size_factors else eff
-        return self.params.base_latency_s + st.time_s(scaled)
+        p = self.params
+        return np.maximum(p.launch_floor_s, p.base_latency_s + st.time_s(scaled))
 
 
 def _rd(costs: FlowCosts, collective: str, n: int, channels: int) -> Oracle:

@@ -14,9 +14,16 @@ loads them back. Per link class (index :data:`~collsim.protocols.HW_NVLINK` / ``
   forwarding latency of the devices (switches, host staging) on routes whose slowest class it is;
 * ``bandwidth_efficiency`` multiplies the capacity of every link of that class (achieved /
   datasheet bandwidth);
+* ``duplex_efficiency`` (0.5 to 1) caps what both directions of a link of that class carry
+  together at ``2 x duplex x`` its capacity: 1 is full duplex (the datasheet), 0.5 half duplex.
+  Host-staged or GPUDirect paths through a PCIe root complex fall in between; a value below 1
+  adds a shared capacity to those links (:func:`collsim.topology.spec.with_duplex`);
 
 per protocol (``protocols``): payload fraction of the wire and per-hop latency by class; globally:
-``base_latency_s`` (a per-collective launch cost, NCCL's ``baseLat``), reduction and copy
+``base_latency_s`` (a per-call cost on the GPUs' critical path, NCCL's ``baseLat``),
+``launch_floor_s`` (the host's cost to issue one call: a *floor* under the time, not an addend,
+since the host issues the next call while the GPUs run this one, so calls that follow each other
+-- as nccl-tests times them -- complete no faster than the host issues them), reduction and copy
 efficiencies, and ``size_factors``: (size_bytes, factor) points, interpolated in log2(size), that
 scale the bandwidth term (``time = latency + bytes / (bandwidth * factor(size))``), so
 size-dependent effects (protocol warm-up, small-message inefficiency) are data, not code.
@@ -62,8 +69,10 @@ class ModelParams:
 
     protocols: tuple[ProtocolParams, ...] = field(default_factory=_default_protocols)
     base_latency_s: float = 0.0
+    launch_floor_s: float = 0.0
     route_latency_scale: tuple[float, float, float] = (1.0, 1.0, 1.0)
     bandwidth_efficiency: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    duplex_efficiency: tuple[float, float, float] = (1.0, 1.0, 1.0)
     reduce_efficiency: float = 1.0
     copy_efficiency: float = 1.0
     size_factors: tuple[tuple[float, float], ...] = ()
@@ -77,6 +86,14 @@ class ModelParams:
                     "needs three non-negative numbers (nvlink, pci, net)", field=name, value=value
                 )
             object.__setattr__(self, name, value)
+        duplex = tuple(float(x) for x in self.duplex_efficiency)
+        if len(duplex) != _CLASSES or any(not 0.5 <= x <= 1.0 for x in duplex):
+            raise CalibrationError(
+                "needs three numbers from 0.5 (half duplex) to 1 (full duplex)",
+                field="duplex_efficiency",
+                value=self.duplex_efficiency,
+            )
+        object.__setattr__(self, "duplex_efficiency", duplex)
         if any(x <= 0 for x in self.bandwidth_efficiency):
             raise CalibrationError(
                 "bandwidth efficiencies must be positive",
@@ -86,10 +103,10 @@ class ModelParams:
         for name in ("reduce_efficiency", "copy_efficiency"):
             if not float(getattr(self, name)) > 0:
                 raise CalibrationError("must be positive", field=name, value=getattr(self, name))
-        if not np.isfinite(self.base_latency_s) or self.base_latency_s < 0:
-            raise CalibrationError(
-                "must be a non-negative time", field="base_latency_s", value=self.base_latency_s
-            )
+        for name in ("base_latency_s", "launch_floor_s"):
+            value = getattr(self, name)
+            if not np.isfinite(value) or value < 0:
+                raise CalibrationError("must be a non-negative time", field=name, value=value)
         pts = tuple((float(s), float(f)) for s, f in self.size_factors)
         if any(s <= 0 or f <= 0 for s, f in pts) or list(pts) != sorted(pts):
             raise CalibrationError(
@@ -112,6 +129,16 @@ class ModelParams:
             value=name,
         )
 
+    def duplex_by_kind(self) -> dict[str, float]:
+        """``duplex_efficiency`` keyed by link kind (what :func:`with_duplex` takes); empty when
+        every class is full duplex."""
+        from collsim.topology.fabric import _HW_CLASS
+        from collsim.topology.spec import LINK_KINDS
+
+        if min(self.duplex_efficiency) >= 1.0:
+            return {}
+        return {k: self.duplex_efficiency[_HW_CLASS.get(k, _CLASSES - 1)] for k in LINK_KINDS}
+
     def size_factor(self, size_bytes: np.ndarray) -> np.ndarray:
         """Bandwidth multiplier per size (1 without ``size_factors``)."""
         size_bytes = np.asarray(size_bytes, dtype=np.float64)
@@ -127,8 +154,10 @@ class ModelParams:
         return {
             "source": self.source,
             "base_latency_s": self.base_latency_s,
+            "launch_floor_s": self.launch_floor_s,
             "route_latency_scale": list(self.route_latency_scale),
             "bandwidth_efficiency": list(self.bandwidth_efficiency),
+            "duplex_efficiency": list(self.duplex_efficiency),
             "reduce_efficiency": self.reduce_efficiency,
             "copy_efficiency": self.copy_efficiency,
             "size_factors": [list(p) for p in self.size_factors],
@@ -145,14 +174,15 @@ class ModelParams:
     def from_dict(cls, data: Mapping[str, Any]) -> ModelParams:
         """Parameters from :meth:`to_dict`'s form; unknown keys are errors (one line each)."""
         known = {
-            "source", "base_latency_s", "route_latency_scale", "bandwidth_efficiency",
-            "reduce_efficiency", "copy_efficiency", "size_factors", "protocols",
+            "source", "base_latency_s", "launch_floor_s", "route_latency_scale",
+            "bandwidth_efficiency", "duplex_efficiency", "reduce_efficiency", "copy_efficiency",
+            "size_factors", "protocols",
         }  # fmt: skip
         extra = sorted(set(data) - known)
         if extra:
             raise CalibrationError("unknown model parameter", field=extra[0])
         kwargs: dict[str, Any] = {k: data[k] for k in known - {"protocols"} if k in data}
-        for key in ("route_latency_scale", "bandwidth_efficiency"):
+        for key in ("route_latency_scale", "bandwidth_efficiency", "duplex_efficiency"):
             if key in kwargs:
                 kwargs[key] = tuple(kwargs[key])
         if "size_factors" in kwargs:

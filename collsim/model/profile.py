@@ -2,8 +2,10 @@
 
 A profile says which topology it was fitted for (catalog name, nodes, GPUs per node), the fitted
 parameters -- per link class (``nvlink``, ``pci``, ``net``: NCCL's ``hwLat`` rows) a bandwidth
-efficiency (achieved / datasheet rate) and a latency scale (multiplying the route latency and the
-protocols' per-hop latency on that class), a base (launch) latency, and a small table of
+efficiency (achieved / datasheet rate), a latency scale (multiplying the route latency and the
+protocols' per-hop latency on that class) and, where fitted, a duplex efficiency (what both
+directions carry together, relative to twice the rate), a launch floor (the host's cost to issue
+a call, under which back-to-back calls cannot go), a base (launch) latency, and a small table of
 size-dependent bandwidth efficiency keyed by message size (interpolated in log2 size, as SimGrid's
 piecewise-linear network factors; Velho et al., "On the validity of flow-level TCP network
 models", ACM TOMACS 2013) -- the fit's provenance and its in-sample error. No dates: the same
@@ -27,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from collsim.errors import CalibrationError
 from collsim.model.params import DEFAULT_PARAMS, ModelParams, ProtocolParams
-from collsim.topology.spec import Topology
+from collsim.topology.spec import Topology, with_duplex
 
 CLASSES = ("nvlink", "pci", "net")
 FORMAT_VERSION = 1
@@ -46,6 +48,8 @@ class TopologyRef(_Strict):
 class LinkClass(_Strict):
     bandwidth_efficiency: float = Field(gt=0, le=10)
     latency_scale: float = Field(ge=0, le=1000)
+    duplex_efficiency: float | None = Field(default=None, ge=0.5, le=1)
+    """Both directions together carry 2 x this x the rate (absent: full duplex)."""
 
 
 class Provenance(_Strict):
@@ -69,6 +73,7 @@ class ProfileDoc(_Strict):
     topology: TopologyRef
     link_classes: dict[Literal["nvlink", "pci", "net"], LinkClass]
     base_latency_us: float = Field(ge=0, le=1e6)
+    launch_floor_us: float = Field(default=0.0, ge=0, le=1e6)
     memory_efficiency: float = Field(default=1.0, gt=0, le=4)
     size_efficiency: list[tuple[float, float]] = []
     provenance: Provenance
@@ -90,10 +95,12 @@ class Profile:
         """The analytic model's parameters under this profile."""
         eff = list(base.bandwidth_efficiency)
         lat = [1.0, 1.0, 1.0]
+        duplex = list(base.duplex_efficiency)
         for name, cls in self.doc.link_classes.items():
             k = CLASSES.index(name)
             eff[k] = cls.bandwidth_efficiency
             lat[k] = cls.latency_scale
+            duplex[k] = cls.duplex_efficiency or duplex[k]
         protocols = tuple(
             ProtocolParams(
                 p.name,
@@ -106,10 +113,12 @@ class Profile:
             base,
             protocols=protocols,
             base_latency_s=self.doc.base_latency_us * 1e-6,
+            launch_floor_s=self.doc.launch_floor_us * 1e-6,
             reduce_efficiency=base.reduce_efficiency * self.doc.memory_efficiency,
             copy_efficiency=base.copy_efficiency * self.doc.memory_efficiency,
             route_latency_scale=tuple(lat),  # type: ignore[arg-type]
             bandwidth_efficiency=tuple(eff),  # type: ignore[arg-type]
+            duplex_efficiency=tuple(duplex),  # type: ignore[arg-type]
             size_factors=tuple((float(s), float(f)) for s, f in self.doc.size_efficiency),
             source=f"profile {self.file or self.topology_name}",
         )
@@ -133,11 +142,13 @@ class Profile:
         return []
 
     def apply_to_topology(self, topology: Topology) -> Topology:
-        """``topology`` with every link's bandwidth x its class's efficiency and latency x its
-        latency scale (what the discrete-event engine can express of the profile)."""
+        """``topology`` with every link's bandwidth x its class's efficiency, latency x its
+        latency scale and both directions' shared capacity (duplex efficiency): what the
+        discrete-event engine can express of the profile."""
         from collsim.topology.fabric import _HW_CLASS
 
         self.check_topology(topology)
+        topology = with_duplex(topology, self.params().duplex_by_kind())
         cls = self.doc.link_classes
         links = []
         for link in topology.links:
@@ -146,11 +157,15 @@ class Profile:
             if c is None:
                 links.append(link)
                 continue
+            duplex = link.duplex_bandwidth_bytes_per_s
             links.append(
                 dataclasses.replace(
                     link,
                     bandwidth_bytes_per_s=link.bandwidth_bytes_per_s * c.bandwidth_efficiency,
                     latency_s=link.latency_s * c.latency_scale,
+                    duplex_bandwidth_bytes_per_s=(
+                        None if duplex is None else duplex * c.bandwidth_efficiency
+                    ),
                 )
             )
         devices = []

@@ -47,7 +47,17 @@ class Parts:
         return name
 
     def link(self, a: str, b: str, cls: LinkClassIn, *, count: int = 1) -> None:
-        self.links.append(Link(a, b, cls.kind, cls.bandwidth * count, cls.latency))
+        duplex = None if cls.duplex_bandwidth is None else cls.duplex_bandwidth * count
+        self.links.append(
+            Link(
+                a,
+                b,
+                cls.kind,
+                cls.bandwidth * count,
+                cls.latency,
+                duplex_bandwidth_bytes_per_s=duplex,
+            )
+        )
 
 
 def build_node(parts: Parts, n: int, node: NodeIn, gpus: int, gpu_forwards: bool) -> list[str]:

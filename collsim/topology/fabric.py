@@ -113,8 +113,8 @@ class TopologyFabric:
         for cand in candidates:
             try:
                 hops = max(
-                    [len(net.route_index(int(self._gpu_index[s]), cand).links) for s in srcs]
-                    + [len(net.route_index(cand, int(self._gpu_index[d])).links) for d in dsts]
+                    [net.route_index(int(self._gpu_index[s]), cand).hops for s in srcs]
+                    + [net.route_index(cand, int(self._gpu_index[d])).hops for d in dsts]
                 )
             except TopologyError:  # this switch is out of some rank's reach
                 continue

@@ -406,7 +406,7 @@ def _background(topo: Topology, faults: Sequence[Fault]) -> Topology:
     from collsim.topology.graph import Network
 
     net = Network(topo)
-    load = np.zeros(len(net.link_src))
+    load = np.zeros(len(net.capacity_bytes_per_s))  # coupling links (past the cables) unused
     for fault in faults:
         rate = fault.rate_bytes_per_s or 0.0
         if fault.target not in PATTERNS:

@@ -1,7 +1,11 @@
 """Topology -> directed graph, routes between GPUs, and the figures users size a fabric by.
 
 Every full-duplex link becomes two directed links (ids ``2i`` and ``2i+1`` for link ``i``), each
-with the link's per-direction bandwidth, so traffic in one direction never slows the other.
+with the link's per-direction bandwidth, so traffic in one direction never slows the other. A link
+that is not fully duplex (``duplex_bandwidth_bytes_per_s``) also gets a *coupling* link, id
+``2 * len(links) + k``: not a cable but a capacity both directions share, added to every route
+that crosses the link either way, so the engine and the analytic model share it out like any
+other link.
 
 Routing is shortest-path over a cost that prefers few hops and fat links (each directed link costs
 ``100 + 10000 / GB/s``, integers, so equal-cost paths compare exactly): inside a DGX that picks
@@ -71,6 +75,20 @@ class Network:
                 lk.latency_s + lk.extra_latency_s[0],
                 lk.latency_s + lk.extra_latency_s[1],
             )
+        self.n_directed_links = n_links
+        """Ids below this are cables' directions; above, coupling links (see the docstring)."""
+        self._coupling = np.full(n_links, -1, dtype=np.int64)
+        extra_cap: list[float] = []
+        for i, lk in enumerate(links):
+            if lk.duplex_bandwidth_bytes_per_s is None:
+                continue
+            self._coupling[2 * i : 2 * i + 2] = n_links + len(extra_cap)
+            # Faults degrade the shared capacity as they degrade the directions, on average.
+            extra_cap.append(lk.duplex_bandwidth_bytes_per_s * sum(lk.bandwidth_factor) / 2)
+            self.link_names.append(f"{lk.a}<->{lk.b} (both directions)")
+            self.link_kind.append(lk.kind)
+        self.capacity_bytes_per_s = np.r_[self.capacity_bytes_per_s, extra_cap]
+        self.latency_s = np.r_[self.latency_s, np.zeros(len(extra_cap))]
         self.device_latency_s = np.array([d.latency_s for d in self.devices])
         # Routing costs the nominal bandwidth: a degraded link (a fault) is not routed around.
         nominal = [lk.bandwidth_bytes_per_s for lk in links for _ in range(2)]
@@ -122,6 +140,8 @@ class Network:
         heads = self.link_dst[hops]
         latency = float(self.latency_s[hops].sum() + self.device_latency_s[heads[:-1]].sum())
         names = (self.devices[src].name, *(self.devices[int(h)].name for h in heads))
+        coupled = self._coupling[hops]
+        links = [*links, *(int(c) for c in coupled[coupled >= 0])]
         route = Route(tuple(int(x) for x in links), names, latency)
         self._routes[key] = route
         return route
@@ -142,11 +162,11 @@ class Network:
                 result[gpu.name] = []
                 continue
             nearest = [self.route(gpu.name, nic) for nic in nics]
-            best = min(len(r.links) for r in nearest)
+            best = min(r.hops for r in nearest)
             result[gpu.name] = [
                 nic
                 for nic, r in zip(nics, nearest, strict=True)
-                if len(r.links) == best and not _passes_gpu(r, self)
+                if r.hops == best and not _passes_gpu(r, self)
             ]
         return result
 
@@ -207,9 +227,10 @@ class Network:
         source, sink = self.n_vertices, self.n_vertices + 1
         # scipy's max-flow takes int32 capacities: count in MB/s, coarser for very large systems.
         # The answer is at most what the first half can send; scale units so that fits 2**30.
-        bound = float(self.capacity_bytes_per_s[np.isin(self.link_src, gpus[:half])].sum())
+        directed = self.capacity_bytes_per_s[: self.n_directed_links]  # cables, not couplings
+        bound = float(directed[np.isin(self.link_src, gpus[:half])].sum())
         unit = 10.0 ** math.ceil(math.log10(max(1e6, bound / 2**30)))  # MB/s, or coarser
-        cap = np.round(self.capacity_bytes_per_s / unit)
+        cap = np.round(directed / unit)
         cap = np.clip(cap, 1, 2**31 - 1).astype(np.int64)
         # In a max-flow, GPUs may relay (as NCCL's PXN does through NVLink), so use device ids.
         big = 2**31 - 1

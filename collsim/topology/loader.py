@@ -263,7 +263,16 @@ def _from_explicit(spec: ExplicitIn, file: str | None) -> Topology:
                 field=f"links.{i}",
             )
         pairs[pair] = i
-        links.append(Link(lk.a, lk.b, lk.kind, lk.bandwidth, lk.latency))
+        links.append(
+            Link(
+                lk.a,
+                lk.b,
+                lk.kind,
+                lk.bandwidth,
+                lk.latency,
+                duplex_bandwidth_bytes_per_s=lk.duplex_bandwidth,
+            )
+        )
     gpus = [d for d in devices if d.kind == "gpu"]
     if not gpus:
         raise TopologyError(

@@ -41,11 +41,18 @@ def mix(*values: int) -> int:
 
 @dataclass(frozen=True)
 class Route:
-    """A path between two devices: the directed link ids, the devices, and its latency."""
+    """A path between two devices: the directed link ids, the devices, and its latency.
+
+    ``links`` holds the cables' directions crossed and, after them, the coupling links of those
+    that are not fully duplex (:mod:`collsim.topology.graph`); ``hops`` counts cables only."""
 
     links: tuple[int, ...]
     devices: tuple[str, ...]
     latency_s: float
+
+    @property
+    def hops(self) -> int:
+        return len(self.devices) - 1
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,7 @@ class LinkClassIn(Strict):
     kind: LinkKind
     bandwidth: Rate
     latency: Time = 0.0
+    duplex_bandwidth: Rate | None = None
     source: Source = None
 
 
@@ -173,6 +174,7 @@ class LinkIn(Strict):
     kind: LinkKind
     bandwidth: Rate
     latency: Time = 0.0
+    duplex_bandwidth: Rate | None = None
     source: Source = None
 
 

@@ -87,6 +87,12 @@ class Link:
     avoided, as static IB/NCCL routing does not avoid it)."""
     extra_latency_s: tuple[float, float] = (0.0, 0.0)
     """What-if faults: latency added to each direction (``a->b``, ``b->a``)."""
+    duplex_bandwidth_bytes_per_s: float | None = None
+    """What both directions carry *together* when they are busy at once; ``None``: full duplex
+    (each direction its own ``bandwidth_bytes_per_s``). Real paths can fall short of full duplex:
+    GPU traffic staged through host memory without P2P, or GPUDirect RDMA reading and writing a
+    GPU through the PCIe root complex at once (measured by a calibration, see
+    :mod:`collsim.model.profile`)."""
 
 
 @dataclass(frozen=True)
@@ -130,3 +136,21 @@ class Topology:
             if dev.name == name:
                 return dev
         raise KeyError(name)
+
+
+def with_duplex(topology: Topology, efficiency: dict[str, float]) -> Topology:
+    """``topology`` whose links of each listed *kind* carry, both directions together, at most
+    ``2 * efficiency * bandwidth`` (0.5: half duplex; 1: full duplex, unchanged). A link that
+    already states a ``duplex_bandwidth_bytes_per_s`` keeps the smaller of the two."""
+    import dataclasses
+
+    links = []
+    for link in topology.links:
+        eff = efficiency.get(link.kind, 1.0)
+        if eff < 1.0:
+            shared = 2.0 * eff * link.bandwidth_bytes_per_s
+            if link.duplex_bandwidth_bytes_per_s is not None:
+                shared = min(shared, link.duplex_bandwidth_bytes_per_s)
+            link = dataclasses.replace(link, duplex_bandwidth_bytes_per_s=shared)
+        links.append(link)
+    return dataclasses.replace(topology, links=tuple(links))

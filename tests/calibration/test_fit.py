@@ -62,6 +62,7 @@ def test_scaled_model_equals_profile_params(h100):
                 latency=prof.doc.link_classes["nvlink"].latency_scale,
                 bandwidth=prof.doc.memory_efficiency,
                 base_latency_s=prof.doc.base_latency_us * 1e-6,
+                launch_floor_s=prof.doc.launch_floor_us * 1e-6,
                 size_factors=tuple(prof.doc.size_efficiency),
             ),
         )
@@ -138,3 +139,28 @@ def test_sample_rejects_log_without_data_rows(write):
     log = read_log(write(standard_log([zero])))
     with pytest.raises(CalibrationError, match="no timed rows"):
         Sample(log, topology_for_log("h100-4gpu-ib", log))
+
+
+def test_duplex_is_fitted_only_where_one_way_and_two_way_logs_tell_it(tmp_path):
+    """GPUDirect RDMA over one HDR HCA: broadcast reaches 24 GB/s, sendrecv 14.6 GB/s each way.
+    With both, the fit finds the two directions sharing ~29 GB/s (duplex well below 1) and fits
+    both; with sendrecv alone it cannot tell, and keeps full duplex."""
+    from collsim.calibration.fit import duplex_identifiable
+
+    gdr = [s for s in dataset_samples() if s.name.startswith("a100pcie-ib-2n1g-gdr-")]
+    both = [s for s in gdr if s.log.collective in ("broadcast", "sendrecv")]
+    two_way = [s for s in gdr if s.log.collective == "sendrecv"]
+    assert duplex_identifiable(both) and not duplex_identifiable(two_way)
+    prof = fit_samples(both)
+    duplex = {c.duplex_efficiency for c in prof.doc.link_classes.values()}
+    assert len(duplex) == 1 and 0.5 <= duplex.pop() < 0.8
+    assert max(prof.doc.fit_error.per_log.values()) < 0.05
+    assert all(c.duplex_efficiency is None for c in fit_samples(two_way).doc.link_classes.values())
+    path = tmp_path / "gdr.yaml"
+    prof.save(path)
+    again = load_profile(path)
+    assert again.doc == prof.doc
+    assert again.params().duplex_efficiency == prof.params().duplex_efficiency
+    # the engine sees the same shared capacity
+    topo = again.apply_to_topology(both[0].topology)
+    assert any(lk.duplex_bandwidth_bytes_per_s for lk in topo.links)

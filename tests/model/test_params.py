@@ -38,10 +38,14 @@ def test_params_change_predictions():
     topo = load_topology("dgx-h100", nodes=1)
     base = AnalyticModel(topo)
     slow = AnalyticModel(topo, ModelParams(base_latency_s=10e-6, bandwidth_efficiency=(0.5,) * 3))
-    sizes = np.array([8, 1 << 30])
+    floored = AnalyticModel(topo, ModelParams(launch_floor_s=1e-3))
+    sizes = np.array([8, 1 << 20, 1 << 30])
     t0 = base.predict("all_reduce", "ring", sizes)
     t1 = slow.predict("all_reduce", "ring", sizes)
-    assert t1[0] == pytest.approx(t0[0] + 10e-6, rel=1e-6)
-    assert t1[1] == pytest.approx(2 * t0[1], rel=0.01)
+    t2 = floored.predict("all_reduce", "ring", sizes)
+    assert t1[0] == pytest.approx(t0[0] + 10e-6, rel=1e-6)  # the base adds to every call
+    assert t1[2] == pytest.approx(2 * t0[2], rel=0.01)
+    # The launch floor is a floor: small calls cost it, large ones only their own time.
+    assert t0[1] < 0.5e-3 and t2[0] == t2[1] == 1e-3 and t2[2] == t0[2] > 1e-3
     with pytest.raises(ScheduleError):
         base.predict("all_reduce", "ring", sizes, protocol="Fast")

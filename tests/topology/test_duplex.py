@@ -1,0 +1,107 @@
+"""Links short of full duplex: a coupling capacity both directions share, seen alike by routing,
+the discrete-event engine and the analytic model; one-way traffic keeps the full rate."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import yaml
+
+from collsim.collectives.registry import build_schedule
+from collsim.engine import simulate
+from collsim.errors import CalibrationError, CollsimError
+from collsim.model.analytic import AnalyticModel
+from collsim.model.params import DEFAULT_PARAMS, ModelParams
+from collsim.topology.graph import Network
+from collsim.topology.loader import CATALOG_DIR, topology_from_dict
+from collsim.topology.spec import with_duplex
+from collsim.whatif import WhatIf
+
+GIB = 2**30
+
+
+def gdr(duplex: str | None = None):
+    """Two hosts, one A100 PCIe and one HDR HCA each (25 GB/s per direction on the wire)."""
+    doc = yaml.safe_load((CATALOG_DIR / "a100-pcie-ib-2node.yaml").read_text())
+    if duplex:
+        doc["node"]["nics"]["link"]["duplex_bandwidth"] = duplex
+    return topology_from_dict(doc)
+
+
+def busbw_gbps(topo, collective, algorithm, params=DEFAULT_PARAMS):
+    t = AnalyticModel(topo, params).predict(collective, algorithm, np.array([GIB]))[0]
+    factor = {"all_reduce": 2 * (topo.n_gpus - 1) / topo.n_gpus}.get(collective, 1.0)
+    return GIB / t / 1e9 * factor
+
+
+def test_coupling_links_follow_the_cables_and_join_routes():
+    net = Network(gdr("30GB/s"))
+    cables = net.n_directed_links
+    assert len(net.capacity_bytes_per_s) == cables + 2  # the two HCA cables
+    assert net.capacity_bytes_per_s[cables:].tolist() == [30e9, 30e9]
+    assert all("(both directions)" in n for n in net.link_names[cables:])
+    there, back = net.gpu_route(0, 1), net.gpu_route(1, 0)
+    shared = set(there.links) & set(back.links)
+    assert shared == {cables, cables + 1}  # both ways cross both couplings, no cable twice
+    assert there.hops == back.hops == len(there.links) - 2
+    assert Network(gdr()).gpu_route(0, 1).latency_s == there.latency_s
+
+
+def test_full_duplex_is_unchanged_and_figures_ignore_couplings():
+    plain, coupled = Network(gdr()), Network(gdr("30GB/s"))
+    assert plain.bisection_bandwidth_bytes_per_s() == coupled.bisection_bandwidth_bytes_per_s()
+    assert plain.injection_bandwidth_bytes_per_s() == coupled.injection_bandwidth_bytes_per_s()
+    assert len(plain.capacity_bytes_per_s) == plain.n_directed_links
+
+
+@pytest.mark.parametrize("engine", ["analytic", "des"])
+def test_two_way_traffic_shares_and_one_way_keeps_the_rate(engine):
+    """HDR: 25 GB/s each way. With 30 GB/s for both together, a ring all_reduce (both ways
+    busy) gets 15 GB/s a direction; a broadcast (one way) still 25 GB/s."""
+
+    def rate(topo, collective, algorithm):
+        if engine == "analytic":
+            return busbw_gbps(topo, collective, algorithm)
+        w = WhatIf(topo)
+        sched = build_schedule(collective, algorithm, nranks=2, count=GIB // 4, layout=w.layout)
+        return simulate(sched, w.fabric).busbw_gbps
+
+    full, coupled = gdr(), gdr("30GB/s")
+    assert rate(full, "all_reduce", "ring") == pytest.approx(25.0, rel=0.01)
+    assert rate(coupled, "all_reduce", "ring") == pytest.approx(15.0, rel=0.01)
+    assert rate(coupled, "broadcast", "chain") == pytest.approx(25.0, rel=0.01)
+
+
+def test_model_and_engine_agree_on_a_coupled_system():
+    topo = gdr("29.4GB/s")
+    w = WhatIf(topo)
+    for collective, algorithm in [("all_reduce", "ring"), ("sendrecv", "p2p")]:
+        sched = build_schedule(collective, algorithm, nranks=2, count=(64 << 20) // 4,
+                               layout=w.layout)  # fmt: skip
+        des = simulate(sched, w.fabric).time_s
+        ana = AnalyticModel(w).predict(collective, algorithm, np.array([64 << 20]))[0]
+        assert ana == pytest.approx(des, rel=0.01)
+
+
+def test_duplex_efficiency_of_the_parameters_couples_links_by_class():
+    topo = gdr()
+    half = dataclasses.replace(DEFAULT_PARAMS, duplex_efficiency=(1.0, 1.0, 0.6))
+    assert busbw_gbps(topo, "all_reduce", "ring", half) == pytest.approx(15.0, rel=0.01)
+    assert busbw_gbps(topo, "broadcast", "chain", half) == pytest.approx(25.0, rel=0.01)
+    assert ModelParams.from_dict(half.to_dict()) == half
+    with pytest.raises(CalibrationError, match="duplex_efficiency"):
+        ModelParams(duplex_efficiency=(1.0, 1.0, 0.4))  # below half duplex
+    coupled = with_duplex(topo, {"infiniband": 0.5})
+    assert {lk.duplex_bandwidth_bytes_per_s for lk in coupled.links if lk.kind == "infiniband"} == {
+        25e9
+    }
+    assert with_duplex(topo, {}) == topo
+
+
+def test_duplex_bandwidth_must_be_a_positive_rate():
+    doc = yaml.safe_load((CATALOG_DIR / "a100-pcie-ib-2node.yaml").read_text())
+    doc["node"]["nics"]["link"]["duplex_bandwidth"] = "-3GB/s"
+    with pytest.raises(CollsimError, match="duplex_bandwidth"):
+        topology_from_dict(doc)
