@@ -20,3 +20,18 @@ def test_small_reference_runs_within_ten_percent(run_id):
     run = next(to_reference(r) for r in load_runs() if r["id"] == run_id)
     predicted = Predictor().predict(run, DEFAULT_EFFICIENCY)
     assert predicted == pytest.approx(run.measured_s, rel=0.10)
+
+
+def test_abstract_530b_run_uses_its_s63_counterparts_interleaved_layout():
+    """The abstract's 42.1%-MFU run is the full-recomputation baseline of the s6.3 run (54.2%):
+    same TP8 PP35 DP8 layout, interleaved with 3 virtual stages, global batch 280 x 8."""
+    raw = {r["id"]: r for r in load_runs()}
+    full = to_reference(raw["korthikanti2022-abstract-530B-2240gpu-full"])
+    seqsel = to_reference(raw["korthikanti2022-s63-530B-2240gpu-seqsel"])
+    for run in (full, seqsel):
+        p = run.workload.parallel
+        assert (p.tp, p.pp, p.dp, p.virtual_stages, p.schedule) == (8, 35, 8, 3, "interleaved")
+        assert run.workload.global_batch == 2240
+    assert full.workload.recompute == "full"
+    # Same FLOPs per step, so the measured times scale with 1 / MFU: 39.15 s x 54.2 / 42.1.
+    assert full.measured_s == pytest.approx(39.15 * 54.2 / 42.1, rel=0.01)
