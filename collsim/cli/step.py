@@ -12,6 +12,16 @@ import click
 from collsim.cli.base import cli, context_faults, fault_meta_option
 from collsim.errors import CollsimError
 
+# Options the three commands share (one definition each).
+_WORKLOAD = click.option(
+    "--workload", "-w", required=True, metavar="NAME|PATH", help="Workload file."
+)
+_TOPOLOGY = click.option(
+    "--topology", "-t", required=True, metavar="NAME|PATH", help="Catalog name or file."
+)
+_JSON = click.option(
+    "--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here."
+)
 _ENGINE = click.option(
     "--engine",
     default="analytic",
@@ -139,14 +149,14 @@ def _elastic_step(model: Any, w: Any, result: Any, gpus_per_node: int):  # type:
 
 
 @cli.command()
-@click.option("--workload", "-w", required=True, metavar="NAME|PATH", help="Workload file.")
-@click.option("--topology", "-t", required=True, metavar="NAME|PATH", help="Catalog name or file.")
+@_WORKLOAD
+@_TOPOLOGY
 @click.option("--nodes", type=int, default=None, help="Override the number of nodes.")
 @_ENGINE
 @_PROFILE
 @_EFF
 @click.option("--measured", type=click.Path(dir_okay=False), help="CSV of measured step times.")
-@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here.")
+@_JSON
 @fault_meta_option
 def step(
     workload: str,
@@ -188,8 +198,8 @@ def step(
 
 
 @cli.command()
-@click.option("--workload", "-w", required=True, metavar="NAME|PATH", help="Workload file.")
-@click.option("--topology", "-t", required=True, metavar="NAME|PATH", help="Catalog name or file.")
+@_WORKLOAD
+@_TOPOLOGY
 @click.option(
     "--nodes",
     "node_list",
@@ -208,7 +218,7 @@ def step(
 @_PROFILE
 @_EFF
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write the scaling plot (PNG).")
-@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here.")
+@_JSON
 @fault_meta_option
 def scale(
     workload: str,
@@ -249,7 +259,7 @@ def scale(
 
 
 @cli.command()
-@click.option("--workload", "-w", required=True, metavar="NAME|PATH", help="Workload file.")
+@_WORKLOAD
 @click.option(
     "--candidates", "-c", required=True, type=click.Path(dir_okay=False), help="Candidates YAML."
 )
@@ -259,7 +269,7 @@ def scale(
 @click.option("--all-layouts", is_flag=True, help="List every fitting layout, not the best.")
 @click.option("--top", type=int, default=20, show_default=True, help="Rows to print.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write the Pareto plot (PNG).")
-@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here.")
+@_JSON
 def plan(
     workload: str,
     candidates: str,

@@ -15,7 +15,7 @@ reduce_scatter), what ``collsim tune`` prints.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -80,13 +80,34 @@ class Range:
         }
 
 
+class CostModel(Protocol):
+    """What the tuner needs of a cost model -- :class:`~collsim.model.analytic.AnalyticModel`,
+    :class:`~collsim.model.nccl.NcclModel` and the calibration's
+    :class:`~collsim.calibration.predict.ScaledModel` are the three: the algorithms it can time
+    for a collective, and the time (seconds) of one (algorithm, protocol, channels) per size."""
+
+    nranks: int
+
+    def candidates(self, collective: str) -> list[str]: ...
+
+    def predict(
+        self,
+        collective: str,
+        algorithm: str,
+        sizes_bytes: np.ndarray | list[int] | int,
+        *,
+        elem_bytes: int = 4,
+        protocol: str = "Simple",
+        channels: int = 1,
+    ) -> np.ndarray: ...
+
+
 class Tuner:
-    """Best choice per size from a model with ``candidates(collective)`` and ``predict(...)``
-    (:class:`~collsim.model.analytic.AnalyticModel` or :class:`~collsim.model.nccl.NcclModel`)."""
+    """Best choice per size from a :class:`CostModel`."""
 
     def __init__(
         self,
-        model: Any,
+        model: CostModel,
         *,
         protocols: tuple[str, ...] = PROTOCOL_ORDER,
         channels: tuple[int, ...] = CHANNEL_OPTIONS,
@@ -173,7 +194,7 @@ def ranges(tuning: Tuning) -> list[Range]:
 
 
 def tuned_algorithms(
-    model: Any,
+    model: CostModel,
     collective: str,
     sizes_bytes: list[int],
     *,
