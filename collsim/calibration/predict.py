@@ -55,14 +55,26 @@ NCCL_BASE_LATENCY_S = 6.6e-6
 :data:`collsim.model.nccl.BASE_LAT_US`): the uncalibrated model's launch latency."""
 
 
+NCCL_ACHIEVABLE_FRACTION = (0.8, 12.0 / 15.75, 1.0)
+"""What NCCL's own topology model expects a link to deliver, as a fraction of its datasheet
+rate, per link class (NCCL ``src/graph/topo.h``, v2.19+): NVLink ``SM70/SM80_NVLINK_BW`` = 20 GB/s
+(``SM90`` 20.6) per link of 25 GB/s a direction; PCIe ``PCI_BW`` = 12 GB/s for a Gen3 x16 of
+15.75 GB/s (NCCL scales other generations and widths by the same ``width x speed / 80``); the
+network at the NIC's reported speed. The datasheet counts the wire, not the payload (flit and TLP
+headers, flow control)."""
+
+
 def uncalibrated_params() -> ModelParams:
-    """Datasheet link rates and latencies, NCCL's per-hop latencies, NCCL's launch latency."""
+    """Datasheet link latencies and rates at NCCL's achievable fraction, NCCL's per-hop and
+    launch latencies: what collsim predicts before any calibration."""
     import dataclasses
 
     return dataclasses.replace(
         DEFAULT_PARAMS,
         base_latency_s=NCCL_BASE_LATENCY_S,
-        source="uncalibrated: datasheet links, NCCL hwLat per hop, NCCL baseLat per launch",
+        bandwidth_efficiency=NCCL_ACHIEVABLE_FRACTION,
+        source="uncalibrated: datasheet links at NCCL's achievable fraction, NCCL hwLat per hop, "
+        "NCCL baseLat per launch",
     )
 
 

@@ -274,8 +274,10 @@ def markdown(rep: Report, plots: dict[str, str]) -> str:
     )
     lines += [
         "",
-        "Modes: (a) catalog topology, datasheet link rates and latencies, NCCL's per-hop and "
-        "launch latencies; (b) one profile per system fitted on all its logs; (c) fitted on the "
+        "Modes: (a) catalog topology, datasheet link latencies and rates at the fraction NCCL's "
+        "own topology model expects of them (NVLink 0.8, PCIe 0.76, network 1; NCCL "
+        "src/graph/topo.h), NCCL's per-hop and launch latencies; (b) one profile per system "
+        "fitted on all its logs; (c) fitted on the "
         "system's all_reduce logs, predicting its other collectives; (d) fitted on rows <= 64 MiB, "
         "predicting the larger rows; (e) fitted on a topology's logs at the fewest ranks, "
         "predicting those at more (only h100-4gpu-ib and rtx4090-4gpu-pcie have two scales "

@@ -42,8 +42,9 @@ def validate(
 ) -> None:
     """Predict each nccl-tests LOG on TOPOLOGY and compare: per size and MAPE on time.
 
-    Without --profile the model is uncalibrated (datasheet links, NCCL's latencies); with it,
-    the fitted parameters. --model nccl uses NCCL's own tuning model instead.
+    Without --profile the model is uncalibrated (datasheet links at NCCL's achievable fraction,
+    NCCL's latencies); with it, the fitted parameters. --model nccl uses NCCL's own tuning
+    model instead.
     """
     from collsim.calibration.predict import uncalibrated_params
     from collsim.calibration.session import load_samples
