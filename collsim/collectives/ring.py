@@ -79,6 +79,11 @@ def _ready(ready: np.ndarray | None, r: int, m: int) -> np.ndarray:
     return np.asarray(ready, dtype=np.int64).reshape(r, m, -1)
 
 
+_BATCH_OPS = 1 << 20
+"""Most transfers emitted per batch: a batch's temporaries (a dozen int64 arrays per transfer)
+stay ~100 MB however large the ring (a 4096-rank ring phase has 16.8 million transfers)."""
+
+
 def _emit_steps(
     b: ScheduleBuilder,
     blk: RingBlocks,
@@ -91,13 +96,34 @@ def _emit_steps(
     reduce: bool,
     channel: int,
 ) -> None:
-    """Emit ring steps ``steps`` as one batch; fill their ids into ``ids[s]`` (shape (S,R,m,P)).
+    """Emit ring steps ``steps``; fill their ids into ``ids[s]`` (shape (S,R,m,P)).
 
     At step ``s`` position ``i`` sends block ``(i - s - shift) mod m`` to position ``i + 1``; it
     depends on the transfer that brought that block to ``i`` at step ``s - 1`` (``ready[i]`` at
     step 0) and on ``rx[i + 1]`` (the receiver's buffer being ready), and follows its own send of
-    step ``s - 1`` on the connection (``after``).
+    step ``s - 1`` on the connection (``after``). Steps go in batches of at most ``_BATCH_OPS``
+    transfers (at least one step), in order, so op ids are those of a single batch.
     """
+    per_step = max(1, int(np.prod(blk.shape)))
+    span = max(1, _BATCH_OPS // per_step)
+    for lo in range(steps.start, steps.stop, span):
+        sub = range(lo, min(lo + span, steps.stop))
+        _emit_batch(b, blk, sub, shift, ids, bufs, ready, rx, reduce, channel)
+
+
+def _emit_batch(
+    b: ScheduleBuilder,
+    blk: RingBlocks,
+    steps: range,
+    shift: int,
+    ids: np.ndarray,
+    bufs: tuple[str, np.ndarray, str, np.ndarray],
+    ready: np.ndarray,
+    rx: np.ndarray,
+    reduce: bool,
+    channel: int,
+) -> None:
+    """One batch of :func:`_emit_steps` (the steps of ``steps``, all earlier ones emitted)."""
     src_buf, src_tab, dst_buf, dst_tab = bufs
     nr, m, npc = blk.shape
     s = np.arange(steps.start, steps.stop)[:, None, None]

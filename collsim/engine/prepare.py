@@ -3,6 +3,12 @@
 Checks the schedule against the fabric, classifies operations, looks up each *distinct* rank
 pair's route once (a 1024-rank ring all-reduce has two million transfers but 1024 pairs), and
 builds the successor lists (CSR) that dependency counters are decremented through.
+
+Memory: a 4096-rank ring all-reduce has 33.5 million operations, so every per-op array costs
+134-268 MB. Per op only what cannot be recomputed cheaply is stored, in narrow types (op ids
+and CSR offsets int32 below 2**31, routes int32); payload and wire bytes are recomputed from the
+schedule's ``count`` column and latencies looked up per route when needed (same floating-point
+operations, so the same values), and per-op passes run in chunks of :data:`CHUNK` ops.
 """
 
 from __future__ import annotations
@@ -11,7 +17,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collsim.collectives.schedule import NETWORK_REDUCE, REDUCTION, TRANSFER, Schedule
+from collsim.collectives.schedule import (
+    NETWORK_REDUCE,
+    REDUCTION,
+    TRANSFER,
+    Schedule,
+    index_dtype,
+    int_dtype,
+)
 from collsim.engine._csr import ptr_from_lengths
 from collsim.engine.fabric import Fabric
 from collsim.engine.skew import check_rank_slowdown, check_rank_start, op_release_s, slow_local
@@ -22,27 +35,64 @@ from collsim.protocols import Protocol
 NET, COPY, LOCAL_REDUCE, IN_NETWORK = 0, 1, 2, 3
 
 
+CHUNK = 1 << 22
+"""Ops per chunk of the chunked per-op passes (keeps their temporaries ~100 MB)."""
+
+
+def chunks(n: int) -> list[slice]:
+    """Slices covering ``0..n`` in pieces of at most :data:`CHUNK`."""
+    return [slice(lo, min(lo + CHUNK, n)) for lo in range(0, n, CHUNK)]
+
+
 @dataclass(eq=False)
 class Prepared:
     """Static per-operation arrays (one entry per op) and the distinct routes."""
 
     cls: np.ndarray  # NET / COPY / LOCAL_REDUCE / IN_NETWORK
     fused: np.ndarray  # network transfer with receive-reduce
-    payload_bytes: np.ndarray
-    wire_bytes: np.ndarray
-    latency_s: np.ndarray  # path + protocol hop latency (network transfers, in-network ops)
+    count: np.ndarray  # the schedule's element counts (payload = count * elem_bytes)
+    elem_bytes: int
+    protocol: Protocol
     local_s: np.ndarray  # duration of a local copy / reduction; fused reduce time for NET
     route: np.ndarray  # index into routes for NET ops, -1 otherwise
     route_ptr: np.ndarray
     route_links: np.ndarray
+    route_latency_s: np.ndarray  # per route: path + protocol hop latency
     in_network: dict[int, tuple[np.ndarray, np.ndarray]]  # op -> (links per flow, links)
+    in_network_latency_s: dict[int, float]  # op -> path + protocol hop latency
     succ_ptr: np.ndarray
     succ_idx: np.ndarray
-    waiting: np.ndarray  # unmet dependencies per op (the replay decrements it in place)
+    waiting: np.ndarray  # unmet dependencies per op (engines decrement their own copies)
     release_s: np.ndarray | None = None  # earliest start per op (rank start times), if any
     after: np.ndarray | None = None  # the op a transfer's flow follows on its connection, or -1
     follow_ptr: np.ndarray | None = None  # CSR: the transfers following each op (``after``)
     follow_idx: np.ndarray | None = None
+
+    def drop_dag(self) -> None:
+        """Free the dependency structure (successor and follower lists, counters, ``after``),
+        ~1 GB at 33 million ops, once every op has been timed and only records remain to be
+        built. The object can then no longer be replayed (nothing would ever be released)."""
+        self.succ_ptr = self.succ_idx = self.waiting = np.zeros(0, dtype=np.int32)
+        self.after = self.follow_ptr = self.follow_idx = None
+
+    def payload_bytes(self, ops: np.ndarray | slice) -> np.ndarray:
+        """Payload bytes of ``ops`` (ids or a slice)."""
+        return self.count[ops].astype(np.float64) * self.elem_bytes
+
+    def wire_bytes(self, ops: np.ndarray | slice) -> np.ndarray:
+        """Bytes the protocol puts on the wire for ``ops``."""
+        return self.protocol.wire_bytes(self.payload_bytes(ops))
+
+    def latency_s(self, ops: np.ndarray) -> np.ndarray:
+        """Latency before the flows of ``ops`` start (0 for local operations)."""
+        cls = self.cls[ops]
+        net = cls == NET
+        latency = np.zeros(ops.shape[0])
+        latency[net] = self.route_latency_s[self.route[ops[net]]]
+        if self.in_network:
+            for i in np.flatnonzero(cls == IN_NETWORK):
+                latency[i] = self.in_network_latency_s[int(ops[i])]
+        return latency
 
 
 def _check_ranks(values: np.ndarray, nranks: int, what: str) -> None:
@@ -109,86 +159,125 @@ def prepare(
     a = schedule.arrays
     n = len(schedule)
     kind, src, dst = a["kind"], a["src"], a["dst"]
-    payload = a["count"].astype(np.float64) * schedule.elem_bytes
     is_xfer = kind == TRANSFER
     local = is_xfer & (src == dst)
     cls = np.full(n, NET, dtype=np.int8)
     cls[local] = COPY
     cls[(kind == REDUCTION) | (local & a["reduce"])] = LOCAL_REDUCE
     cls[kind == NETWORK_REDUCE] = IN_NETWORK
+    del is_xfer, local
     fused = (cls == NET) & a["reduce"]
+    prep = Prepared(
+        cls=cls,
+        fused=fused,
+        count=a["count"],
+        elem_bytes=schedule.elem_bytes,
+        protocol=protocol,
+        local_s=np.zeros(n),
+        route=np.full(n, -1, dtype=np.int32),
+        route_ptr=np.zeros(1, np.int64),
+        route_links=np.zeros(0, np.int64),
+        route_latency_s=np.zeros(0),
+        in_network={},
+        in_network_latency_s={},
+        succ_ptr=np.zeros(1, np.int64),
+        succ_idx=np.zeros(0, np.int64),
+        waiting=np.zeros(n, np.int32),
+    )
+    _local_times(prep, schedule, fabric, rank_slowdown)
+    if rank_start_s is not None:
+        prep.release_s = op_release_s(schedule, check_rank_start(rank_start_s, schedule.nranks))
+    _routes(prep, schedule, fabric, protocol)
+    _dag(prep, schedule)
+    return prep
 
+
+def _local_times(
+    prep: Prepared, schedule: Schedule, fabric: Fabric, rank_slowdown: np.ndarray | None
+) -> None:
+    """Fill ``prep.local_s``: copies and reductions at the GPU's copy / reduce rate (of the
+    issuing rank), fused receive-reduces at the receiver's reduce rate; stretched by
+    ``rank_slowdown``."""
+    src, dst = schedule.arrays["src"], schedule.arrays["dst"]
     reduce_rate = np.asarray(fabric.reduce_bytes_per_s, dtype=np.float64)
     copy_rate = np.asarray(fabric.copy_bytes_per_s, dtype=np.float64)
-    local_s = np.zeros(n)
-    for code, rate in ((COPY, copy_rate), (LOCAL_REDUCE, reduce_rate)):
-        m = cls == code
-        local_s[m] = payload[m] / rate[src[m]]
-    local_s[fused] = payload[fused] / reduce_rate[dst[fused]]
+    for part in chunks(len(schedule)):
+        cls, fused, local_s = prep.cls[part], prep.fused[part], prep.local_s[part]
+        for code, rate in ((COPY, copy_rate), (LOCAL_REDUCE, reduce_rate)):
+            ops = np.flatnonzero(cls == code) + part.start
+            local_s[ops - part.start] = prep.payload_bytes(ops) / rate[src[ops]]
+        ops = np.flatnonzero(fused) + part.start
+        local_s[ops - part.start] = prep.payload_bytes(ops) / reduce_rate[dst[ops]]
     if rank_slowdown is not None:
         slowdown = check_rank_slowdown(rank_slowdown, schedule.nranks)
-        local_s = slow_local(local_s, slowdown, schedule, fused)
-    release_s = None
-    if rank_start_s is not None:
-        release_s = op_release_s(schedule, check_rank_start(rank_start_s, schedule.nranks))
+        prep.local_s = slow_local(prep.local_s, slowdown, schedule, prep.fused)
 
+
+def _routes(prep: Prepared, schedule: Schedule, fabric: Fabric, protocol: Protocol) -> None:
+    """Route every network transfer (one lookup per distinct rank pair, numbered in sorted pair
+    order) and every in-network reduction; their latencies."""
+    a = schedule.arrays
+    nranks = fabric.nranks
+    parts = chunks(len(schedule))
+
+    def pair_keys(part: slice) -> tuple[np.ndarray, np.ndarray]:
+        net = np.flatnonzero(prep.cls[part] == NET) + part.start
+        return net, a["src"][net].astype(np.int64) * nranks + a["dst"][net]
+
+    keys = _distinct(np.concatenate([_distinct(pair_keys(part)[1]) for part in parts] or [[]]))
+    keys = keys.astype(np.int64)
     link_kind = np.asarray(fabric.link_kind, dtype=np.int64)
-    latency = np.zeros(n)
-    route = np.full(n, -1, dtype=np.int64)
-    net = np.flatnonzero(cls == NET)
-    keys, inverse = np.unique(src[net] * fabric.nranks + dst[net], return_inverse=True)
-    if net.size:
-        route_ptr, route_links, route_lat = fabric.routes(
-            keys // fabric.nranks, keys % fabric.nranks
-        )
-    else:
-        route_ptr, route_links, route_lat = np.zeros(1, np.int64), np.zeros(0, np.int64), ()
-    route_ptr = np.asarray(route_ptr, dtype=np.int64)
-    route_links = np.asarray(route_links, dtype=np.int64)
-    hop = protocol.hop_latency(_route_kind(link_kind, route_ptr, route_links))
-    route[net] = inverse
-    latency[net] = (np.asarray(route_lat, dtype=np.float64) + hop)[inverse]
+    if keys.size:
+        route_ptr, route_links, route_lat = fabric.routes(keys // nranks, keys % nranks)
+        prep.route_ptr = np.asarray(route_ptr, dtype=np.int64)
+        prep.route_links = np.asarray(route_links, dtype=np.int64)
+        hop = protocol.hop_latency(_route_kind(link_kind, prep.route_ptr, prep.route_links))
+        prep.route_latency_s = np.asarray(route_lat, dtype=np.float64) + hop
+        prep.route = prep.route.astype(int_dtype(-1, keys.size, np.int32))
+        for part in parts:
+            net, pair = pair_keys(part)
+            distinct, inverse = np.unique(pair, return_inverse=True)
+            prep.route[net] = np.searchsorted(keys, distinct)[inverse]
 
-    in_network: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    for op in np.flatnonzero(cls == IN_NETWORK):
-        srcs = np.asarray(schedule.groups[src[op]], dtype=np.int64)
-        dsts = np.asarray(schedule.groups[dst[op]], dtype=np.int64)
+    for op in np.flatnonzero(prep.cls == IN_NETWORK):
+        srcs = np.asarray(schedule.groups[a["src"][op]], dtype=np.int64)
+        dsts = np.asarray(schedule.groups[a["dst"][op]], dtype=np.int64)
         up_ptr, up_links, down_ptr, down_links, lat = fabric.in_network(srcs, dsts)
         links = np.concatenate((up_links, down_links)).astype(np.int64)
         nlinks = np.concatenate((np.diff(up_ptr), np.diff(down_ptr))).astype(np.int64)
         worst = int(link_kind[links].max()) if links.size else 0
-        latency[op] = float(lat) + float(protocol.hop_latency(worst))
-        in_network[int(op)] = (nlinks, links)
+        prep.in_network_latency_s[int(op)] = float(lat) + float(protocol.hop_latency(worst))
+        prep.in_network[int(op)] = (nlinks, links)
 
+
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """Sorted distinct ``values``, by sorting (numpy 2.3+'s ``np.unique`` hashes instead, which
+    is ~10x slower on the millions of rank-pair keys of a large schedule)."""
+    values = np.sort(values)
+    return values[np.r_[True, values[1:] != values[:-1]]] if values.size else values
+
+
+def _dag(prep: Prepared, schedule: Schedule) -> None:
+    """Successor lists, dependency counters and the ``after`` followers (CSR, narrow ids)."""
+    n = len(schedule)
+    ids = index_dtype(n)
     ndeps = np.diff(schedule.dep_ptr)
-    owner = np.repeat(np.arange(n, dtype=np.int64), ndeps)
+    prep.waiting = ndeps.astype(np.int32)
+    owner = np.repeat(np.arange(n, dtype=ids), ndeps)
+    del ndeps
     order = np.argsort(schedule.dep_idx, kind="stable")
-    after = follow_ptr = follow_idx = None
-    if "after" in a:  # only network transfers follow another on a connection
-        after = np.where(cls == NET, a["after"], -1).astype(np.int64)
-        if (after >= 0).any():
-            followers = np.flatnonzero(after >= 0)
-            by_pred = np.argsort(after[followers], kind="stable")
-            follow_ptr = ptr_from_lengths(np.bincount(after[followers], minlength=n))
-            follow_idx = followers[by_pred]
-        else:
-            after = None
-    return Prepared(
-        cls=cls,
-        fused=fused,
-        payload_bytes=payload,
-        wire_bytes=protocol.wire_bytes(payload),
-        latency_s=latency,
-        local_s=local_s,
-        route=route,
-        route_ptr=route_ptr,
-        route_links=route_links,
-        in_network=in_network,
-        succ_ptr=ptr_from_lengths(np.bincount(schedule.dep_idx, minlength=n)),
-        succ_idx=owner[order],
-        waiting=ndeps.astype(np.int64),
-        release_s=release_s,
-        after=after,
-        follow_ptr=follow_ptr,
-        follow_idx=follow_idx,
-    )
+    prep.succ_idx = owner[order]
+    del owner, order
+    lengths = np.bincount(schedule.dep_idx, minlength=n)
+    prep.succ_ptr = ptr_from_lengths(lengths, index_dtype(schedule.dep_idx.shape[0]))
+    if "after" not in schedule.arrays:
+        return
+    # Only network transfers follow another on a connection.
+    after = np.where(prep.cls == NET, schedule.arrays["after"], -1).astype(ids)
+    followers = np.flatnonzero(after >= 0)
+    if not followers.size:
+        return
+    pred = after[followers]
+    prep.follow_idx = followers[np.argsort(pred, kind="stable")].astype(ids)
+    prep.follow_ptr = ptr_from_lengths(np.bincount(pred, minlength=n), ids)
+    prep.after = after

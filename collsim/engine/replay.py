@@ -28,6 +28,13 @@ floats (``t + latency``, ``t + bytes / rate``); ``env.now`` follows them.
 :func:`simulate` first tries the contention-free fast path (:mod:`collsim.engine.uncontended`),
 which returns these same results without events when no resource is ever shared; the replay
 runs when something is (or with ``fast_path=False``).
+
+Types: :func:`prepare` stores op ids and CSR offsets narrow (int32) and recomputes latency and
+wire bytes on demand, to keep the fast path's memory down. The replay's batches are small
+(often a handful of ops), where numpy's fixed costs dominate: fancy indexing or ``ufunc.at``
+with int32 indices casts them on every call (~5x slower), and a recomputation is several calls
+where a lookup is one. So the replay first takes its own copies (:class:`_Hot`) in ``intp``,
+with per-op latency and wire bytes precomputed; that memory is spent only when the replay runs.
 """
 
 from __future__ import annotations
@@ -43,7 +50,15 @@ from collsim.collectives.schedule import Schedule
 from collsim.engine._csr import gather_rows
 from collsim.engine.fabric import Fabric
 from collsim.engine.network import FlowNetwork
-from collsim.engine.prepare import COPY, IN_NETWORK, LOCAL_REDUCE, NET, Prepared, prepare
+from collsim.engine.prepare import (
+    COPY,
+    IN_NETWORK,
+    LOCAL_REDUCE,
+    NET,
+    Prepared,
+    chunks,
+    prepare,
+)
 from collsim.engine.results import SimResult
 from collsim.engine.summarize import Timeline, build_result
 from collsim.engine.uncontended import contention_free
@@ -93,6 +108,28 @@ def simulate(
     return replay.result()
 
 
+def _intp(values: np.ndarray | None) -> np.ndarray | None:
+    return None if values is None else values.astype(np.intp, copy=False)
+
+
+class _Hot:
+    """The per-op arrays the event loop indexes, in ``intp`` (see the module doc): successor
+    and follower lists, ``after``, routes and issuing ranks, dependency counters (a copy: the
+    replay decrements them in place), latency and wire bytes."""
+
+    def __init__(self, prep: Prepared, src: np.ndarray) -> None:
+        n = prep.cls.shape[0]
+        self.succ_ptr, self.succ_idx = _intp(prep.succ_ptr), _intp(prep.succ_idx)
+        self.follow_ptr, self.follow_idx = _intp(prep.follow_ptr), _intp(prep.follow_idx)
+        self.after, self.route, self.src = _intp(prep.after), _intp(prep.route), _intp(src)
+        self.waiting = prep.waiting.astype(np.intp)
+        self.latency_s = np.zeros(n)
+        self.wire_bytes = np.zeros(n)
+        for part in chunks(n):
+            self.latency_s[part] = prep.latency_s(np.arange(part.start, part.stop))
+            self.wire_bytes[part] = prep.wire_bytes(part)
+
+
 class Replay:
     """State of one replay: per-op times, dependency counters, the heap and the network."""
 
@@ -110,7 +147,7 @@ class Replay:
         self.protocol = protocol
         self.prep: Prepared = prep if prep is not None else prepare(schedule, fabric, protocol)
         n = len(schedule)
-        self.src = schedule.arrays["src"]
+        self.hot = _Hot(self.prep, schedule.arrays["src"])
         self.start_s = np.full(n, np.nan)
         self.flow_start_s = np.full(n, np.nan)
         self.end_s = np.full(n, np.nan)
@@ -131,7 +168,7 @@ class Replay:
     # -- the event loop ----------------------------------------------------------------------
     def run(self, env: simpy.Environment) -> Generator[simpy.Event, None, None]:
         """The single simpy process: one iteration per distinct event time."""
-        ready = np.flatnonzero(self.prep.waiting == 0)
+        ready = np.flatnonzero(self.hot.waiting == 0)
         self._complete([], 0.0, ready)
         self.network.reshare(0.0)
         while True:
@@ -178,8 +215,11 @@ class Replay:
                 ready = np.concatenate((ready, self._hold(self._release(done), t)))
                 resumed = self._resume(done, t)
             if ready.size > 1:  # sorted, without the repeats _release may return
-                ready = np.sort(ready)
-                ready = ready[np.r_[True, ready[1:] != ready[:-1]]]
+                ready.sort()
+                keep = np.empty(ready.shape[0], dtype=bool)
+                keep[0] = True
+                np.not_equal(ready[1:], ready[:-1], out=keep[1:])
+                ready = ready[keep]
             done = self._dispatch(ready, t) if ready.size else _EMPTY
             if resumed.size:
                 done = np.concatenate((done, resumed))
@@ -188,11 +228,11 @@ class Replay:
     def _resume(self, done: np.ndarray, t: float) -> np.ndarray:
         """Start the flows of pending transfers that follow ``done`` (ended at ``t``) on their
         connection; returns those complete at once."""
-        prep = self.prep
-        if prep.follow_ptr is None or not self.n_pending:
+        hot = self.hot
+        if hot.follow_ptr is None or not self.n_pending:
             return _EMPTY
-        positions, _ = gather_rows(prep.follow_ptr, done)
-        followers = prep.follow_idx[positions]
+        positions, _ = gather_rows(hot.follow_ptr, done)
+        followers = hot.follow_idx[positions]
         followers = followers[self.pending[followers]]
         if not followers.size:
             return _EMPTY
@@ -206,11 +246,11 @@ class Replay:
     def _release(self, done: np.ndarray) -> np.ndarray:
         """Decrement successors' counters; return those with no unmet dependency left (an op
         released by several of ``done`` is listed that many times: the caller drops repeats)."""
-        positions, _ = gather_rows(self.prep.succ_ptr, done)
+        positions, _ = gather_rows(self.hot.succ_ptr, done)
         if positions.size == 0:
             return _EMPTY
-        targets = self.prep.succ_idx[positions]
-        waiting = self.prep.waiting
+        targets = self.hot.succ_idx[positions]
+        waiting = self.hot.waiting
         np.subtract.at(waiting, targets, 1)
         return targets[waiting[targets] == 0]
 
@@ -250,9 +290,9 @@ class Replay:
         instant: list[np.ndarray] = []
         flows = ready[(cls == NET) | (cls == IN_NETWORK)]
         if flows.size:
-            at = t + prep.latency_s[flows]
-            if prep.after is not None:  # not before the transfer each follows has ended
-                pred = prep.after[flows]
+            at = t + self.hot.latency_s[flows]
+            if self.hot.after is not None:  # not before the transfer each follows has ended
+                pred = self.hot.after[flows]
                 pred_end = np.where(pred >= 0, self.end_s[np.maximum(pred, 0)], -np.inf)
                 busy = np.isnan(pred_end)
                 at = np.maximum(at, np.where(busy, -np.inf, pred_end))
@@ -278,7 +318,7 @@ class Replay:
 
     def _reduce(self, ops: np.ndarray, t: float) -> np.ndarray:
         """Local reductions: one at a time per GPU, in op order; returns those ending at ``t``."""
-        rank = self.src[ops]
+        rank = self.hot.src[ops]
         duration = self.prep.local_s[ops]
         if np.unique(rank).shape[0] == ops.shape[0]:
             begin = np.maximum(t, self.gpu_free_s[rank])
@@ -304,8 +344,8 @@ class Replay:
         if net.size:
             fused = net[prep.fused[net]]
             self.fused_end_s[fused] = t + prep.local_s[fused]
-            positions, lengths = gather_rows(prep.route_ptr, prep.route[net])
-            wire = prep.wire_bytes[net]
+            positions, lengths = gather_rows(prep.route_ptr, self.hot.route[net])
+            wire = self.hot.wire_bytes[net]
             self.flows_left[net] = 1
             flowing = (lengths > 0) & (wire > 0)
             links = prep.route_links[positions]
@@ -315,7 +355,7 @@ class Replay:
             self.network.add(t, net[flowing], wire[flowing], lengths[flowing], links)
         for op in ops[prep.cls[ops] == IN_NETWORK]:
             nlinks, links = prep.in_network[int(op)]
-            wire = prep.wire_bytes[op]
+            wire = float(self.hot.wire_bytes[op])
             flowing = nlinks > 0 if wire > 0 else np.zeros(nlinks.shape[0], dtype=bool)
             count = int(flowing.sum())
             self.flows_left[op] = max(count, 1)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from collsim.analysis.metrics import canonical_collective
-from collsim.collectives.schedule import NETWORK_REDUCE, TRANSFER, Schedule
+from collsim.collectives.schedule import NETWORK_REDUCE, TRANSFER, Schedule, index_dtype
 from collsim.engine.fabric import Fabric
-from collsim.engine.prepare import NET, Prepared
+from collsim.engine.prepare import NET, Prepared, chunks
 from collsim.engine.results import LinkRecords, SimResult, TransferRecords
 from collsim.errors import ScheduleError
 from collsim.protocols import Protocol
@@ -61,25 +61,35 @@ def build_result(
     time_s = float(end_s.max()) if end_s.size else 0.0
 
     is_xfer = a["kind"] == TRANSFER
-    xfer = np.flatnonzero(is_xfer)
-    # Fancy-indexing two-million-row columns is costly: use views when every op is a transfer.
-    sel = slice(None) if xfer.shape[0] == len(schedule) else xfer
+    n_xfer = int(np.count_nonzero(is_xfer))
+    # Fancy-indexing millions of rows is costly (time and memory): when every op is a
+    # transfer, use views and fill the timeline's own arrays in place.
+    if n_xfer == len(schedule):
+        sel: slice | np.ndarray = slice(None)
+        op_id = np.arange(n_xfer, dtype=index_dtype(n_xfer))
+    else:
+        sel = op_id = np.flatnonzero(is_xfer)
+    del is_xfer
     is_net = prep.cls[sel] == NET
     all_net = bool(is_net.all())
     nroutes = prep.route_ptr.shape[0] - 1
     # Local copies use an extra empty route at the end of the route table.
     route = prep.route[sel] if all_net else np.where(is_net, prep.route[sel], nroutes)
     route_ptr = np.append(prep.route_ptr, prep.route_ptr[-1])
-    flow_start = timeline.flow_start_s[sel]
+    flow_start = timeline.flow_start_s[sel]  # a view when every op is a transfer
+    wire = prep.wire_bytes(sel)
     if not all_net:
-        flow_start = np.where(is_net, flow_start, timeline.start_s[sel])
-    wire = prep.wire_bytes[sel]
+        local = ~is_net
+        flow_start[local] = timeline.start_s[sel][local]
+        wire[local] = 0.0
+        del local
+    del is_net
     transfers = TransferRecords(
-        op_id=xfer,
+        op_id=op_id,
         src=a["src"][sel],
         dst=a["dst"][sel],
-        bytes=prep.payload_bytes[sel],
-        wire_bytes=wire if all_net else np.where(is_net, wire, 0.0),
+        bytes=prep.payload_bytes(sel),
+        wire_bytes=wire,
         start_s=timeline.start_s[sel],
         flow_start_s=flow_start,
         end_s=end_s[sel],
@@ -115,8 +125,10 @@ def build_result(
 
     rank_finish = np.zeros(schedule.nranks)
     p2p = a["kind"] != NETWORK_REDUCE
-    np.maximum.at(rank_finish, a["src"][p2p], end_s[p2p])
-    np.maximum.at(rank_finish, a["dst"][p2p], end_s[p2p])
+    for part in chunks(len(schedule)):
+        keep = p2p[part]
+        np.maximum.at(rank_finish, a["src"][part][keep], end_s[part][keep])
+        np.maximum.at(rank_finish, a["dst"][part][keep], end_s[part][keep])
     for op in np.flatnonzero(~p2p):
         members = [*schedule.groups[a["src"][op]], *schedule.groups[a["dst"][op]]]
         np.maximum.at(rank_finish, np.asarray(members, dtype=np.int64), end_s[op])

@@ -32,12 +32,14 @@ memory stays proportional to a chunk rather than to transfers x hops.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
-from collsim.collectives.schedule import Schedule
+from collsim.collectives.schedule import Schedule, index_dtype
 from collsim.engine._csr import gather_rows, ptr_from_lengths
 from collsim.engine.fabric import Fabric
-from collsim.engine.prepare import IN_NETWORK, LOCAL_REDUCE, NET, Prepared
+from collsim.engine.prepare import CHUNK, IN_NETWORK, LOCAL_REDUCE, NET, Prepared, chunks
 from collsim.engine.results import SimResult
 from collsim.engine.summarize import Timeline, build_result
 from collsim.protocols import Protocol
@@ -51,29 +53,36 @@ _PAIR_CHUNK = 1 << 22
 
 
 class _Flows:
-    """Every flow that puts bytes on links: its route (into an extended route table whose tail
-    holds the in-network flows' paths), owning operation and duration at full bottleneck."""
+    """Every flow that puts bytes on links, in two parts.
+
+    Network transfers have one flow each, on their route: ``net_op`` (the flowing ones, in op
+    order) and ``net_route``; their durations are recomputed when needed (:meth:`net_duration`)
+    rather than stored. In-network reductions have one flow per up or down path, listed
+    explicitly (there are few): ``op``, ``route`` (into an extended route table whose tail,
+    from ``net_routes`` on, holds their paths) and ``duration_s``. Flow order (which breaks
+    ties between equal start times) is network flows first, then in-network ones."""
 
     def __init__(self, prep: Prepared, capacity: np.ndarray) -> None:
         nroutes = prep.route_ptr.shape[0] - 1
-        self.net_routes = nroutes  # routes at or after this index are in-network flows
+        self.net_routes = nroutes
         lengths = np.diff(prep.route_ptr)
-        bottleneck = np.full(nroutes, np.inf)
+        self.bottleneck = np.full(nroutes, np.inf)
         nonempty = lengths > 0
         if nonempty.any():
-            bottleneck[nonempty] = np.minimum.reduceat(
+            self.bottleneck[nonempty] = np.minimum.reduceat(
                 capacity[prep.route_links], prep.route_ptr[:-1][nonempty]
             )
-        net = np.flatnonzero(prep.cls == NET)
-        route = prep.route[net]
-        wire = prep.wire_bytes[net]
-        flowing = (lengths[route] > 0) & (wire > 0)
-        net, route = net[flowing], route[flowing]
-        self.net_flows = net.shape[0]  # flows at or after this index are in-network flows
-        owners, routes, durations = [net], [route], [wire[flowing] / bottleneck[route]]
+        parts = []
+        for part in chunks(prep.cls.shape[0]):
+            net = np.flatnonzero(prep.cls[part] == NET) + part.start
+            flowing = (lengths[prep.route[net]] > 0) & (prep.wire_bytes(net) > 0)
+            parts.append(net[flowing].astype(index_dtype(prep.cls.shape[0])))
+        self.net_op = np.concatenate(parts) if parts else np.zeros(0, np.int32)
+        self.net_route = prep.route[self.net_op]
+        owners, routes, durations = [], [], []
         extra_lengths, extra_links = [lengths], [prep.route_links]
         for op, (nlinks, links) in sorted(prep.in_network.items()):
-            wire_op = prep.wire_bytes[op]
+            wire_op = float(prep.wire_bytes(op))
             keep = nlinks > 0 if wire_op > 0 else np.zeros(nlinks.shape[0], dtype=bool)
             if not keep.any():
                 continue
@@ -86,23 +95,31 @@ class _Flows:
             extra_lengths.append(nlinks)
             extra_links.append(links)
             nroutes += nlinks.shape[0]
-        self.op = np.concatenate(owners)
-        self.route = np.concatenate(routes)
-        self.duration_s = np.concatenate(durations)
+        self.op = np.concatenate(owners) if owners else np.zeros(0, np.int64)
+        self.route = np.concatenate(routes) if routes else np.zeros(0, np.int64)
+        self.duration_s = np.concatenate(durations) if durations else np.zeros(0)
         self.route_ptr = ptr_from_lengths(np.concatenate(extra_lengths))
         self.route_links = np.concatenate(extra_links)
         self.nroutes = nroutes
+
+    def net_duration(self, prep: Prepared, flows: np.ndarray | slice) -> np.ndarray:
+        """Duration at full bottleneck of network flows ``flows`` (positions in ``net_op``)."""
+        return prep.wire_bytes(self.net_op[flows]) / self.bottleneck[self.net_route[flows]]
 
 
 def _durations(prep: Prepared, flows: _Flows) -> np.ndarray:
     """Per op, the time from flow start (after latency; dependencies met for local ops) to end."""
     duration = np.zeros(prep.cls.shape[0])
+    for part in chunks(flows.net_op.shape[0]):
+        duration[flows.net_op[part]] = flows.net_duration(prep, part)
     np.maximum.at(duration, flows.op, flows.duration_s)
     local = prep.cls != NET
     local &= prep.cls != IN_NETWORK
     duration[local] = prep.local_s[local]
+    del local
     # Fused receive-reduce: fs + max(a, b) == max(fs + a, fs + b), rounding being monotone.
-    np.maximum(duration, np.where(prep.fused, prep.local_s, 0.0), out=duration)
+    fused = np.flatnonzero(prep.fused)
+    duration[fused] = np.maximum(duration[fused], prep.local_s[fused])
     return duration
 
 
@@ -114,33 +131,33 @@ def _times(
     that one has ended too: its flow starts at ``max(start + latency, that end)``."""
     n = prep.cls.shape[0]
     waiting = prep.waiting.copy()  # the replay's own counters stay untouched
-    # Dependencies met, or the issuing rank entered the collective if that is later (skew.py).
-    ready_s = np.zeros(n) if prep.release_s is None else prep.release_s.copy()
-    pred_end_s = np.full(n, -np.inf)  # end of the op each one follows on its connection
+    # Dependencies met, or the issuing rank entered the collective if that is later (skew.py):
+    # accumulated as dependencies end, final (the op's start) once the op is released.
+    start_s = np.zeros(n) if prep.release_s is None else prep.release_s.copy()
     if prep.after is not None:
         waiting += prep.after >= 0
-    start_s = np.full(n, np.nan)
     flow_s = np.full(n, np.nan)
     end_s = np.full(n, np.nan)
-    latency, succ_ptr, succ_idx = prep.latency_s, prep.succ_ptr, prep.succ_idx
+    succ_ptr, succ_idx = prep.succ_ptr, prep.succ_idx
     frontier = np.flatnonzero(waiting == 0)
     reached = 0
     while frontier.shape[0]:
         reached += frontier.shape[0]
-        start = ready_s[frontier]
-        flow = np.maximum(start + latency[frontier], pred_end_s[frontier])
+        flow = start_s[frontier] + prep.latency_s(frontier)
+        if prep.after is not None:  # not before the transfer it follows has ended
+            pred = prep.after[frontier]
+            follows = pred >= 0
+            flow[follows] = np.maximum(flow[follows], end_s[pred[follows]])
         end = flow + duration[frontier]
-        start_s[frontier] = start
         flow_s[frontier] = flow
         end_s[frontier] = end
         positions, lengths = gather_rows(succ_ptr, frontier)
         targets = succ_idx[positions]
-        np.maximum.at(ready_s, targets, np.repeat(end, lengths))
+        np.maximum.at(start_s, targets, np.repeat(end, lengths))
         np.subtract.at(waiting, targets, 1)
         if prep.follow_ptr is not None:
-            fpos, flen = gather_rows(prep.follow_ptr, frontier)
+            fpos, _ = gather_rows(prep.follow_ptr, frontier)
             followers = prep.follow_idx[fpos]
-            pred_end_s[followers] = np.repeat(end, flen)
             waiting[followers] -= 1  # one predecessor each: no repeats
             targets = np.concatenate((targets, followers))
         if targets.shape[0] == 0:
@@ -168,21 +185,42 @@ def _overlap(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> bool:
     return bool(np.any(same & (start[1:] < end[:-1] - _TOL * end[:-1])))
 
 
-def _link_busy(
-    flows: _Flows, flow_start: np.ndarray, flow_end: np.ndarray, nlinks: int
-) -> np.ndarray | None:
+def _route_chunks(counts: np.ndarray) -> list[tuple[int, int]]:
+    """Ranges of consecutive routes holding at most ~:data:`CHUNK` flows each (at least one
+    route per range), given the flows per route."""
+    bounds = [0]
+    total = np.cumsum(counts)
+    while bounds[-1] < counts.shape[0]:
+        lo = bounds[-1]
+        base = total[lo - 1] if lo else 0
+        bounds.append(max(lo + 1, int(np.searchsorted(total, base + CHUNK, "right"))))
+    return list(itertools.pairwise(bounds))
+
+
+def _link_busy(prep: Prepared, flows: _Flows, flow_s: np.ndarray, nlinks: int) -> np.ndarray | None:
     """Per-link busy time, or ``None`` if two flows share a link at some moment.
 
     Busy time is summed per link in time order, as the replay accumulates it, so it is
-    bit-identical: ``np.bincount`` adds its weights in input order.
+    bit-identical: ``np.bincount`` adds its weights in input order. Flows are handled a range
+    of routes (or, for links several routes cross, a range of links) at a time, so memory
+    stays proportional to that range rather than to all transfers.
     """
-    busy_each = flow_end - flow_start  # what the replay credits a link for each flow on it
-    order = np.argsort(flow_start, kind="stable")
-    route = flows.route[order]
-    grouped = order[_group_order(route, flows.nroutes)]
-    if _overlap(flows.route[grouped], flow_start[grouped], flow_end[grouped]):
-        return None
-    route_busy = np.bincount(route, weights=busy_each[order], minlength=flows.nroutes)
+    route_busy = np.zeros(flows.nroutes)
+    counts = np.bincount(flows.net_route, minlength=flows.net_routes)
+    for lo, hi in _route_chunks(counts):
+        sel = np.flatnonzero((flows.net_route >= lo) & (flows.net_route < hi))
+        start = flow_s[flows.net_op[sel]]
+        end = start + flows.net_duration(prep, sel)
+        key = flows.net_route[sel] - lo
+        order = np.argsort(start, kind="stable")
+        grouped = order[_group_order(key[order], hi - lo)]
+        if _overlap(key[grouped], start[grouped], end[grouped]):
+            return None
+        del grouped
+        busy_each = end - start  # what the replay credits a link for each flow on it
+        route_busy[lo:hi] = np.bincount(key[order], weights=busy_each[order], minlength=hi - lo)
+    start = flow_s[flows.op]  # in-network flows: one per route
+    route_busy[flows.route] = (start + flows.duration_s) - start
 
     entry_route = np.repeat(np.arange(flows.nroutes), np.diff(flows.route_ptr))
     uses = np.bincount(flows.route_links, minlength=nlinks)
@@ -195,21 +233,33 @@ def _link_busy(
     # Links several routes cross: expand (flow, link) pairs, a chunk of links at a time.
     links, local = np.unique(flows.route_links[shared], return_inverse=True)
     entry_route = entry_route[shared]
-    flows_per_route = np.bincount(flows.route, minlength=flows.nroutes)
+    flows_per_route = np.bincount(
+        np.concatenate((flows.net_route, flows.route)).astype(np.int64), minlength=flows.nroutes
+    )
     load = np.bincount(local, weights=flows_per_route[entry_route], minlength=links.shape[0])
     lo = 0
     while lo < links.shape[0]:
         hi = max(lo + 1, int(np.searchsorted(np.cumsum(load[lo:]), _PAIR_CHUNK, "right")) + lo)
         hi = min(hi, lo + (1 << 16), links.shape[0])
         in_chunk = (local >= lo) & (local < hi)
+        crossing = np.zeros(flows.nroutes, dtype=bool)
+        crossing[entry_route[in_chunk]] = True
+        # The flows on these links, network ones first as in the flow order, then by start.
+        net = np.flatnonzero(crossing[flows.net_route])
+        extra = np.flatnonzero(crossing[flows.route])
+        route = np.concatenate((flows.net_route[net], flows.route[extra])).astype(np.int64)
+        start = np.concatenate((flow_s[flows.net_op[net]], flow_s[flows.op[extra]]))
+        end = start + np.concatenate((flows.net_duration(prep, net), flows.duration_s[extra]))
+        order = np.argsort(start, kind="stable")
         ptr = ptr_from_lengths(np.bincount(entry_route[in_chunk], minlength=flows.nroutes))
-        positions, lengths = gather_rows(ptr, route)  # flows in time order
+        positions, lengths = gather_rows(ptr, route[order])  # flows in time order
         pair_link = (local[in_chunk] - lo)[positions]
         pair_flow = np.repeat(order, lengths)
         by_link = _group_order(pair_link, hi - lo)
         f = pair_flow[by_link]
-        if _overlap(pair_link[by_link], flow_start[f], flow_end[f]):
+        if _overlap(pair_link[by_link], start[f], end[f]):
             return None
+        busy_each = end - start
         busy[links[lo:hi]] = np.bincount(pair_link, weights=busy_each[pair_flow], minlength=hi - lo)
         lo = hi
     return busy
@@ -239,24 +289,27 @@ def contention_free(
     (two flows on one directed link, two reductions on one GPU) and the replay must run."""
     capacity = np.asarray(fabric.capacity_bytes_per_s, dtype=np.float64)
     flows = _Flows(prep, capacity)
-    times = _times(prep, _durations(prep, flows))
+    duration = _durations(prep, flows)
+    times = _times(prep, duration)
+    del duration
     if times is None:
         return None
     start_s, flow_s, end_s = times
     if _reductions_overlap(prep, schedule.arrays["src"], start_s, end_s):
         return None
-    flow_start_s = np.full(start_s.shape[0], np.nan)
-    on_wire = (prep.cls == NET) | (prep.cls == IN_NETWORK)
-    flow_start_s[on_wire] = flow_s[on_wire]
-    fs = flow_start_s[flows.op]
-    busy = _link_busy(flows, fs, fs + flows.duration_s, capacity.shape[0])
+    busy = _link_busy(prep, flows, flow_s, capacity.shape[0])
     if busy is None:
         return None
+    prep.drop_dag()  # exact: the replay will not run, and the records need no dependencies
+    for part in chunks(flow_s.shape[0]):  # local operations have no flow
+        cls = prep.cls[part]
+        flow_s[part][(cls != NET) & (cls != IN_NETWORK)] = np.nan
     in_network_bytes = np.zeros(capacity.shape[0])
-    if flows.op.shape[0] > flows.net_flows:
+    if flows.op.shape[0]:
         hops = np.diff(flows.route_ptr)[flows.net_routes :]
-        wire = np.repeat(prep.wire_bytes[flows.op[flows.net_flows :]], hops)
+        wire = np.repeat(prep.wire_bytes(flows.op), hops)
         tail = flows.route_links[flows.route_ptr[flows.net_routes] :]
         np.add.at(in_network_bytes, tail, wire)
-    timeline = Timeline(start_s, flow_start_s, end_s, busy, in_network_bytes)
+    del flows
+    timeline = Timeline(start_s, flow_s, end_s, busy, in_network_bytes)
     return build_result(schedule, fabric, protocol, prep, timeline, "contention_free")
