@@ -86,10 +86,13 @@ LIMITATIONS = (
     "all_reduce 47% -> 22%); a send's latency overlaps the previous send's bytes on its "
     "connection, so a slow hop is paid once per block, not once per step (small multi-node "
     "rings); rings on NVLink/xGMI meshes use other links per channel (snellius-1n4g in-sample "
-    "8-10% -> 4-7%); the launch latency is a floor under back-to-back calls, not an addend "
-    "(measured small messages cost the same for all_reduce and all_gather, and on one node and "
-    "two: cross-collective median 25.5% -> 12.0%); links may be slower both ways at once (a "
-    "fitted duplex efficiency; in-sample median 5.6% -> 4.9%).",
+    "8-10% -> 4-7%); beside the per-call base, the host's launch cost is a floor under "
+    "back-to-back calls, not an addend (measured small messages cost the same for all_reduce "
+    "and all_gather, and on one node and two: cross-collective median 25.5% -> 12.0%); links "
+    "may be slower both ways at once (a fitted duplex efficiency; in-sample median 5.6% -> "
+    "4.9%); uncalibrated links run at the "
+    "fraction of their datasheet rate NCCL's topology model expects (busbw within 20%: 8 -> 20 "
+    "of 36 logs).",
 )
 
 
