@@ -61,7 +61,9 @@ rate, per link class (NCCL ``src/graph/topo.h``, v2.19+): NVLink ``SM70/SM80_NVL
 (``SM90`` 20.6) per link of 25 GB/s a direction; PCIe ``PCI_BW`` = 12 GB/s for a Gen3 x16 of
 15.75 GB/s (NCCL scales other generations and widths by the same ``width x speed / 80``); the
 network at the NIC's reported speed. The datasheet counts the wire, not the payload (flit and TLP
-headers, flow control)."""
+headers, flow control). Classes are NCCL's latency classes, so xGMI and ICI take NVLink's fraction
+and UPI PCIe's (NCCL has its own CPU-interconnect figures; collsim's catalog gives those links'
+usable rates directly)."""
 
 
 def uncalibrated_params() -> ModelParams:
@@ -228,6 +230,7 @@ class ScaledModel:
         elem_bytes: int = 4,
         protocol: str = "Simple",
         channels: int = 1,
+        floor: bool = True,
     ) -> np.ndarray:
         from collsim.model.analytic import effective_bytes
 
@@ -240,10 +243,12 @@ class ScaledModel:
             ys = np.array([p[1] for p in sc.size_factors])
             eff = eff / np.interp(np.log2(np.maximum(eff, 1.0)), xs, ys)
         p = self.model.params
-        return np.maximum(
-            p.launch_floor_s + sc.launch_floor_s,
-            p.base_latency_s + sc.base_latency_s + st.time_s(eff, sc.latency, sc.bandwidth),
-        )
+        t = p.base_latency_s + sc.base_latency_s + st.time_s(eff, sc.latency, sc.bandwidth)
+        return np.maximum(self.launch_floor_s, t) if floor else t
+
+    @property
+    def launch_floor_s(self) -> float:
+        return self.model.params.launch_floor_s + self.scale.launch_floor_s
 
 
 class Predictor:

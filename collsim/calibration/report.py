@@ -301,8 +301,8 @@ def markdown(rep: Report, plots: dict[str, str]) -> str:
         cells = [_pct(summary(rep, m)[idx]) for m in MODES]
         lines.append(f"| {label} | | | " + " | ".join(cells) + " |")
     lines += ["", "## Fitted profiles (mode b), one per system", "",
-              "| system | topology | link classes (bandwidth eff. / latency scale) | base us | "
-              "size efficiency (64K, 1M, 16M) | in-sample mean % |",
+              "| system | topology | link classes (bandwidth eff. / latency scale) | "
+              "base / floor us | size efficiency (64K, 1M, 16M) | in-sample mean % |",
               "| --- | --- | --- | ---: | --- | ---: |"]  # fmt: skip
     for name, prof in rep.profiles.items():
         doc = prof.doc  # type: ignore[attr-defined]

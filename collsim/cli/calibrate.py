@@ -236,6 +236,7 @@ def fit_cmd(
         click.echo(
             f"#   {name}: bandwidth efficiency {c.bandwidth_efficiency:.3f}, "
             f"latency scale {c.latency_scale:.3f}"
+            + (f", duplex efficiency {c.duplex_efficiency:.3f}" if c.duplex_efficiency else "")
         )
     click.echo(
         f"#   base latency {doc.base_latency_us:.2f} us, launch floor {doc.launch_floor_us:.2f} us"

@@ -34,9 +34,11 @@ class Fabric(typing.Protocol):
     """What the engine needs to know about a network.
 
     * ``nranks``: ranks are 0..nranks-1.
-    * ``link_names``, ``capacity_bytes_per_s``, ``link_kind``: one entry per directed link;
-      ``link_kind`` holds :data:`collsim.protocols.HW_NVLINK`/``HW_PCI``/``HW_NET`` and picks the
-      protocol's per-hop latency (NCCL's ``hwLat`` row).
+    * ``link_names``, ``capacity_bytes_per_s``, ``link_kind``: one entry per directed link (and
+      per shared capacity a route may also cross, such as the coupling of a cable's two
+      directions in :mod:`collsim.topology.graph`); ``link_kind`` holds
+      :data:`collsim.protocols.HW_NVLINK`/``HW_PCI``/``HW_NET`` and picks the protocol's per-hop
+      latency (NCCL's ``hwLat`` row).
     * ``reduce_bytes_per_s`` / ``copy_bytes_per_s``: per rank, the GPU's local reduction and
       copy throughput (memory bandwidth / 3 and / 2: a reduction reads two operands and writes
       one; a copy reads one and writes one).

@@ -202,8 +202,10 @@ class AnalyticModel:
         elem_bytes: int = 4,
         protocol: str = "Simple",
         channels: int = 1,
+        floor: bool = True,
     ) -> np.ndarray:
-        """Predicted time (seconds) of ``collective`` by ``algorithm`` at each size."""
+        """Predicted time (seconds) of ``collective`` by ``algorithm`` at each size (without the
+        launch floor if ``floor`` is false: what ranks algorithms below it)."""
         sizes = np.atleast_1d(np.asarray(sizes_bytes))
         if sizes.size and (sizes.min() < 0):
             raise ScheduleError("sizes must not be negative", field="sizes", value=int(sizes.min()))
@@ -211,7 +213,12 @@ class AnalyticModel:
         eff = effective_bytes(collective, sizes, elem_bytes, self.nranks)
         scaled = eff / self.params.size_factor(eff) if self.params.size_factors else eff
         p = self.params
-        return np.maximum(p.launch_floor_s, p.base_latency_s + st.time_s(scaled))
+        t = p.base_latency_s + st.time_s(scaled)
+        return np.maximum(p.launch_floor_s, t) if floor else t
+
+    @property
+    def launch_floor_s(self) -> float:
+        return self.params.launch_floor_s
 
 
 def _rd(costs: FlowCosts, collective: str, n: int, channels: int) -> Oracle:

@@ -292,8 +292,10 @@ class NcclModel:
         elem_bytes: int = 4,
         protocol: str = "Simple",
         channels: int = 1,
+        floor: bool = True,
     ) -> np.ndarray:
-        """NCCL's predicted time (seconds) per size."""
+        """NCCL's predicted time (seconds) per size (NCCL's model has no launch floor, so
+        ``floor`` changes nothing)."""
         from collsim.model.analytic import effective_bytes
 
         proto = {p.lower(): p for p in PROTOS}.get(str(protocol).lower())

@@ -5,7 +5,7 @@ parameters -- per link class (``nvlink``, ``pci``, ``net``: NCCL's ``hwLat`` row
 efficiency (achieved / datasheet rate), a latency scale (multiplying the route latency and the
 protocols' per-hop latency on that class) and, where fitted, a duplex efficiency (what both
 directions carry together, relative to twice the rate), a launch floor (the host's cost to issue
-a call, under which back-to-back calls cannot go), a base (launch) latency, and a small table of
+a call, under which back-to-back calls cannot go), a per-call base latency, and a small table of
 size-dependent bandwidth efficiency keyed by message size (interpolated in log2 size, as SimGrid's
 piecewise-linear network factors; Velho et al., "On the validity of flow-level TCP network
 models", ACM TOMACS 2013) -- the fit's provenance and its in-sample error. No dates: the same
@@ -251,8 +251,8 @@ def datasheet_profile(topology: Topology, base_latency_us: float = 0.0) -> Profi
 def whatif_with_profile(topology: Topology, profile: Profile, engine: str = "analytic") -> Any:
     """A :class:`~collsim.whatif.WhatIf` that sees ``profile``: for the analytic engine its
     collsim cost model runs under :meth:`Profile.params`; for the discrete-event engine the links
-    are scaled (:meth:`Profile.apply_to_topology`; base latency and size factors are analytic
-    only)."""
+    are scaled (:meth:`Profile.apply_to_topology`; base latency, launch floor and size factors are
+    analytic only)."""
     from collsim.model.analytic import AnalyticModel
     from collsim.whatif import WhatIf
 

@@ -84,7 +84,9 @@ class CostModel(Protocol):
     """What the tuner needs of a cost model -- :class:`~collsim.model.analytic.AnalyticModel`,
     :class:`~collsim.model.nccl.NcclModel` and the calibration's
     :class:`~collsim.calibration.predict.ScaledModel` are the three: the algorithms it can time
-    for a collective, and the time (seconds) of one (algorithm, protocol, channels) per size."""
+    for a collective, and the time (seconds) of one (algorithm, protocol, channels) per size --
+    with ``floor=False``, without the launch floor every choice shares (a calibration's
+    ``launch_floor_s``, 0 where absent), which is what ranks choices below it."""
 
     nranks: int
 
@@ -99,6 +101,7 @@ class CostModel(Protocol):
         elem_bytes: int = 4,
         protocol: str = "Simple",
         channels: int = 1,
+        floor: bool = True,
     ) -> np.ndarray: ...
 
 
@@ -143,7 +146,7 @@ class Tuner:
                             continue
                         t = self.model.predict(
                             collective, algo, sizes, elem_bytes=elem_bytes, protocol=proto,
-                            channels=ch,
+                            channels=ch, floor=False,
                         )  # fmt: skip
                     except ScheduleError as exc:  # e.g. in-network without a reachable switch
                         first_error = first_error or exc
@@ -154,8 +157,10 @@ class Tuner:
             raise first_error or ScheduleError(
                 f"no algorithm can run {collective} here", field="algorithm", value="auto"
             )
-        times = np.vstack(rows)
-        best = np.argmin(np.where(np.isfinite(times), times, np.inf), axis=0)
+        # Rank on the time above the launch floor (every choice shares it), report with it.
+        unfloored = np.vstack(rows)
+        best = np.argmin(np.where(np.isfinite(unfloored), unfloored, np.inf), axis=0)
+        times = np.maximum(float(getattr(self.model, "launch_floor_s", 0.0)), unfloored)
         base_algo = default_algorithm(collective)
         baseline = Choice(base_algo, "Simple", 1)
         try:

@@ -140,6 +140,11 @@ def to_explicit_yaml(topo: Topology) -> str:
                 "kind": lk.kind,
                 "bandwidth": f"{lk.bandwidth_bytes_per_s!r}B/s",
                 "latency": f"{lk.latency_s!r}s",
+                **(
+                    {"duplex_bandwidth": f"{lk.duplex_bandwidth_bytes_per_s!r}B/s"}
+                    if lk.duplex_bandwidth_bytes_per_s is not None
+                    else {}
+                ),
             }
             for lk in topo.links
         ],

@@ -406,7 +406,7 @@ def _background(topo: Topology, faults: Sequence[Fault]) -> Topology:
     from collsim.topology.graph import Network
 
     net = Network(topo)
-    load = np.zeros(len(net.capacity_bytes_per_s))  # coupling links (past the cables) unused
+    load = np.zeros(len(net.capacity_bytes_per_s))  # coupling ids (past the cables) unused
     for fault in faults:
         rate = fault.rate_bytes_per_s or 0.0
         if fault.target not in PATTERNS:
@@ -429,7 +429,13 @@ def _background(topo: Topology, faults: Sequence[Fault]) -> Topology:
             if load[2 * i + d] > 0:
                 cap = lk.bandwidth_bytes_per_s * factors[d]
                 factors[d] *= max(BACKGROUND_FLOOR, 1.0 - load[2 * i + d] / cap)
-        links[i] = dataclasses.replace(lk, bandwidth_factor=(factors[0], factors[1]))
+        shared = lk.duplex_bandwidth_bytes_per_s
+        if shared is not None:  # what both directions carry together loses both directions' load
+            used = load[2 * i] + load[2 * i + 1]
+            shared = max(BACKGROUND_FLOOR * shared, shared - used)
+        links[i] = dataclasses.replace(
+            lk, bandwidth_factor=(factors[0], factors[1]), duplex_bandwidth_bytes_per_s=shared
+        )
     return dataclasses.replace(topo, links=tuple(links))
 
 

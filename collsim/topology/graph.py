@@ -83,8 +83,10 @@ class Network:
             if lk.duplex_bandwidth_bytes_per_s is None:
                 continue
             self._coupling[2 * i : 2 * i + 2] = n_links + len(extra_cap)
-            # Faults degrade the shared capacity as they degrade the directions, on average.
-            extra_cap.append(lk.duplex_bandwidth_bytes_per_s * sum(lk.bandwidth_factor) / 2)
+            # Both ways together never carry more than the two directions (a fault may have
+            # degraded one); other jobs' load on the shared capacity is already taken off it.
+            both = float(self.capacity_bytes_per_s[2 * i] + self.capacity_bytes_per_s[2 * i + 1])
+            extra_cap.append(min(lk.duplex_bandwidth_bytes_per_s, both))
             self.link_names.append(f"{lk.a}<->{lk.b} (both directions)")
             self.link_kind.append(lk.kind)
         self.capacity_bytes_per_s = np.r_[self.capacity_bytes_per_s, extra_cap]

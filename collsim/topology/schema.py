@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from collsim import units
 from collsim.errors import UnitError
@@ -49,6 +58,23 @@ DeviceKind = Annotated[str, AfterValidator(_device_kind)]
 Source = Annotated[str | None, Field(default=None, min_length=3)]
 
 
+def _duplex_within(value: float | None, info: ValidationInfo) -> float | None:
+    """``duplex_bandwidth`` runs from half duplex (the link's ``bandwidth``: both directions
+    share one direction's rate) to full duplex (twice it); outside that range it would also cap
+    one-way traffic, or never bind."""
+    bandwidth = info.data.get("bandwidth")
+    if (
+        value is not None
+        and bandwidth
+        and not bandwidth * (1 - 1e-9) <= value <= 2 * bandwidth * (1 + 1e-9)
+    ):
+        raise ValueError(
+            f"must lie between the link's bandwidth ({bandwidth / 1e9:g} GB/s, half duplex) and "
+            f"twice it ({2 * bandwidth / 1e9:g} GB/s, full duplex)"
+        )
+    return value
+
+
 class Strict(BaseModel):
     """Base: unknown keys are errors, values are not coerced from the wrong type."""
 
@@ -71,6 +97,8 @@ class LinkClassIn(Strict):
     latency: Time = 0.0
     duplex_bandwidth: Rate | None = None
     source: Source = None
+
+    _duplex = field_validator("duplex_bandwidth")(_duplex_within)
 
 
 class IntraIn(Strict):
@@ -176,6 +204,8 @@ class LinkIn(Strict):
     latency: Time = 0.0
     duplex_bandwidth: Rate | None = None
     source: Source = None
+
+    _duplex = field_validator("duplex_bandwidth")(_duplex_within)
 
 
 class ExplicitIn(Strict):

@@ -29,7 +29,9 @@ def network_bytes(s: Schedule) -> np.ndarray:
     """Bytes each rank sends to *other* ranks (local copies excluded)."""
     a = s.arrays
     mask = (a["kind"] == TRANSFER) & (a["src"] != a["dst"])
-    return np.bincount(a["src"][mask], weights=a["count"][mask] * s.elem_bytes, minlength=s.nranks)
+    return np.bincount(
+        a["src"][mask], weights=a["count"][mask].astype(np.int64) * s.elem_bytes, minlength=s.nranks
+    )
 
 
 def with_arrays(s: Schedule, **changes: np.ndarray) -> Schedule:

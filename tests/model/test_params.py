@@ -49,3 +49,19 @@ def test_params_change_predictions():
     assert t0[1] < 0.5e-3 and t2[0] == t2[1] == 1e-3 and t2[2] == t0[2] > 1e-3
     with pytest.raises(ScheduleError):
         base.predict("all_reduce", "ring", sizes, protocol="Fast")
+
+
+def test_the_tuner_ranks_choices_above_the_launch_floor():
+    """Below a calibration's launch floor every choice costs the floor; the tuner still picks
+    what is fastest above it (the same choice as without the floor) and reports the floor."""
+    from collsim.model.tuner import Tuner
+
+    topo = load_topology("dgx-h100", nodes=4)
+    sizes = np.array([8, 1 << 16, 1 << 30])
+    plain = Tuner(AnalyticModel(topo)).tune("all_reduce", sizes)
+    floored = Tuner(AnalyticModel(topo, ModelParams(launch_floor_s=50e-6))).tune(
+        "all_reduce", sizes
+    )
+    labels = [[t.choice_at(i).label() for i in range(3)] for t in (plain, floored)]
+    assert labels[0] == labels[1]
+    np.testing.assert_allclose(floored.best_s, np.maximum(50e-6, plain.best_s))

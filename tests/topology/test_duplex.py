@@ -105,3 +105,27 @@ def test_duplex_bandwidth_must_be_a_positive_rate():
     doc["node"]["nics"]["link"]["duplex_bandwidth"] = "-3GB/s"
     with pytest.raises(CollsimError, match="duplex_bandwidth"):
         topology_from_dict(doc)
+
+
+@pytest.mark.parametrize(
+    ("fault", "one_way", "two_way"),
+    [
+        # one direction degraded: the other direction keeps its full rate
+        ("link:n0.nic0>sw0:bw=0.1", 25.0, 2.5),
+        # another job's 20 GB/s one way leaves 10 GB/s of the 30 shared
+        ("background:n0.nic0>sw0:rate=20GB/s", 10.0, 5.0),
+        # 10 GB/s each way leaves 10 GB/s shared: 5 each way
+        ("background:n0.nic0-sw0:rate=10GB/s", 10.0, 5.0),
+    ],
+)
+def test_faults_on_a_coupled_link(fault, one_way, two_way):
+    """30 GB/s shared on a 25 GB/s-each-way HCA cable, under what-if faults (des engine)."""
+    from collsim.topology.faults import apply_faults, parse_cli_faults
+
+    topo = apply_faults(gdr("30GB/s"), parse_cli_faults([fault]))
+    w = WhatIf(topo)
+    count = (64 << 20) // 4
+    bcast = build_schedule("broadcast", "chain", nranks=2, count=count, layout=w.layout, root=1)
+    ring = build_schedule("all_reduce", "ring", nranks=2, count=count, layout=w.layout)
+    assert simulate(bcast, w.fabric).busbw_gbps == pytest.approx(one_way, rel=0.01)
+    assert simulate(ring, w.fabric).busbw_gbps == pytest.approx(two_way, rel=0.01)

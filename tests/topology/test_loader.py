@@ -14,8 +14,13 @@ from collsim.topology.loader import catalog_names, load_topology, topology_from_
 from .conftest import template
 
 
-def test_template_and_its_explicit_export_give_the_same_spec(tmp_path):
+@pytest.mark.parametrize("duplex", [None, 0.6])
+def test_template_and_its_explicit_export_give_the_same_spec(tmp_path, duplex):
+    from collsim.topology.spec import with_duplex
+
     topo = load_topology("dgx-h100", nodes=2)
+    if duplex is not None:  # links short of full duplex keep their shared capacity
+        topo = with_duplex(topo, {"infiniband": duplex})
     path = tmp_path / "explicit.yaml"
     path.write_text(to_explicit_yaml(topo))
     again = load_topology(path)
