@@ -6,9 +6,9 @@ latency), a base latency per call and the host's launch floor under back-to-back
 size-dependent bandwidth efficiency at three fixed sizes (64 KiB, 1 MiB, 16 MiB; 1 from 256 MiB
 on, interpolated in log2 size), where the logs cross both intra-node links and the network, the
 network's bandwidth and latency relative to intra-node, and where the logs hold both one-way
-(broadcast, reduce) and two-way collectives, a duplex efficiency (what both directions of a link
-carry together) -- at most 10 numbers per system, the same for every collective, rank count and
-size.
+(broadcast, reduce) and two-way collectives, a duplex efficiency of the PCIe and network links
+(what both directions of a link carry together) -- at most 10 numbers per system, the same for
+every collective, rank count and size.
 Predictions are the analytic model's, with the tuner choosing NCCL's algorithm, protocol and
 channels per size (:mod:`.predict`), so a profile fitted on some collectives or scales predicts
 the others through the same physics.
@@ -55,6 +55,8 @@ BOUNDS = {"eff": (0.02, 1.2), "lat": (0.05, 50.0), "base": (0.0, 1000.0),
           "floor": (0.0, 1000.0), "size": (0.05, 2.0),
           "rel": (0.05, 5.0), "rel_lat": (0.05, 5.0), "duplex": (0.5, 1.0)}  # fmt: skip
 ONE_WAY = frozenset({"broadcast", "reduce"})
+DUPLEX_CLASSES = (1, 2)
+"""Link classes (pci, net) whose duplex efficiency is fitted; NVLink stays full duplex."""
 """Collectives whose traffic crosses each link one way; the others load both directions."""
 START_POINTS = ((0.8, 1.0), (0.5, 0.3), (1.0, 3.0))
 """(bandwidth efficiency, latency scale) starts; the best fit wins (the tuner's choices make the
@@ -136,7 +138,9 @@ class _Problem:
         self.classes = classes
         self.base = base
         self.split = 2 in classes and any(k in classes for k in (0, 1))
-        self.duplex = duplex_identifiable(samples)
+        # NVLink's lanes are per direction end to end; what falls short of full duplex is the host
+        # side: PCIe root complexes, host-memory staging, NICs reading and writing GPU memory.
+        self.duplex = duplex_identifiable(samples) and any(k in classes for k in DUPLEX_CLASSES)
         self._models: dict[tuple[float, float, float], list[Any]] = {}
         self.weights = [np.sqrt(min(1.0, REF_ROWS / s.sizes.size)) for s in samples]
         self.smallest_us = min(float(s.measured_s.min()) for s in samples) * 1e6
@@ -163,7 +167,7 @@ class _Problem:
                 self.base,
                 bandwidth_efficiency=(1.0, 1.0, r_eff),
                 route_latency_scale=(1.0, 1.0, r_lat),
-                duplex_efficiency=(duplex,) * 3,
+                duplex_efficiency=tuple(duplex if k in DUPLEX_CLASSES else 1.0 for k in range(3)),
                 protocols=tuple(
                     ProtocolParams(
                         p.name,
@@ -212,7 +216,9 @@ class _Problem:
             CLASSES[k]: LinkClass(
                 bandwidth_efficiency=round(float(x[0]) * (r_eff if k == 2 else 1.0), 5),
                 latency_scale=round(float(x[1]) * (r_lat if k == 2 else 1.0), 5),
-                duplex_efficiency=round(duplex, 5) if self.duplex else None,
+                duplex_efficiency=(
+                    round(duplex, 5) if self.duplex and k in DUPLEX_CLASSES else None
+                ),
             )
             for k in self.classes
         }
@@ -301,7 +307,7 @@ def fit_samples(
     if prob.split:
         fitted += ["net bandwidth / intra-node", "net latency / intra-node"]
     if prob.duplex:
-        fitted += ["duplex_efficiency (all links)"]
+        fitted += ["duplex_efficiency (PCIe and network links)"]
     doc = prob.doc(x).model_copy(
         update={
             "provenance": Provenance(
