@@ -39,6 +39,9 @@ class Fabric(typing.Protocol):
       directions in :mod:`collsim.topology.graph`); ``link_kind`` holds
       :data:`collsim.protocols.HW_NVLINK`/``HW_PCI``/``HW_NET`` and picks the protocol's per-hop
       latency (NCCL's ``hwLat`` row).
+    * ``couplings`` (optional): ``(k, 3)`` link ids, a shared capacity and the two directed
+      links whose traffic it carries (a cable short of full duplex); the contention-free fast
+      path lets the two directions overlap on it where their rates fit.
     * ``reduce_bytes_per_s`` / ``copy_bytes_per_s``: per rank, the GPU's local reduction and
       copy throughput (memory bandwidth / 3 and / 2: a reduction reads two operands and writes
       one; a copy reads one and writes one).

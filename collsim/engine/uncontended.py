@@ -197,8 +197,36 @@ def _route_chunks(counts: np.ndarray) -> list[tuple[int, int]]:
     return list(itertools.pairwise(bounds))
 
 
-def _link_busy(prep: Prepared, flows: _Flows, flow_s: np.ndarray, nlinks: int) -> np.ndarray | None:
-    """Per-link busy time, or ``None`` if two flows share a link at some moment.
+def _unbound_couplings(flows: _Flows, capacity: np.ndarray, couplings: np.ndarray) -> np.ndarray:
+    """Per link, whether it is a coupling (a cable's two directions sharing a capacity) that no
+    flows can fill: the fastest flow each way together fit in it. Flows that share neither a
+    direction nor a route meet only there, one each way at a time, so they then keep their own
+    rates (as the replay's max-min sharing gives them) and may overlap on it."""
+    free = np.zeros(capacity.shape[0], dtype=bool)
+    if couplings.shape[0] == 0:
+        return free
+    lengths = np.diff(flows.route_ptr)
+    nonempty = lengths > 0
+    rate = np.zeros(flows.nroutes)  # each route's flows run at its bottleneck
+    rate[nonempty] = np.minimum.reduceat(
+        capacity[flows.route_links], flows.route_ptr[:-1][nonempty]
+    )
+    used = np.zeros(flows.nroutes, dtype=bool)
+    used[flows.net_route] = True
+    used[flows.route] = True
+    fastest = np.zeros(capacity.shape[0])
+    entry_route = np.repeat(np.arange(flows.nroutes), lengths)
+    np.maximum.at(fastest, flows.route_links, np.where(used, rate, 0.0)[entry_route])
+    link, a, b = couplings.T
+    free[link] = fastest[a] + fastest[b] <= capacity[link]
+    return free
+
+
+def _link_busy(
+    prep: Prepared, flows: _Flows, flow_s: np.ndarray, nlinks: int, unbound: np.ndarray
+) -> np.ndarray | None:
+    """Per-link busy time, or ``None`` if two flows share a link at some moment (except on the
+    ``unbound`` couplings, where they keep their rates).
 
     Busy time is summed per link in time order, as the replay accumulates it, so it is
     bit-identical: ``np.bincount`` adds its weights in input order. Flows are handled a range
@@ -257,7 +285,8 @@ def _link_busy(prep: Prepared, flows: _Flows, flow_s: np.ndarray, nlinks: int) -
         pair_flow = np.repeat(order, lengths)
         by_link = _group_order(pair_link, hi - lo)
         f = pair_flow[by_link]
-        if _overlap(pair_link[by_link], start[f], end[f]):
+        check = ~unbound[links[lo:hi]][pair_link[by_link]]
+        if _overlap(pair_link[by_link][check], start[f][check], end[f][check]):
             return None
         busy_each = end - start
         busy[links[lo:hi]] = np.bincount(pair_link, weights=busy_each[pair_flow], minlength=hi - lo)
@@ -297,7 +326,9 @@ def contention_free(
     start_s, flow_s, end_s = times
     if _reductions_overlap(prep, schedule.arrays["src"], start_s, end_s):
         return None
-    busy = _link_busy(prep, flows, flow_s, capacity.shape[0])
+    couplings = np.asarray(getattr(fabric, "couplings", np.zeros((0, 3))), dtype=np.int64)
+    unbound = _unbound_couplings(flows, capacity, couplings)
+    busy = _link_busy(prep, flows, flow_s, capacity.shape[0], unbound)
     if busy is None:
         return None
     prep.drop_dag()  # exact: the replay will not run, and the records need no dependencies

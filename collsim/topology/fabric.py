@@ -50,6 +50,8 @@ class TopologyFabric:
         self.reduce_bytes_per_s = memory / 3.0
         self.copy_bytes_per_s = memory / 2.0
         self._reducer: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+        self.couplings = network.couplings
+        """Shared capacities of cables short of full duplex: (link, direction, direction) ids."""
 
     def route(self, src_rank: int, dst_rank: int) -> Route:
         """The route between two ranks' GPUs."""

@@ -112,6 +112,15 @@ class Network:
         )
         self._routes: dict[tuple[int, int], Route] = {}
 
+    @cached_property
+    def couplings(self) -> np.ndarray:
+        """``(k, 3)`` ids: each coupling link and the two cable directions that share it."""
+        cables = np.flatnonzero(self._coupling >= 0)
+        if cables.shape[0] == 0:
+            return np.zeros((0, 3), dtype=np.int64)
+        pairs = cables.reshape(-1, 2)  # a cable's two directions are 2i and 2i + 1
+        return np.column_stack((self._coupling[pairs[:, 0]], pairs)).astype(np.int64)
+
     # -- routing ---------------------------------------------------------------------------------
     @cached_property
     def gpu_names(self) -> list[str]:

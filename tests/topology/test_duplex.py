@@ -129,3 +129,17 @@ def test_faults_on_a_coupled_link(fault, one_way, two_way):
     ring = build_schedule("all_reduce", "ring", nranks=2, count=count, layout=w.layout)
     assert simulate(bcast, w.fabric).busbw_gbps == pytest.approx(one_way, rel=0.01)
     assert simulate(ring, w.fabric).busbw_gbps == pytest.approx(two_way, rel=0.01)
+
+
+def test_fast_path_runs_where_a_coupling_cannot_fill():
+    """One-way traffic (broadcast) cannot fill a shared capacity: the contention-free fast path
+    times it, as the replay does. Both ways at full rate (ring all_reduce) can: the replay runs."""
+    w = WhatIf(gdr("30GB/s"))
+    count = (64 << 20) // 4
+    bcast = build_schedule("broadcast", "chain", nranks=2, count=count, layout=w.layout, root=1)
+    fast, slow = simulate(bcast, w.fabric), simulate(bcast, w.fabric, fast_path=False)
+    assert fast.meta["engine_path"] == "contention_free"
+    assert fast.time_s == pytest.approx(slow.time_s, rel=1e-12)
+    np.testing.assert_allclose(fast.links.busy_s, slow.links.busy_s, rtol=1e-12, atol=1e-15)
+    ring = build_schedule("all_reduce", "ring", nranks=2, count=count, layout=w.layout)
+    assert simulate(ring, w.fabric).meta["engine_path"] == "replay"
