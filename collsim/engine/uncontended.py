@@ -59,8 +59,9 @@ class _Flows:
     order) and ``net_route``; their durations are recomputed when needed (:meth:`net_duration`)
     rather than stored. In-network reductions have one flow per up or down path, listed
     explicitly (there are few): ``op``, ``route`` (into an extended route table whose tail,
-    from ``net_routes`` on, holds their paths) and ``duration_s``. Flow order (which breaks
-    ties between equal start times) is network flows first, then in-network ones."""
+    from ``net_routes`` on, holds their paths) and ``duration_s``. ``bottleneck`` holds every
+    route's slowest link (what its flows run at). Flow order (which breaks ties between equal
+    start times) is network flows first, then in-network ones."""
 
     def __init__(self, prep: Prepared, capacity: np.ndarray) -> None:
         nroutes = prep.route_ptr.shape[0] - 1
@@ -79,7 +80,7 @@ class _Flows:
             parts.append(net[flowing].astype(index_dtype(prep.cls.shape[0])))
         self.net_op = np.concatenate(parts) if parts else np.zeros(0, np.int32)
         self.net_route = prep.route[self.net_op]
-        owners, routes, durations = [], [], []
+        owners, routes, durations, rates = [], [], [], []
         extra_lengths, extra_links = [lengths], [prep.route_links]
         for op, (nlinks, links) in sorted(prep.in_network.items()):
             wire_op = float(prep.wire_bytes(op))
@@ -91,7 +92,8 @@ class _Flows:
             first = ptr_from_lengths(nlinks)[:-1]
             owners.append(np.full(nlinks.shape[0], op, dtype=np.int64))
             routes.append(nroutes + np.arange(nlinks.shape[0], dtype=np.int64))
-            durations.append(wire_op / np.minimum.reduceat(capacity[links], first))
+            rates.append(np.minimum.reduceat(capacity[links], first))
+            durations.append(wire_op / rates[-1])
             extra_lengths.append(nlinks)
             extra_links.append(links)
             nroutes += nlinks.shape[0]
@@ -101,6 +103,7 @@ class _Flows:
         self.route_ptr = ptr_from_lengths(np.concatenate(extra_lengths))
         self.route_links = np.concatenate(extra_links)
         self.nroutes = nroutes
+        self.bottleneck = np.concatenate((self.bottleneck, *rates))  # in-network routes too
 
     def net_duration(self, prep: Prepared, flows: np.ndarray | slice) -> np.ndarray:
         """Duration at full bottleneck of network flows ``flows`` (positions in ``net_op``)."""
@@ -205,18 +208,13 @@ def _unbound_couplings(flows: _Flows, capacity: np.ndarray, couplings: np.ndarra
     free = np.zeros(capacity.shape[0], dtype=bool)
     if couplings.shape[0] == 0:
         return free
-    lengths = np.diff(flows.route_ptr)
-    nonempty = lengths > 0
-    rate = np.zeros(flows.nroutes)  # each route's flows run at its bottleneck
-    rate[nonempty] = np.minimum.reduceat(
-        capacity[flows.route_links], flows.route_ptr[:-1][nonempty]
-    )
     used = np.zeros(flows.nroutes, dtype=bool)
     used[flows.net_route] = True
     used[flows.route] = True
+    rate = np.where(used, flows.bottleneck, 0.0)  # each route's flows run at its bottleneck
     fastest = np.zeros(capacity.shape[0])
-    entry_route = np.repeat(np.arange(flows.nroutes), lengths)
-    np.maximum.at(fastest, flows.route_links, np.where(used, rate, 0.0)[entry_route])
+    entry_route = np.repeat(np.arange(flows.nroutes), np.diff(flows.route_ptr))
+    np.maximum.at(fastest, flows.route_links, rate[entry_route])
     link, a, b = couplings.T
     free[link] = fastest[a] + fastest[b] <= capacity[link]
     return free
