@@ -217,8 +217,10 @@ def fit_cmd(
     """Fit a calibration profile of TOPOLOGY to nccl-tests LOGS (least squares on time error).
 
     Ranks and nodes come from each log (--nodes/--gpus-per-node override). The profile holds a
-    few physical parameters (per link class: bandwidth efficiency and latency scale; base
-    latency; size-dependent efficiency) that 'simulate', 'validate' and 'step' accept as --profile.
+    few physical parameters (per link class: bandwidth efficiency and latency scale, and for PCIe
+    and network links a duplex efficiency where the logs hold one-way and two-way collectives; a
+    per-call base latency and the host's launch floor under back-to-back calls; size-dependent
+    efficiency) that 'simulate', 'validate' and 'step' accept as --profile.
     """
     from collsim.calibration.session import load_samples
 

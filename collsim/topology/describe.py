@@ -39,8 +39,14 @@ def describe(topo: Topology) -> dict[str, Any]:
         entry = links.setdefault(lk.kind, {"count": 0, "bandwidth_gbps": set()})
         entry["count"] += 1
         entry["bandwidth_gbps"].add(round(units.to_gbps(lk.bandwidth_bytes_per_s), 3))
+        if lk.duplex_bandwidth_bytes_per_s is not None:  # both ways share this much
+            entry.setdefault("duplex_gbps", set()).add(
+                round(units.to_gbps(lk.duplex_bandwidth_bytes_per_s), 3)
+            )
     for entry in links.values():
-        entry["bandwidth_gbps"] = sorted(entry["bandwidth_gbps"])
+        for key in ("bandwidth_gbps", "duplex_gbps"):
+            if key in entry:
+                entry[key] = sorted(entry[key])
     reducing = sorted({d.kind for d in topo.devices if d.in_network_reduction})
     affinity = net.nic_affinity()
     return {
@@ -86,7 +92,13 @@ def describe_text(info: dict[str, Any]) -> str:
         "  devices:     " + ", ".join(f"{k} {v}" for k, v in info["devices"].items()),
         "  links:       "
         + ", ".join(
-            f"{k} {v['count']} ({'/'.join(f'{b:g}' for b in v['bandwidth_gbps'])} GB/s)"
+            f"{k} {v['count']} ({'/'.join(f'{b:g}' for b in v['bandwidth_gbps'])} GB/s"
+            + (
+                f"; both ways {'/'.join(f'{b:g}' for b in v['duplex_gbps'])} GB/s"
+                if "duplex_gbps" in v
+                else ""
+            )
+            + ")"
             for k, v in info["links"].items()
         ),
         f"  bandwidth:   intra-node {info['intra_bandwidth_gbps_per_gpu']:.4g} GB/s per GPU; "

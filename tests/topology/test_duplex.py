@@ -143,3 +143,12 @@ def test_fast_path_runs_where_a_coupling_cannot_fill():
     np.testing.assert_allclose(fast.links.busy_s, slow.links.busy_s, rtol=1e-12, atol=1e-15)
     ring = build_schedule("all_reduce", "ring", nranks=2, count=count, layout=w.layout)
     assert simulate(ring, w.fabric).meta["engine_path"] == "replay"
+
+
+def test_topo_show_states_the_shared_capacity():
+    from collsim.topology.describe import describe, describe_text
+
+    info = describe(gdr("29.4GB/s"))
+    assert info["links"]["infiniband"]["duplex_gbps"] == [29.4]
+    assert "infiniband 2 (25 GB/s; both ways 29.4 GB/s)" in describe_text(info)
+    assert "duplex_gbps" not in describe(gdr())["links"]["infiniband"]
