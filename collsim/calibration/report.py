@@ -63,9 +63,10 @@ LIMITATIONS = (
     "suspect).",
     "- *links slower both ways at once*: modelled (a duplex efficiency, fitted where a system has "
     "one-way and two-way logs: a100pcie-ib-2n1g-gdr broadcast 61% -> 0.6% in-sample), but an "
-    "all_reduce fit alone cannot see it (its broadcast stays at 63% cross-collective), and the "
-    "2080ti's no-P2P host staging is below even half duplex (both ways 4+4 GB/s, one way 11.1 "
-    "GB/s), which no shared capacity describes.",
+    "all_reduce fit alone cannot see it (its broadcast stays at 63% cross-collective). On the "
+    "2080ti pair (no P2P, one PCIe switch) the switch's shared uplink halves a direction when "
+    "both GPUs send, but the measured two-way rate is lower still (4+4 GB/s, one way 11.1 "
+    "GB/s).",
     "- *point-to-point launch latency*: alltoall/sendrecv start at ~87 us where the collectives "
     "start at ~35 us on the same system (superbench); the profile has one base latency.",
     "- *which algorithm NCCL ran*: collsim's tuner picks the fastest by its own physics; on two "
@@ -92,7 +93,9 @@ LIMITATIONS = (
     "may be slower both ways at once (a fitted duplex efficiency; in-sample median 5.6% -> "
     "4.9%); uncalibrated links run at the "
     "fraction of their datasheet rate NCCL's topology model expects (busbw within 20%: 8 -> 20 "
-    "of 36 logs).",
+    "of 36 logs); GPUs without P2P below one PCIe switch share its uplink to host memory "
+    "(2080ti uncalibrated busbw error at >= 256 MiB: all_reduce 200% -> 50%, broadcast "
+    "cross-collective 82% -> 18%).",
 )
 
 

@@ -168,13 +168,22 @@ class Profile:
                     ),
                 )
             )
+        shared = []
+        for sh in topology.shared:
+            c = cls.get(CLASSES[_HW_CLASS.get(sh.kind, 2)])  # type: ignore[call-overload]
+            scale = c.bandwidth_efficiency if c is not None else 1.0
+            shared.append(
+                dataclasses.replace(sh, bandwidth_bytes_per_s=sh.bandwidth_bytes_per_s * scale)
+            )
         devices = []
         for dev in topology.devices:  # forwarding latency: in a node intra-node, else network
             intra = [cls.get(k) for k in ("nvlink", "pci")]  # type: ignore[call-overload]
             c = cls.get("net") if dev.node is None else next((x for x in intra if x), None)  # type: ignore[call-overload]
             scale = c.latency_scale if c is not None else 1.0
             devices.append(dataclasses.replace(dev, latency_s=dev.latency_s * scale))
-        return dataclasses.replace(topology, links=tuple(links), devices=tuple(devices))
+        return dataclasses.replace(
+            topology, links=tuple(links), devices=tuple(devices), shared=tuple(shared)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return self.doc.model_dump(mode="json", exclude_none=True)

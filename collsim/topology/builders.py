@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from collsim.errors import TopologyError
 from collsim.topology.schema import FabricIn, IntraIn, LinkClassIn, NodeIn
-from collsim.topology.spec import Device, Link
+from collsim.topology.spec import Device, Link, SharedCapacity
 
 # Preset pairs of the DGX-1 (V100) hybrid cube-mesh: (gpu, gpu, NVLink count), six links per GPU.
 # Source: NVIDIA DGX-1 with Tesla V100 System Architecture white paper (WP-08437-002), Figure 4.
@@ -41,6 +41,7 @@ class Parts:
 
     devices: list[Device] = field(default_factory=list)
     links: list[Link] = field(default_factory=list)
+    shared: list[SharedCapacity] = field(default_factory=list)
 
     def device(self, name: str, kind: str, **kw: object) -> str:
         self.devices.append(Device(name=name, kind=kind, **kw))  # type: ignore[arg-type]
@@ -181,17 +182,37 @@ def _pcie_tree(parts: Parts, n: int, node: NodeIn, gpu_names: list[str]) -> list
         raise TopologyError("a PCIe node needs a PCIe link", field="node.intra.link")
     gpus = len(gpu_names)
     cpus = _sockets(parts, n, intra)
+    # A switch with its GPUs below is the building block: sized to other GPU counts
+    # (--gpus-per-node), a node keeps the template's GPUs per switch.
+    n_sw = intra.pcie_switches
+    if gpus != node.gpus:
+        n_sw = max(1, min(gpus, round(intra.pcie_switches * gpus / node.gpus)))
     if not intra.p2p:
+        # Without peer-to-peer a GPU's traffic goes to host memory and back, so the graph links
+        # each GPU to its socket; the GPUs below one switch still share its uplink, both ways.
         homes = [cpus[i * intra.sockets // gpus] for i in range(gpus)]
         for g, home in zip(gpu_names, homes, strict=True):
             parts.link(g, home, link)
+        uplink = node.pcie or link
+        for k in range(n_sw):
+            below = [i for i in range(gpus) if i * n_sw // gpus == k]
+            if len(below) < 2:
+                continue
+            sw = f"n{n}.pcie{k}"
+            for name, dirs in (
+                (f"{sw} uplink (to host)", [(gpu_names[i], homes[i]) for i in below]),
+                (f"{sw} uplink (from host)", [(homes[i], gpu_names[i]) for i in below]),
+            ):
+                parts.shared.append(
+                    SharedCapacity(name, uplink.kind, uplink.bandwidth, tuple(dirs))
+                )
         return homes
     switches = []
-    for k in range(intra.pcie_switches):
+    for k in range(n_sw):
         sw = parts.device(f"n{n}.pcie{k}", "pcie_switch", node=n, index=k)
-        parts.link(sw, cpus[k * intra.sockets // intra.pcie_switches], node.pcie or link)
+        parts.link(sw, cpus[k * intra.sockets // n_sw], node.pcie or link)
         switches.append(sw)
-    homes = [switches[i * intra.pcie_switches // gpus] for i in range(gpus)]
+    homes = [switches[i * n_sw // gpus] for i in range(gpus)]
     for g, home in zip(gpu_names, homes, strict=True):
         parts.link(g, home, link)
     return homes

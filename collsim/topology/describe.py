@@ -66,6 +66,20 @@ def describe(topo: Topology) -> dict[str, Any]:
         "inter_fabric": topo.inter_fabric,
         "devices": count_by_kind(topo.devices),
         "links": links,
+        **(
+            {
+                "shared": [
+                    {
+                        "name": sh.name,
+                        "bandwidth_gbps": units.to_gbps(sh.bandwidth_bytes_per_s),
+                        "links": len(sh.directions),
+                    }
+                    for sh in topo.shared
+                ]
+            }
+            if topo.shared
+            else {}
+        ),
         "injection_bandwidth_gbps_per_gpu": units.to_gbps(net.injection_bandwidth_bytes_per_s()),
         "intra_bandwidth_gbps_per_gpu": units.to_gbps(net.intra_bandwidth_bytes_per_s()),
         "bisection_bandwidth_gbps": units.to_gbps(net.bisection_bandwidth_bytes_per_s()),
@@ -100,6 +114,10 @@ def describe_text(info: dict[str, Any]) -> str:
             )
             + ")"
             for k, v in info["links"].items()
+        ),
+        *(
+            f"  shared:      {sh['name']}: {sh['bandwidth_gbps']:g} GB/s for {sh['links']} links"
+            for sh in info.get("shared", [])
         ),
         f"  bandwidth:   intra-node {info['intra_bandwidth_gbps_per_gpu']:.4g} GB/s per GPU; "
         f"injection {info['injection_bandwidth_gbps_per_gpu']:.4g} GB/s per GPU; "
@@ -161,4 +179,14 @@ def to_explicit_yaml(topo: Topology) -> str:
             for lk in topo.links
         ],
     }
+    if topo.shared:
+        doc["shared"] = [
+            {
+                "name": sh.name,
+                "kind": sh.kind,
+                "bandwidth": f"{sh.bandwidth_bytes_per_s!r}B/s",
+                "directions": [list(d) for d in sh.directions],
+            }
+            for sh in topo.shared
+        ]
     return yaml.safe_dump(doc, sort_keys=False, width=120)

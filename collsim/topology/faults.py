@@ -391,14 +391,27 @@ def _fail(topo: Topology, fault: Fault) -> Topology:
     if fault.kind == "link":
         gone = {i for i, _ in _resolve(topo, fault)}
         links = tuple(lk for i, lk in enumerate(topo.links) if i not in gone)
-        return dataclasses.replace(topo, links=links)
+        return _keep_shared(dataclasses.replace(topo, links=links))
     name = fault.target
     _resolve(topo, fault)
-    return dataclasses.replace(
-        topo,
-        devices=tuple(d for d in topo.devices if d.name != name),
-        links=tuple(lk for lk in topo.links if name not in (lk.a, lk.b)),
+    return _keep_shared(
+        dataclasses.replace(
+            topo,
+            devices=tuple(d for d in topo.devices if d.name != name),
+            links=tuple(lk for lk in topo.links if name not in (lk.a, lk.b)),
+        )
     )
+
+
+def _keep_shared(topo: Topology) -> Topology:
+    """Shared capacities over the links that remain (one with no member left is gone)."""
+    present = {frozenset((lk.a, lk.b)) for lk in topo.links}
+    shared = []
+    for sh in topo.shared:
+        dirs = tuple(d for d in sh.directions if frozenset(d) in present)
+        if dirs:
+            shared.append(dataclasses.replace(sh, directions=dirs))
+    return dataclasses.replace(topo, shared=tuple(shared))
 
 
 def _background(topo: Topology, faults: Sequence[Fault]) -> Topology:
@@ -436,7 +449,15 @@ def _background(topo: Topology, faults: Sequence[Fault]) -> Topology:
         links[i] = dataclasses.replace(
             lk, bandwidth_factor=(factors[0], factors[1]), duplex_bandwidth_bytes_per_s=shared
         )
-    return dataclasses.replace(topo, links=tuple(links))
+    # A capacity several directions share loses the load of all of them.
+    index = {(lk.a, lk.b): 2 * i for i, lk in enumerate(topo.links)}
+    index.update({(lk.b, lk.a): 2 * i + 1 for i, lk in enumerate(topo.links)})
+    groups = []
+    for sh in topo.shared:
+        used = sum(load[index[d]] for d in sh.directions if d in index)
+        bw = max(BACKGROUND_FLOOR * sh.bandwidth_bytes_per_s, sh.bandwidth_bytes_per_s - used)
+        groups.append(dataclasses.replace(sh, bandwidth_bytes_per_s=bw))
+    return dataclasses.replace(topo, links=tuple(links), shared=tuple(groups))
 
 
 def parse_cli_faults(texts: Iterable[str]) -> list[Fault]:

@@ -5,7 +5,9 @@ with the link's per-direction bandwidth, so traffic in one direction never slows
 that is not fully duplex (``duplex_bandwidth_bytes_per_s``) also gets a *coupling* link, id
 ``2 * len(links) + k``: not a cable but a capacity both directions share, added to every route
 that crosses the link either way, so the engine and the analytic model share it out like any
-other link.
+other link. A capacity several link directions share (:attr:`Topology.shared`, such as the
+uplink of a PCIe switch whose GPUs reach each other through host memory) is one more such link,
+after the couplings, added to every route that crosses one of its members.
 
 Routing is shortest-path over a cost that prefers few hops and fat links (each directed link costs
 ``100 + 10000 / GB/s``, integers, so equal-cost paths compare exactly): inside a DGX that picks
@@ -89,6 +91,33 @@ class Network:
             extra_cap.append(min(lk.duplex_bandwidth_bytes_per_s, both))
             self.link_names.append(f"{lk.a}<->{lk.b} (both directions)")
             self.link_kind.append(lk.kind)
+        # Capacities several link directions share (a no-P2P PCIe switch's uplink): one more
+        # link each, crossed by every route that crosses one of its members.
+        direction = {
+            (self.devices[int(u)].name, self.devices[int(v)].name): k
+            for k, (u, v) in enumerate(zip(self.link_src, self.link_dst, strict=True))
+        }
+        self._shared: dict[int, list[int]] = {}
+        for g, sh in enumerate(topology.shared):
+            members = []
+            for a, b in sh.directions:
+                k = direction.get((a, b))
+                if k is None:
+                    raise TopologyError(
+                        f"shared capacity {sh.name!r}: no link from {a} to {b}",
+                        field=f"shared.{g}.directions",
+                        value=[a, b],
+                    )
+                members.append(k)
+            gid = n_links + len(extra_cap)
+            for k in members:
+                self._shared.setdefault(k, []).append(gid)
+            # Never more than its members carry together (a fault may have degraded them).
+            extra_cap.append(
+                min(sh.bandwidth_bytes_per_s, float(self.capacity_bytes_per_s[members].sum()))
+            )
+            self.link_names.append(sh.name)
+            self.link_kind.append(sh.kind)
         self.capacity_bytes_per_s = np.r_[self.capacity_bytes_per_s, extra_cap]
         self.latency_s = np.r_[self.latency_s, np.zeros(len(extra_cap))]
         self.device_latency_s = np.array([d.latency_s for d in self.devices])
@@ -153,6 +182,9 @@ class Network:
         names = (self.devices[src].name, *(self.devices[int(h)].name for h in heads))
         coupled = self._coupling[hops]
         links = [*links, *(int(c) for c in coupled[coupled >= 0])]
+        if self._shared:
+            extra = dict.fromkeys(g for h in links[: len(hops)] for g in self._shared.get(h, ()))
+            links += list(extra)
         route = Route(tuple(int(x) for x in links), names, latency)
         self._routes[key] = route
         return route

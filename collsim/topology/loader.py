@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 from collsim.errors import CollsimError, TopologyError
 from collsim.topology.builders import Parts, build_fabric, build_node, fabric_shape
 from collsim.topology.schema import ExplicitIn, GpuIn, TemplateIn
-from collsim.topology.spec import Device, GpuModel, Link, Topology
+from collsim.topology.spec import Device, GpuModel, Link, SharedCapacity, Topology
 
 CATALOG_DIR = Path(
     os.environ.get("COLLSIM_TOPOLOGIES", Path(__file__).resolve().parents[2] / "topologies")
@@ -199,6 +199,7 @@ def _from_template(
         gpu=_gpu_model(spec.gpu),
         devices=tuple(parts.devices),
         links=tuple(parts.links),
+        shared=tuple(parts.shared),
         nodes=n_nodes,
         gpus_per_node=gpus,
         description=spec.description,
@@ -273,6 +274,18 @@ def _from_explicit(spec: ExplicitIn, file: str | None) -> Topology:
                 duplex_bandwidth_bytes_per_s=lk.duplex_bandwidth,
             )
         )
+    shared = []
+    for i, sh in enumerate(spec.shared):
+        for j, (a, b) in enumerate(sh.directions):
+            if frozenset((a, b)) not in pairs or a == b:
+                raise TopologyError(
+                    "a shared capacity's direction must follow a listed link (from, to)",
+                    field=f"shared.{i}.directions.{j}",
+                    value=[a, b],
+                )
+        shared.append(
+            SharedCapacity(sh.name, sh.kind, sh.bandwidth, tuple((a, b) for a, b in sh.directions))
+        )
     gpus = [d for d in devices if d.kind == "gpu"]
     if not gpus:
         raise TopologyError(
@@ -285,6 +298,7 @@ def _from_explicit(spec: ExplicitIn, file: str | None) -> Topology:
         gpu=_gpu_model(spec.gpu),
         devices=tuple(devices),
         links=tuple(links),
+        shared=tuple(shared),
         nodes=len(node_ids),
         gpus_per_node=per_node,
         description=spec.description,

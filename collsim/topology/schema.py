@@ -208,6 +208,16 @@ class LinkIn(Strict):
     _duplex = field_validator("duplex_bandwidth")(_duplex_within)
 
 
+class SharedIn(Strict):
+    """A capacity several link directions share (:class:`~collsim.topology.spec.SharedCapacity`)."""
+
+    name: str
+    kind: LinkKind
+    bandwidth: Rate
+    directions: Annotated[list[tuple[str, str]], Field(min_length=1)]
+    source: Source = None
+
+
 class ExplicitIn(Strict):
     name: str
     description: str = ""
@@ -215,4 +225,5 @@ class ExplicitIn(Strict):
     gpu: GpuIn
     devices: list[DeviceIn]
     links: list[LinkIn]
+    shared: list[SharedIn] = []
     faults: tuple[FaultIn, ...] = ()

@@ -96,6 +96,23 @@ class Link:
 
 
 @dataclass(frozen=True)
+class SharedCapacity:
+    """A capacity several link directions share: what they carry *together* never exceeds
+    ``bandwidth_bytes_per_s``. A PCIe switch without peer-to-peer is the case in point: the
+    GPUs below it reach each other only through host memory, so every GPU's traffic to the host
+    crosses the switch's one uplink (and every GPU's traffic from the host comes back down it);
+    the graph links each GPU to the host directly, and the uplink's two directions are two
+    shared capacities over those links (:mod:`collsim.topology.graph` adds one to every route that
+    crosses a member, as it adds the coupling of a link short of full duplex)."""
+
+    name: str
+    kind: str
+    bandwidth_bytes_per_s: float
+    directions: tuple[tuple[str, str], ...]
+    """The ``(from device, to device)`` directions of links whose traffic it carries."""
+
+
+@dataclass(frozen=True)
 class Topology:
     """A whole system: one GPU model, its devices and links, and how it was described."""
 
@@ -120,6 +137,8 @@ class Topology:
     """``source:`` notes of the file, by section, for provenance."""
     faults: tuple[str, ...] = ()
     """What-if faults applied (canonical ``--fault`` text, see :mod:`collsim.topology.faults`)."""
+    shared: tuple[SharedCapacity, ...] = ()
+    """Capacities that several link directions share (a no-P2P PCIe switch's uplink)."""
 
     @property
     def gpus(self) -> list[Device]:
