@@ -183,25 +183,27 @@ def _pcie_tree(parts: Parts, n: int, node: NodeIn, gpu_names: list[str]) -> list
     gpus = len(gpu_names)
     cpus = _sockets(parts, n, intra)
     # A switch with its GPUs below is the building block: sized to other GPU counts
-    # (--gpus-per-node), a node keeps the template's GPUs per switch.
+    # (--gpus-per-node), a node keeps at most the template's GPUs per switch.
     n_sw = intra.pcie_switches
     if gpus != node.gpus:
-        n_sw = max(1, min(gpus, round(intra.pcie_switches * gpus / node.gpus)))
+        n_sw = max(1, min(gpus, math.ceil(intra.pcie_switches * gpus / node.gpus - 1e-9)))
+    below = [i * n_sw // gpus for i in range(gpus)]  # each GPU's switch
     if not intra.p2p:
         # Without peer-to-peer a GPU's traffic goes to host memory and back, so the graph links
-        # each GPU to its socket; the GPUs below one switch still share its uplink, both ways.
-        homes = [cpus[i * intra.sockets // gpus] for i in range(gpus)]
+        # each GPU to its switch's socket; the GPUs below one switch share its uplink both ways
+        # (a GPU alone below its switch still crosses the uplink, which may be the slower link).
+        homes = [cpus[below[i] * intra.sockets // n_sw] for i in range(gpus)]
         for g, home in zip(gpu_names, homes, strict=True):
             parts.link(g, home, link)
         uplink = node.pcie or link
         for k in range(n_sw):
-            below = [i for i in range(gpus) if i * n_sw // gpus == k]
-            if len(below) < 2:
-                continue
+            members = [i for i in range(gpus) if below[i] == k]
+            if len(members) < 2 and uplink.bandwidth >= link.bandwidth:
+                continue  # nothing shared, nothing slower
             sw = f"n{n}.pcie{k}"
             for name, dirs in (
-                (f"{sw} uplink (to host)", [(gpu_names[i], homes[i]) for i in below]),
-                (f"{sw} uplink (from host)", [(homes[i], gpu_names[i]) for i in below]),
+                (f"{sw} uplink (to host)", [(gpu_names[i], homes[i]) for i in members]),
+                (f"{sw} uplink (from host)", [(homes[i], gpu_names[i]) for i in members]),
             ):
                 parts.shared.append(
                     SharedCapacity(name, uplink.kind, uplink.bandwidth, tuple(dirs))
@@ -212,7 +214,7 @@ def _pcie_tree(parts: Parts, n: int, node: NodeIn, gpu_names: list[str]) -> list
         sw = parts.device(f"n{n}.pcie{k}", "pcie_switch", node=n, index=k)
         parts.link(sw, cpus[k * intra.sockets // n_sw], node.pcie or link)
         switches.append(sw)
-    homes = [switches[i * n_sw // gpus] for i in range(gpus)]
+    homes = [switches[k] for k in below]
     for g, home in zip(gpu_names, homes, strict=True):
         parts.link(g, home, link)
     return homes

@@ -91,13 +91,19 @@ class Network:
             extra_cap.append(min(lk.duplex_bandwidth_bytes_per_s, both))
             self.link_names.append(f"{lk.a}<->{lk.b} (both directions)")
             self.link_kind.append(lk.kind)
+        self._n_couplings = len(extra_cap)
         # Capacities several link directions share (a no-P2P PCIe switch's uplink): one more
         # link each, crossed by every route that crosses one of its members.
-        direction = {
-            (self.devices[int(u)].name, self.devices[int(v)].name): k
-            for k, (u, v) in enumerate(zip(self.link_src, self.link_dst, strict=True))
-        }
+        direction = (
+            {
+                (self.devices[int(u)].name, self.devices[int(v)].name): k
+                for k, (u, v) in enumerate(zip(self.link_src, self.link_dst, strict=True))
+            }
+            if topology.shared
+            else {}
+        )
         self._shared: dict[int, list[int]] = {}
+        self._shared_members: list[list[int]] = []
         for g, sh in enumerate(topology.shared):
             members = []
             for a, b in sh.directions:
@@ -112,6 +118,7 @@ class Network:
             gid = n_links + len(extra_cap)
             for k in members:
                 self._shared.setdefault(k, []).append(gid)
+            self._shared_members.append(members)
             # Never more than its members carry together (a fault may have degraded them).
             extra_cap.append(
                 min(sh.bandwidth_bytes_per_s, float(self.capacity_bytes_per_s[members].sum()))
@@ -182,9 +189,8 @@ class Network:
         names = (self.devices[src].name, *(self.devices[int(h)].name for h in heads))
         coupled = self._coupling[hops]
         links = [*links, *(int(c) for c in coupled[coupled >= 0])]
-        if self._shared:
-            extra = dict.fromkeys(g for h in links[: len(hops)] for g in self._shared.get(h, ()))
-            links += list(extra)
+        if self._shared:  # once per member crossed: each crossing loads the shared capacity
+            links += [g for h in links[: len(hops)] for g in self._shared.get(h, ())]
         route = Route(tuple(int(x) for x in links), names, latency)
         self._routes[key] = route
         return route
@@ -281,6 +287,24 @@ class Network:
         heads = np.concatenate([self.link_dst, gpus[:half], [sink] * (len(gpus) - half)])
         caps = np.concatenate([cap, [big] * len(gpus)])
         n = self.n_vertices + 2
+        # A shared capacity whose members all end at one device (or all start at one) becomes a
+        # vertex its members pass through, joined to that device by the shared capacity.
+        shared_cap = self.capacity_bytes_per_s[self.n_directed_links + self._n_couplings :]
+        for members, total in zip(self._shared_members, shared_cap, strict=True):
+            m = np.asarray(members, dtype=np.int64)
+            hub, one = n, max(1, round(float(total) / unit))
+            if np.unique(self.link_dst[m]).size == 1:
+                heads[m] = hub
+                tails = np.r_[tails, hub]
+                heads = np.r_[heads, self.link_dst[m[0]]]
+            elif np.unique(self.link_src[m]).size == 1:
+                tails[m] = hub
+                tails = np.r_[tails, self.link_src[m[0]]]
+                heads = np.r_[heads, hub]
+            else:
+                continue  # members apart at both ends: not a cut a max-flow can express
+            caps = np.r_[caps, min(one, 2**31 - 1)]
+            n += 1
         graph = csr_matrix((caps, (tails, heads)), shape=(n, n))
         graph.sum_duplicates()
         graph.data = np.minimum(graph.data, 2**31 - 1).astype(np.int32)

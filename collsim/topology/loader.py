@@ -275,14 +275,33 @@ def _from_explicit(spec: ExplicitIn, file: str | None) -> Topology:
             )
         )
     shared = []
+    names: dict[str, int] = {}
     for i, sh in enumerate(spec.shared):
+        if sh.name in names:
+            raise TopologyError(
+                f"a second shared capacity of this name (first at shared.{names[sh.name]})",
+                field=f"shared.{i}.name",
+                value=sh.name,
+            )
+        names[sh.name] = i
+        seen_dirs: set[tuple[str, str]] = set()
         for j, (a, b) in enumerate(sh.directions):
-            if frozenset((a, b)) not in pairs or a == b:
+            for end in (a, b):
+                if end not in seen:
+                    hint = difflib.get_close_matches(end, list(seen), n=1)
+                    extra = f"; did you mean {hint[0]!r}?" if hint else ""
+                    raise TopologyError(
+                        f"not a listed device{extra}",
+                        field=f"shared.{i}.directions.{j}",
+                        value=end,
+                    )
+            if frozenset((a, b)) not in pairs or a == b or (a, b) in seen_dirs:
                 raise TopologyError(
-                    "a shared capacity's direction must follow a listed link (from, to)",
+                    "a shared capacity's direction must follow a listed link (from, to), once",
                     field=f"shared.{i}.directions.{j}",
                     value=[a, b],
                 )
+            seen_dirs.add((a, b))
         shared.append(
             SharedCapacity(sh.name, sh.kind, sh.bandwidth, tuple((a, b) for a, b in sh.directions))
         )

@@ -109,7 +109,8 @@ class SharedCapacity:
     kind: str
     bandwidth_bytes_per_s: float
     directions: tuple[tuple[str, str], ...]
-    """The ``(from device, to device)`` directions of links whose traffic it carries."""
+    """The ``(from device, to device)`` directions of links whose traffic it carries (a route
+    crossing two of them loads it twice)."""
 
 
 @dataclass(frozen=True)

@@ -144,3 +144,71 @@ def test_shared_capacities_follow_the_links_that_remain():
         ("n0.gpu0", "n0.cpu0"),
     )
     assert _keep_shared(dataclasses.replace(topo, links=())).shared == ()
+
+
+def test_sizing_keeps_gpus_per_switch_and_a_switch_on_one_socket():
+    """--gpus-per-node keeps at most the template's GPUs per switch (ceil), and a switch's GPUs
+    hang off that switch's socket (rtx3090: 8 GPUs, 4 switches, 2 sockets)."""
+
+    def groups(gpus):
+        topo = load_topology("rtx3090-8gpu-pcie", gpus_per_node=gpus)
+        return [sh.directions for sh in topo.shared if "to host" in sh.name]
+
+    assert groups(2) == [(("n0.gpu0", "n0.cpu0"), ("n0.gpu1", "n0.cpu0"))]
+    five = groups(5)  # 3 switches: 2 + 2 + 1 GPUs
+    assert [len(d) for d in five] == [2, 2]
+    assert [len(d) for d in groups(9)] == [2, 2, 2, 2]  # 5 switches, the last holds one
+    for dirs in groups(6):
+        assert len({cpu for _, cpu in dirs}) == 1  # never across sockets
+    assert Network(load_topology("rtx3090-8gpu-pcie", gpus_per_node=2)).gpu_route(0, 1).devices == (
+        "n0.gpu0",
+        "n0.cpu0",
+        "n0.gpu1",
+    )
+
+
+def test_a_gpu_alone_below_a_slower_uplink_still_crosses_it():
+    doc = yaml.safe_load((CATALOG_DIR / "rtx2080ti-2gpu-nop2p.yaml").read_text())
+    doc["node"]["intra"]["pcie_switches"] = 2
+    doc["node"]["intra"]["link"]["bandwidth"] = "31.5GB/s"
+    doc["node"]["pcie"] = {"kind": "pcie", "bandwidth": "15.75GB/s", "latency": "0.5us"}
+    topo = topology_from_dict(doc)
+    assert [len(sh.directions) for sh in topo.shared] == [1, 1, 1, 1]
+    for engine in ("analytic", "des"):
+        assert busbw_gbps(topo, "broadcast", "chain", engine) == pytest.approx(15.75, rel=0.01)
+
+
+def test_bisection_counts_a_shared_uplink():
+    assert describe(box())["bisection_bandwidth_gbps"] == pytest.approx(15.75)
+    # GPUs 0, 1 below one switch, 2, 3 below the other: one uplink each way is the cut
+    assert describe(box(gpus=4, switches=2))["bisection_bandwidth_gbps"] == pytest.approx(15.75)
+    assert describe(box(gpus=4, switches=4))["bisection_bandwidth_gbps"] == pytest.approx(31.5)
+
+
+def test_explicit_shared_names_and_devices_are_checked():
+    doc = yaml.safe_load(to_explicit_yaml(box()))
+    twice = yaml.safe_load(to_explicit_yaml(box()))
+    twice["shared"][1]["name"] = twice["shared"][0]["name"]
+    with pytest.raises(TopologyError, match=r"shared\.1\.name.*second shared capacity"):
+        topology_from_dict(twice)
+    doc["shared"][0]["directions"][0] = ["n0.gpu9", "n0.cpu0"]
+    with pytest.raises(TopologyError, match=r"not a listed device; did you mean 'n0\.gpu"):
+        topology_from_dict(doc)
+    again = yaml.safe_load(to_explicit_yaml(box()))
+    again["shared"][0]["directions"].append(["n0.gpu0", "n0.cpu0"])
+    with pytest.raises(TopologyError, match=r"shared\.0\.directions\.2.*once"):
+        topology_from_dict(again)
+
+
+def test_a_route_crossing_two_members_loads_the_capacity_twice():
+    """Explicit: one capacity over both directions of GPU 0's cable (its uplink, both ways)."""
+    doc = yaml.safe_load(to_explicit_yaml(box()))
+    doc["shared"] = [
+        {"name": "both", "kind": "pcie", "bandwidth": "15.75GB/s",
+         "directions": [["n0.gpu0", "n0.cpu0"], ["n0.cpu0", "n0.gpu1"]]}
+    ]  # fmt: skip
+    topo = topology_from_dict(doc)
+    net = Network(topo)
+    assert net.gpu_route(0, 1).links[-2:] == (net.n_directed_links,) * 2
+    for engine in ("analytic", "des"):
+        assert busbw_gbps(topo, "broadcast", "chain", engine) == pytest.approx(7.875, rel=0.01)
