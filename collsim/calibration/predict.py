@@ -6,7 +6,9 @@ algorithms (ring and tree all-reduce, NVLS where the switch reduces, ring all-ga
 reduce-scatter, chain broadcast / reduce, point-to-point all-to-all and send/receive; NCCL,
 ``src/enqueue.cc`` ``topoGetAlgoInfo``), honouring the ``NCCL_ALGO`` / ``NCCL_PROTO`` /
 ``NCCL_TREE_THRESHOLD`` / ``NCCL_{MIN,MAX}_NCHANNELS`` settings the log records (NCCL's
-``docs/env.rst``), so a log measured with ``NCCL_ALGO=Ring`` is predicted with the ring.
+``docs/env.rst``), so a log measured with ``NCCL_ALGO=Ring`` is predicted with the ring; and LL128
+only where NCCL enables it by default (:meth:`collsim.model.analytic.AnalyticModel.enabled`) or the
+log's ``NCCL_PROTO`` names it.
 
 :func:`topology_for_log` builds the measured system: the ranks (and nodes, where known) come
 from the log, ``--nodes`` / ``--gpus-per-node`` override, and a rank count the topology cannot
@@ -121,6 +123,14 @@ def constraints(env: dict[str, str], collective: str) -> Constraints:
     hi = _int_env(env, "NCCL_MAX_NCHANNELS", max(CHANNELS))
     channels = tuple(c for c in CHANNELS if lo <= c <= hi) or (max(1, min(hi, max(CHANNELS))),)
     return Constraints(algos, protos, channels)
+
+
+def _asked_for_ll128(env: dict[str, str]) -> bool:
+    """``NCCL_PROTO`` names LL128 (not negated)."""
+    if "NCCL_PROTO" not in env:
+        return False
+    names, neg = _env_list(env["NCCL_PROTO"])
+    return "ll128" in names and not neg
 
 
 def _int_env(env: dict[str, str], key: str, default: int) -> int:
@@ -250,6 +260,9 @@ class ScaledModel:
     def launch_floor_s(self) -> float:
         return self.model.params.launch_floor_s + self.scale.launch_floor_s
 
+    def enabled(self, collective: str, algorithm: str, protocol: str, channels: int = 1) -> bool:
+        return bool(self.model.enabled(collective, algorithm, protocol, channels))
+
 
 class Predictor:
     """Per-row predictions of logs on one system under one parameter set (or NCCL's model)."""
@@ -305,7 +318,9 @@ class Predictor:
 
         cons = constraints(env or {}, collective)
         channels = (1,) if self.model_name == "nccl" else cons.channels
-        tuner = Tuner(self.model, protocols=cons.protocols, channels=channels)
+        # NCCL_PROTO naming LL128 enables it wherever it can run, past NCCL's defaults.
+        forced = self.model_name == "collsim" and _asked_for_ll128(env or {})
+        tuner = Tuner(self.model, protocols=cons.protocols, channels=channels, defaults=not forced)
         result = tuner.tune(
             collective,
             np.asarray(sizes_bytes, dtype=np.int64),

@@ -79,7 +79,9 @@ LIMITATIONS = (
     "- *cross-scale from one node*: a single-node fit says nothing about the network, whose "
     "parameters stay at their datasheet values when predicting two nodes; h100-snellius-1n4g's "
     "mid sizes also put its fixed cost in the per-call base rather than the launch floor, so the "
-    "network's hops add to it at two nodes (predicted 27 us, measured 16-18 us).",
+    "network's hops add to it at two nodes (predicted 27 us, measured 16-18 us); the two "
+    "2-GPU rtx4090 runs disagree with each other 1.7x (busbw 2.2 vs 3.7 GB/s), so their fit "
+    "predicts the 4-GPU runs ~30% fast at large sizes.",
     "",
     "Mechanisms fixed since the first report (each moved the numbers above): chain and tree "
     "broadcast/reduce now pipeline (every edge sends its chunks in order; superbench broadcast "
@@ -95,7 +97,11 @@ LIMITATIONS = (
     "fraction of their datasheet rate NCCL's topology model expects (busbw within 20%: 8 -> 20 "
     "of 36 logs); GPUs without P2P below one PCIe switch share its uplink to host memory "
     "(2080ti uncalibrated busbw error at >= 256 MiB: all_reduce 200% -> 50%, broadcast "
-    "cross-collective 82% -> 18%).",
+    "cross-collective 82% -> 18%); the tuner offers LL128 only where NCCL enables it by default "
+    "(NVLink, compute capability 7.0/8.0/9.0; uncalibrated median 33.2% -> 32.9%; on "
+    "PCIe-only systems LL128 had been standing in for what the LL/Simple model lacks there: "
+    "cross-size median 9.7% -> 10.1%, and the rtx4090 2-GPU fit now predicts its 4-GPU small "
+    "messages ~8 us slow, cross-scale 22.9% -> 25.4%).",
 )
 
 

@@ -27,6 +27,7 @@ elements, and for all_gather / reduce_scatter / alltoall a multiple of the rank 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -219,6 +220,26 @@ class AnalyticModel:
     @property
     def launch_floor_s(self) -> float:
         return self.params.launch_floor_s
+
+    def enabled(self, collective: str, algorithm: str, protocol: str, channels: int = 1) -> bool:
+        """Whether NCCL would consider ``protocol`` here by default (the tuner's candidates; an
+        explicit ``predict`` still times any protocol). LL128 only with NVLink between the GPUs
+        and on compute capability 7.0, 8.0 or 9.0: NCCL ``src/graph/tuning.cc``, "Enable LL128 by
+        default only on Volta/Ampere/Hopper+NVLink. Other cases are not tested and may cause
+        silent data corruption"; elsewhere NCCL runs LL and Simple."""
+        return str(protocol).upper() != "LL128" or self.ll128_default
+
+    @cached_property
+    def ll128_default(self) -> bool:
+        """NCCL enables LL128 by default on this system (see :meth:`enabled`)."""
+        from collsim.model.mapping import intra_inter_bandwidth
+        from collsim.model.nccl import compute_capability
+        from collsim.topology.fabric import TopologyFabric
+
+        network = getattr(self.fabric, "network", None)  # every GPU, not just this group's
+        whole = TopologyFabric(network) if network is not None else None
+        _, _, nvlink = intra_inter_bandwidth(self.topology, whole)
+        return nvlink and compute_capability(self.topology.gpu.model) in (70, 80, 90)
 
 
 def _rd(costs: FlowCosts, collective: str, n: int, channels: int) -> Oracle:

@@ -114,13 +114,17 @@ class Tuner:
         *,
         protocols: tuple[str, ...] = PROTOCOL_ORDER,
         channels: tuple[int, ...] = CHANNEL_OPTIONS,
+        defaults: bool = True,
     ) -> None:
         self.model = model
         self.protocols = protocols
         self.channels = channels
+        self.defaults = defaults
+        """Keep to what NCCL enables by default (the model's ``enabled``, e.g. LL128 only on
+        NVLink systems); false where the user enabled protocols explicitly (``NCCL_PROTO``)."""
 
     def _enabled(self, collective: str, choice: Choice) -> bool:
-        check = getattr(self.model, "enabled", None)
+        check = getattr(self.model, "enabled", None) if self.defaults else None
         return True if check is None else bool(check(collective, choice.algorithm, choice.protocol))
 
     def tune(
@@ -207,7 +211,8 @@ def tuned_algorithms(
     protocol: str,
     channels: int,
 ) -> list[str]:
-    """The fastest algorithm per size with protocol and channels fixed (``simulate -a auto``)."""
-    tuner = Tuner(model, protocols=(protocol,), channels=(channels,))
+    """The fastest algorithm per size with protocol and channels fixed (``simulate -a auto``;
+    the protocol is the user's, so it runs even where NCCL would not pick it by default)."""
+    tuner = Tuner(model, protocols=(protocol,), channels=(channels,), defaults=False)
     result = tuner.tune(collective, sizes_bytes, elem_bytes=elem_bytes)
     return [result.choice_at(i).algorithm for i in range(len(sizes_bytes))]

@@ -125,3 +125,27 @@ def test_vectorised_evaluation_is_fast():
     t0 = time.perf_counter()
     model.predict("all_reduce", "ring", sizes)
     assert time.perf_counter() - t0 < 1.0  # >= 200k points/s even on a slow CI machine
+
+
+def test_ll128_only_where_nccl_enables_it_by_default():
+    """NCCL enables LL128 by default only on NVLink systems of compute capability 7.0/8.0/9.0
+    (tuning.cc): the tuner keeps to that; an explicit protocol (or NCCL_PROTO) still runs it."""
+    sizes = [1 << 10, 1 << 16, 1 << 20, 1 << 24]
+    systems = [("dgx-a100", True), ("a100-pcie-2gpu", False), ("rtx4090-4gpu-pcie", False),
+               ("rtx2080ti-2gpu-nop2p", False)]  # fmt: skip
+    for name, expected in systems:
+        model = AnalyticModel(load_topology(name))
+        assert model.enabled("all_reduce", "ring", "LL128") is expected
+        assert model.enabled("all_reduce", "ring", "LL") and model.enabled(
+            "all_reduce", "ring", "Simple"
+        )
+        picked = {c.protocol for c in Tuner(model).tune("all_reduce", sizes).choices}
+        assert ("LL128" in picked) is expected
+        assert np.all(np.isfinite(model.predict("all_reduce", "ring", sizes, protocol="LL128")))
+    from collsim.calibration.predict import Predictor
+
+    pcie = Predictor(load_topology("a100-pcie-2gpu"))
+    _, default = pcie.predict("all_reduce", np.array(sizes))
+    _, forced = pcie.predict("all_reduce", np.array(sizes), env={"NCCL_PROTO": "LL128"})
+    assert not any("LL128" in label for label in default)
+    assert all("/LL128/" in label for label in forced)
