@@ -223,23 +223,21 @@ class AnalyticModel:
 
     def enabled(self, collective: str, algorithm: str, protocol: str, channels: int = 1) -> bool:
         """Whether NCCL would consider ``protocol`` here by default (the tuner's candidates; an
-        explicit ``predict`` still times any protocol). LL128 only with NVLink between the GPUs
-        and on compute capability 7.0, 8.0 or 9.0: NCCL ``src/graph/tuning.cc``, "Enable LL128 by
-        default only on Volta/Ampere/Hopper+NVLink. Other cases are not tested and may cause
-        silent data corruption"; elsewhere NCCL runs LL and Simple."""
+        explicit ``predict`` still times any protocol): LL128 only where
+        :func:`collsim.model.nccl.ll128_by_default` says; elsewhere NCCL runs LL and Simple."""
         return str(protocol).upper() != "LL128" or self.ll128_default
 
     @cached_property
     def ll128_default(self) -> bool:
         """NCCL enables LL128 by default on this system (see :meth:`enabled`)."""
         from collsim.model.mapping import intra_inter_bandwidth
-        from collsim.model.nccl import compute_capability
+        from collsim.model.nccl import compute_capability, ll128_by_default
         from collsim.topology.fabric import TopologyFabric
 
         network = getattr(self.fabric, "network", None)  # every GPU, not just this group's
         whole = TopologyFabric(network) if network is not None else None
         _, _, nvlink = intra_inter_bandwidth(self.topology, whole)
-        return nvlink and compute_capability(self.topology.gpu.model) in (70, 80, 90)
+        return ll128_by_default(nvlink, compute_capability(self.topology.gpu.model))
 
 
 def _rd(costs: FlowCosts, collective: str, n: int, channels: int) -> Oracle:

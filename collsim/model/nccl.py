@@ -210,6 +210,13 @@ def compute_capability(gpu_model: str) -> int:
     return 80
 
 
+def ll128_by_default(nvlink: bool, comp_cap: int) -> bool:
+    """NCCL enables LL128 by default only with NVLink between the GPUs and on compute capability
+    7.0, 8.0 or 9.0 (``tuning.cc``: "Enable LL128 by default only on Volta/Ampere/Hopper+NVLink.
+    Other cases are not tested and may cause silent data corruption")."""
+    return nvlink and comp_cap in (70, 80, 90)
+
+
 def inputs_from_topology(topology: Topology, n_channels: int) -> NcclInputs:
     """Map a collsim topology onto NCCL's tuning inputs.
 
@@ -232,7 +239,7 @@ def inputs_from_topology(topology: Topology, n_channels: int) -> NcclInputs:
         bw_intra_gbps=intra_bps / 1e9 / n_channels,
         bw_inter_gbps=(inter_bps if inter_bps > 0 else intra_bps) / 1e9 / n_channels,
         intra_nvlink=nvlink,
-        ll128_enabled=nvlink and cc in (70, 80, 90),
+        ll128_enabled=ll128_by_default(nvlink, cc),
     )
 
 
@@ -328,6 +335,7 @@ __all__ = [
     "algo_time_us",
     "compute_capability",
     "inputs_from_topology",
+    "ll128_by_default",
     "tune_table",
     "with_channels",
 ]

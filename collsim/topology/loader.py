@@ -247,13 +247,7 @@ def _from_explicit(spec: ExplicitIn, file: str | None) -> Topology:
     pairs: dict[frozenset[str], int] = {}
     for i, lk in enumerate(spec.links):
         for end in ("a", "b"):
-            name = getattr(lk, end)
-            if name not in seen:
-                hint = difflib.get_close_matches(name, list(seen), n=1)
-                extra = f"; did you mean {hint[0]!r}?" if hint else ""
-                raise TopologyError(
-                    f"link end is not a listed device{extra}", field=f"links.{i}.{end}", value=name
-                )
+            _listed(getattr(lk, end), seen, "link end is not a listed device", f"links.{i}.{end}")
         if lk.a == lk.b:
             raise TopologyError("a link must join two devices", field=f"links.{i}.b", value=lk.b)
         pair = frozenset((lk.a, lk.b))
@@ -274,6 +268,45 @@ def _from_explicit(spec: ExplicitIn, file: str | None) -> Topology:
                 duplex_bandwidth_bytes_per_s=lk.duplex_bandwidth,
             )
         )
+    shared = _explicit_shared(spec, seen, pairs)
+    gpus = [d for d in devices if d.kind == "gpu"]
+    if not gpus:
+        raise TopologyError(
+            "an explicit graph needs at least one device of kind gpu", field="devices"
+        )
+    node_ids = {d.node for d in gpus}
+    per_node = max(sum(1 for d in gpus if d.node == n) for n in node_ids)
+    return Topology(
+        name=spec.name,
+        gpu=_gpu_model(spec.gpu),
+        devices=tuple(devices),
+        links=tuple(links),
+        shared=shared,
+        nodes=len(node_ids),
+        gpus_per_node=per_node,
+        description=spec.description,
+        intra_fabric="explicit",
+        inter_fabric="explicit",
+        source_file=file,
+        is_template=False,
+        default_nodes=len(node_ids),
+        sources=_sources(spec),
+    )
+
+
+def _listed(name: str, devices: dict[str, int], what: str, field: str) -> None:
+    """Raise, with a "did you mean", unless ``name`` is a listed device."""
+    if name not in devices:
+        hint = difflib.get_close_matches(name, list(devices), n=1)
+        extra = f"; did you mean {hint[0]!r}?" if hint else ""
+        raise TopologyError(f"{what}{extra}", field=field, value=name)
+
+
+def _explicit_shared(
+    spec: ExplicitIn, devices: dict[str, int], pairs: dict[frozenset[str], int]
+) -> tuple[SharedCapacity, ...]:
+    """The ``shared:`` capacities of an explicit graph: unique names, each direction along a
+    listed link, once."""
     shared = []
     names: dict[str, int] = {}
     for i, sh in enumerate(spec.shared):
@@ -287,14 +320,7 @@ def _from_explicit(spec: ExplicitIn, file: str | None) -> Topology:
         seen_dirs: set[tuple[str, str]] = set()
         for j, (a, b) in enumerate(sh.directions):
             for end in (a, b):
-                if end not in seen:
-                    hint = difflib.get_close_matches(end, list(seen), n=1)
-                    extra = f"; did you mean {hint[0]!r}?" if hint else ""
-                    raise TopologyError(
-                        f"not a listed device{extra}",
-                        field=f"shared.{i}.directions.{j}",
-                        value=end,
-                    )
+                _listed(end, devices, "not a listed device", f"shared.{i}.directions.{j}")
             if frozenset((a, b)) not in pairs or a == b or (a, b) in seen_dirs:
                 raise TopologyError(
                     "a shared capacity's direction must follow a listed link (from, to), once",
@@ -305,29 +331,7 @@ def _from_explicit(spec: ExplicitIn, file: str | None) -> Topology:
         shared.append(
             SharedCapacity(sh.name, sh.kind, sh.bandwidth, tuple((a, b) for a, b in sh.directions))
         )
-    gpus = [d for d in devices if d.kind == "gpu"]
-    if not gpus:
-        raise TopologyError(
-            "an explicit graph needs at least one device of kind gpu", field="devices"
-        )
-    node_ids = {d.node for d in gpus}
-    per_node = max(sum(1 for d in gpus if d.node == n) for n in node_ids)
-    return Topology(
-        name=spec.name,
-        gpu=_gpu_model(spec.gpu),
-        devices=tuple(devices),
-        links=tuple(links),
-        shared=tuple(shared),
-        nodes=len(node_ids),
-        gpus_per_node=per_node,
-        description=spec.description,
-        intra_fabric="explicit",
-        inter_fabric="explicit",
-        source_file=file,
-        is_template=False,
-        default_nodes=len(node_ids),
-        sources=_sources(spec),
-    )
+    return tuple(shared)
 
 
 def check_connected(topo: Topology) -> None:
