@@ -21,6 +21,7 @@ the same, so the first group of a shape stands for all of them.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -68,16 +69,18 @@ def group_layout(topology: Topology, gpus: Sequence[str]) -> RankLayout:
     return RankLayout(nranks=len(gpus), ranks_per_node=rpn, grid=grid)
 
 
-_WHERE: dict[int, dict[str, tuple[int, int]]] = {}
+_WHERE: dict[int, tuple[weakref.ref[Topology], dict[str, tuple[int, int]]]] = {}
 
 
 def _where(topology: Topology) -> dict[str, tuple[int, int]]:
+    """(node, local index) of every GPU, cached per topology object. Keyed by ``id`` with a weak
+    reference to check it: a freed topology's id is reused by new objects."""
     key = id(topology)
-    if key not in _WHERE:
-        _WHERE[key] = {
-            g.name: (g.node if g.node is not None else 0, g.index) for g in topology.gpus
-        }
-    return _WHERE[key]
+    hit = _WHERE.get(key)
+    if hit is None or hit[0]() is not topology:
+        where = {g.name: (g.node if g.node is not None else 0, g.index) for g in topology.gpus}
+        hit = _WHERE[key] = (weakref.ref(topology), where)
+    return hit[1]
 
 
 def group_shape(topology: Topology, gpus: Sequence[str]) -> tuple[Any, ...]:

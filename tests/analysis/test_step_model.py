@@ -164,3 +164,18 @@ def test_timer_caches_groups_of_the_same_shape():
     b = timer.time_s("all_reduce", [f"n1.gpu{i}" for i in range(8)], 1 << 24)
     assert a == b and timer.evaluations == 1
     assert timer.time_s("all_reduce", ["n0.gpu0"], 1 << 24) == 0.0
+
+
+def test_group_shapes_survive_a_freed_topologys_id_being_reused():
+    """The GPU map is cached per topology object: a new topology that gets a freed one's id
+    (other node counts, other GPU names) must not see the old map."""
+    import gc
+
+    from collsim.analysis.comm import group_shape
+
+    for i in range(300):
+        topo = load_topology("dgx-h100", nodes=1 + i % 3)
+        gpus = [g.name for g in topo.gpus]
+        assert group_shape(topo, gpus)[:3] == (len(gpus), tuple(range(8)), topo.nodes)
+        del topo
+        gc.collect()
