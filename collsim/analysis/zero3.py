@@ -38,10 +38,11 @@ from typing import Any
 from collsim.analysis.layout import Groups, Layout
 from collsim.analysis.transformer import is_moe_layer
 from collsim.analysis.workload import DTYPE_BYTES, WorkloadIn
+from collsim.model.params import HOST_LAUNCH_S
 
 Coll = Callable[[str, list[str], float, str], float]
 
-LIST_COPY_S = 5e-6
+LIST_COPY_S = HOST_LAUNCH_S
 """Seconds per output tensor of a list all-gather (``torch.distributed.all_gather(list, t)``,
 what DeepSpeed's ZeRO-3 called per parameter in 2021): PyTorch's NCCL backend gathers into a
 flat buffer, then copies it into the ``n`` output tensors one ``copy_`` launch at a time on the

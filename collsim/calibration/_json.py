@@ -38,6 +38,7 @@ class Facts:
     env: dict[str, str] = field(default_factory=dict)
     avg_busbw: float | None = None
     oob: tuple[int, str] | None = None
+    gpus_per_thread: int | None = None
     legacy: bool = False
     json: bool = False
     notes: list[str] = field(default_factory=list)
@@ -53,6 +54,7 @@ class Facts:
             env=dict(s.env),
             avg_busbw=s.avg_busbw,
             oob=s.oob,
+            gpus_per_thread=s.threads_gpus[1] if s.threads_gpus else None,
             legacy=s.columns.legacy,
         )
         if s.devices:
@@ -105,8 +107,9 @@ def read(text: str, file: str) -> tuple[Facts, list[Draft]]:
     facts = Facts(json=True, library_code=doc.get("nccl_version"))
     args = doc.get("args") or []
     facts.collective = str(args[0]) if args else None
+    facts.gpus_per_thread = int(config.get("ngpus", 1))
     if devices:
-        per_process = int(config.get("nthreads", 1)) * int(config.get("ngpus", 1))
+        per_process = int(config.get("nthreads", 1)) * facts.gpus_per_thread
         facts.ranks, facts.ranks_source = len(devices) * per_process, "devices"
         facts.hosts = list(dict.fromkeys(str(d.get("hostname")) for d in devices))
         facts.gpu = " / ".join(dict.fromkeys(str(d.get("device_info")) for d in devices))

@@ -2,7 +2,8 @@
 
 The parameters (:mod:`collsim.model.profile`): a bandwidth efficiency (achieved / datasheet, for
 every link and the GPU memory), a latency scale (every route, switch and per-hop protocol
-latency), a base latency per call and the host's launch floor under back-to-back calls, a
+latency), a base latency per call and the host's launch floor under back-to-back calls (one
+launch's cost: a host thread that drives several GPUs, nccl-tests ``-g``, pays it per GPU), a
 size-dependent bandwidth efficiency at three fixed sizes (64 KiB, 1 MiB, 16 MiB; 1 from 256 MiB
 on, interpolated in log2 size), where the logs cross both intra-node links and the network, the
 network's bandwidth and latency relative to intra-node, and where the logs hold both one-way
@@ -55,9 +56,9 @@ BOUNDS = {"eff": (0.02, 1.2), "lat": (0.05, 50.0), "base": (0.0, 1000.0),
           "floor": (0.0, 1000.0), "size": (0.05, 2.0),
           "rel": (0.05, 5.0), "rel_lat": (0.05, 5.0), "duplex": (0.5, 1.0)}  # fmt: skip
 ONE_WAY = frozenset({"broadcast", "reduce"})
+"""Collectives whose traffic crosses each link one way; the others load both directions."""
 DUPLEX_CLASSES = (1, 2)
 """Link classes (pci, net) whose duplex efficiency is fitted; NVLink stays full duplex."""
-"""Collectives whose traffic crosses each link one way; the others load both directions."""
 START_POINTS = ((0.8, 1.0), (0.5, 0.3), (1.0, 3.0))
 """(bandwidth efficiency, latency scale) starts; the best fit wins (the tuner's choices make the
 cost piecewise smooth, with local minima)."""
@@ -194,7 +195,13 @@ class _Problem:
         out = []
         for model, s in zip(self.models(x), self.samples, strict=True):
             pred = Predictor.wrap(ScaledModel(model, scale))
-            t, _ = pred.predict(s.log.collective, s.sizes, env=s.env, elem=elem_bytes(s.log))
+            t, _ = pred.predict(
+                s.log.collective,
+                s.sizes,
+                env=s.env,
+                elem=elem_bytes(s.log),
+                gpus_per_thread=s.log.gpus_per_thread,
+            )
             out.append(t)
         return out
 
@@ -260,16 +267,21 @@ def fit_samples(
     samples = sorted(samples, key=lambda s: (-s.topology.n_gpus, s.name))
     classes = sorted({k for s in samples for k in classes_used(s.topology)})
     prob = _Problem(samples, classes, base)
-    smallest_us = min(float(s.measured_s.min()) for s in samples) * 1e6
-    # The floor starts at the smallest time measured, the base at none: what both explain
-    # (only the smallest sizes) goes to the host's launch floor, which carries over to
-    # collectives of other step counts unchanged (the per-step latencies keep their prior).
-    starts = [np.r_[eff, lat, 0.0, smallest_us, [1.0] * len(SIZE_KNOTS_BYTES)]
+    # The floor starts at the smallest time measured (per launch: a thread driving g GPUs
+    # issues g), the base at none: what both explain (only the smallest sizes) goes to the
+    # host's launch floor, which carries over to collectives of other step counts unchanged
+    # (the per-step latencies keep their prior).
+    floor_us = min(float(s.measured_s.min()) / s.log.gpus_per_thread for s in samples) * 1e6
+    starts = [np.r_[eff, lat, 0.0, floor_us, [1.0] * len(SIZE_KNOTS_BYTES)]
               for eff, lat in START_POINTS]  # fmt: skip
     extra = [1.0] * (len(prob.kinds) - len(starts[0]))  # network ratios, duplex: datasheet
     starts = [np.r_[x0, extra] for x0 in starts]
     if prob.split:  # the network ratios rebuild the model at every step: one start
         starts = starts[:1]
+    # Base and floor move on the scale of the smallest time (the floor per launch).
+    kinds = np.array(prob.kinds)
+    x_scale = np.where(kinds == "base", max(1.0, prob.smallest_us), 1.0)
+    x_scale = np.where(kinds == "floor", max(1.0, floor_us), x_scale)
     lo = np.array([BOUNDS[k][0] for k in prob.kinds])
     hi = np.array([BOUNDS[k][1] for k in prob.kinds])
     result = None
@@ -282,7 +294,7 @@ def fit_samples(
             loss="cauchy",
             f_scale=LOSS_SCALE,
             diff_step=1e-3,
-            x_scale=np.where(np.isin(prob.kinds, ["base", "floor"]), max(1.0, x0[3]), 1.0),
+            x_scale=x_scale,
             max_nfev=max_nfev,
             method="trf",
         )
@@ -293,7 +305,11 @@ def fit_samples(
     exact = Profile(prob.doc(x)).params(base)  # the error reported is the profile's own
     preds = [
         Predictor(s.topology, exact).predict(
-            s.log.collective, s.sizes, env=s.env, elem=elem_bytes(s.log)
+            s.log.collective,
+            s.sizes,
+            env=s.env,
+            elem=elem_bytes(s.log),
+            gpus_per_thread=s.log.gpus_per_thread,
         )[0]
         for s in samples
     ]

@@ -59,6 +59,10 @@ class NcclTestsLog:
     nccl_tests_version: str | None = None
     ranks_source: str = ""
     nodes_source: str = ""
+    gpus_per_thread: int = 1
+    """GPUs one host thread drives (nccl-tests ``-g``; 1 where the log does not say): the
+    thread issues each call to all of them in turn, so calls follow each other no faster than
+    that many launches (:attr:`collsim.model.params.ModelParams.launch_floor_s`)."""
 
     @property
     def gpus_per_node(self) -> int | None:
@@ -214,6 +218,7 @@ def _build(
         nccl_tests_version=sec.tests_version,
         ranks_source=ranks_source,
         nodes_source=nodes_source,
+        gpus_per_thread=sec.gpus_per_thread or 1,
     )
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from collsim.calibration.nccltests import NcclTestsLog
 from collsim.errors import CalibrationError, CollsimError
-from collsim.model.params import DEFAULT_PARAMS, ModelParams
+from collsim.model.params import DEFAULT_PARAMS, HOST_LAUNCH_S, ModelParams
 from collsim.topology.spec import Topology
 
 NCCL_ALGORITHMS: dict[str, tuple[str, ...]] = {
@@ -76,6 +76,7 @@ def uncalibrated_params() -> ModelParams:
     return dataclasses.replace(
         DEFAULT_PARAMS,
         base_latency_s=NCCL_BASE_LATENCY_S,
+        launch_floor_s=HOST_LAUNCH_S,
         bandwidth_efficiency=NCCL_ACHIEVABLE_FRACTION,
         source="uncalibrated: datasheet links at NCCL's achievable fraction, NCCL hwLat per hop, "
         "NCCL baseLat per launch",
@@ -264,6 +265,29 @@ class ScaledModel:
         return bool(self.model.enabled(collective, algorithm, protocol, channels))
 
 
+class HostThread:
+    """A model as seen by one host thread that issues every call to ``gpus`` GPUs in turn
+    (nccl-tests ``-g``, a process per node): calls then follow each other no faster than ``gpus``
+    launches, so the launch floor -- one launch's host cost -- counts ``gpus`` times. Everything
+    else is the wrapped model's."""
+
+    def __init__(self, model: Any, gpus: int) -> None:
+        self.model = model
+        self.gpus = gpus
+        self.nranks = model.nranks
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    @property
+    def launch_floor_s(self) -> float:
+        return float(getattr(self.model, "launch_floor_s", 0.0)) * self.gpus
+
+    def predict(self, *args: Any, floor: bool = True, **kwargs: Any) -> np.ndarray:
+        t = self.model.predict(*args, floor=False, **kwargs)
+        return np.maximum(self.launch_floor_s, t) if floor else t
+
+
 class Predictor:
     """Per-row predictions of logs on one system under one parameter set (or NCCL's model)."""
 
@@ -312,15 +336,18 @@ class Predictor:
         *,
         env: dict[str, str] | None = None,
         elem: int = 4,
+        gpus_per_thread: int = 1,
     ) -> tuple[np.ndarray, list[str]]:
-        """(predicted seconds, chosen 'algorithm/protocol/Nch' label) per size."""
+        """(predicted seconds, chosen 'algorithm/protocol/Nch' label) per size, with one host
+        thread issuing each call to ``gpus_per_thread`` GPUs (:class:`HostThread`)."""
         from collsim.model.tuner import Tuner
 
         cons = constraints(env or {}, collective)
         channels = (1,) if self.model_name == "nccl" else cons.channels
         # NCCL_PROTO naming LL128 enables it wherever it can run, past NCCL's defaults.
         forced = self.model_name == "collsim" and _asked_for_ll128(env or {})
-        tuner = Tuner(self.model, protocols=cons.protocols, channels=channels, defaults=not forced)
+        model = self.model if gpus_per_thread == 1 else HostThread(self.model, gpus_per_thread)
+        tuner = Tuner(model, protocols=cons.protocols, channels=channels, defaults=not forced)
         result = tuner.tune(
             collective,
             np.asarray(sizes_bytes, dtype=np.int64),
@@ -336,5 +363,11 @@ class Predictor:
         """(sizes, measured s, predicted s, choices) for the timed rows of ``log``."""
         sizes, measured = measured_points(log)
         merged = {**(env or {}), **log.nccl_env}
-        pred, labels = self.predict(log.collective, sizes, env=merged, elem=elem_bytes(log))
+        pred, labels = self.predict(
+            log.collective,
+            sizes,
+            env=merged,
+            elem=elem_bytes(log),
+            gpus_per_thread=log.gpus_per_thread,
+        )
         return sizes, measured, pred, labels

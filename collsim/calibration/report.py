@@ -78,8 +78,10 @@ LIMITATIONS = (
     "through the CPUs and comes out 2x slow).",
     "- *cross-scale from one node*: a single-node fit says nothing about the network, whose "
     "parameters stay at their datasheet values when predicting two nodes; h100-snellius-1n4g's "
-    "mid sizes also put its fixed cost in the per-call base rather than the launch floor, so the "
-    "network's hops add to it at two nodes (predicted 27 us, measured 16-18 us); the two "
+    "mid sizes (t ~ 17 us + S / 230 GB/s from 128 KiB to 1 MiB) also put its fixed cost in the "
+    "per-call base (16.8 us) rather than the launch floor (4 x 4.3 us: one process drove the "
+    "four GPUs, the two-node runs one process per GPU), so the network's hops add to it at two "
+    "nodes (predicted 27 us, measured 16-18 us); the two "
     "2-GPU rtx4090 runs disagree with each other 1.7x (busbw 2.2 vs 3.7 GB/s), so their fit "
     "predicts the 4-GPU runs ~30% fast at large sizes.",
     "",
@@ -101,7 +103,13 @@ LIMITATIONS = (
     "(NVLink, compute capability 7.0/8.0/9.0; uncalibrated median 33.2% -> 32.9%; on "
     "PCIe-only systems LL128 had been standing in for what the LL/Simple model lacks there: "
     "cross-size median 9.7% -> 10.1%, and the rtx4090 2-GPU fit now predicts its 4-GPU small "
-    "messages ~8 us slow, cross-scale 22.9% -> 25.4%).",
+    "messages ~8 us slow, cross-scale 22.9% -> 25.4%); the launch floor counts once per GPU "
+    "the host thread drives (nccl-tests -g: the thread issues each call to every GPU in turn; "
+    "fitted per-launch floors 4.3-5.3 us on the five systems measured with one process for "
+    "all GPUs) and the uncalibrated model takes 5 us per launch a priori (uncalibrated median "
+    "32.9% -> 29.0%, mean 37.3% -> 34.8%; superbench and DGX H100 all_gather / reduce_scatter "
+    "23-35% -> 7-21%; all_reduce on those systems 7-11% -> 11-13%, as its ring already spent "
+    "that time in per-step latencies).",
 )
 
 
@@ -288,7 +296,8 @@ def markdown(rep: Report, plots: dict[str, str]) -> str:
         "",
         "Modes: (a) catalog topology, datasheet link latencies and rates at the fraction NCCL's "
         "own topology model expects of them (NVLink 0.8, PCIe 0.76, network 1; NCCL "
-        "src/graph/topo.h), NCCL's per-hop and launch latencies; (b) one profile per system "
+        "src/graph/topo.h), NCCL's per-hop and launch latencies, and a host launch floor of 5 us "
+        "per GPU the measuring thread drives (a priori); (b) one profile per system "
         "fitted on all its logs; (c) fitted on the "
         "system's all_reduce logs, predicting its other collectives; (d) fitted on rows <= 64 MiB, "
         "predicting the larger rows; (e) fitted on a topology's logs at the fewest ranks, "
@@ -311,7 +320,7 @@ def markdown(rep: Report, plots: dict[str, str]) -> str:
         lines.append(f"| {label} | | | " + " | ".join(cells) + " |")
     lines += ["", "## Fitted profiles (mode b), one per system", "",
               "| system | topology | link classes (bandwidth eff. / latency scale) | "
-              "base / floor us | size efficiency (64K, 1M, 16M) | in-sample mean % |",
+              "base us / floor us per launch | size efficiency (64K, 1M, 16M) | in-sample mean % |",
               "| --- | --- | --- | ---: | --- | ---: |"]  # fmt: skip
     for name, prof in rep.profiles.items():
         doc = prof.doc  # type: ignore[attr-defined]

@@ -126,7 +126,11 @@ def validate_samples(
         if key not in predictors:
             predictors[key] = Predictor(s.topology, params, model=model)
         pred, labels = predictors[key].predict(
-            s.log.collective, s.sizes, env=s.env, elem=elem_bytes(s.log)
+            s.log.collective,
+            s.sizes,
+            env=s.env,
+            elem=elem_bytes(s.log),
+            gpus_per_thread=s.log.gpus_per_thread,
         )
         results.append(compare(s, pred, labels))
     return Validation(results)

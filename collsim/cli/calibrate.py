@@ -219,8 +219,9 @@ def fit_cmd(
     Ranks and nodes come from each log (--nodes/--gpus-per-node override). The profile holds a
     few physical parameters (per link class: bandwidth efficiency and latency scale, and for PCIe
     and network links a duplex efficiency where the logs hold one-way and two-way collectives; a
-    per-call base latency and the host's launch floor under back-to-back calls; size-dependent
-    efficiency) that 'simulate', 'validate' and 'step' accept as --profile.
+    per-call base latency and the host's launch floor under back-to-back calls, per GPU one host
+    thread drives, as nccl-tests -g gives it; size-dependent efficiency) that 'simulate',
+    'validate' and 'step' accept as --profile.
     """
     from collsim.calibration.session import load_samples
 
@@ -242,6 +243,7 @@ def fit_cmd(
         )
     click.echo(
         f"#   base latency {doc.base_latency_us:.2f} us, launch floor {doc.launch_floor_us:.2f} us"
+        " per GPU a host thread drives"
     )
     click.echo(
         "#   size efficiency " + ", ".join(f"{int(s)}B: {f:.3f}" for s, f in doc.size_efficiency)

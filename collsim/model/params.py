@@ -21,9 +21,11 @@ loads them back. Per link class (index :data:`~collsim.protocols.HW_NVLINK` / ``
 
 per protocol (``protocols``): payload fraction of the wire and per-hop latency by class; globally:
 ``base_latency_s`` (a per-call cost on the GPUs' critical path, NCCL's ``baseLat``),
-``launch_floor_s`` (the host's cost to issue one call: a *floor* under the time, not an addend,
-since the host issues the next call while the GPUs run this one, so calls that follow each other
--- as nccl-tests times them -- complete no faster than the host issues them), reduction and copy
+``launch_floor_s`` (the host's cost to issue one call to one GPU: a *floor* under the time, not
+an addend, since the host issues the next call while the GPUs run this one, so calls that follow
+each other -- as nccl-tests times them -- complete no faster than the host issues them; a host
+thread driving several GPUs, nccl-tests ``-g``, issues each call to all of them in turn, so its
+floor is that many launches: :class:`collsim.calibration.predict.HostThread`), reduction and copy
 efficiencies, and ``size_factors``: (size_bytes, factor) points, interpolated in log2(size), that
 scale the bandwidth term (``time = latency + bytes / (bandwidth * factor(size))``), so
 size-dependent effects (protocol warm-up, small-message inefficiency) are data, not code.
@@ -56,6 +58,12 @@ class ProtocolParams:
         lat = protocol.hop_latency_s
         triple = (float(lat),) * 3 if np.isscalar(lat) else tuple(float(x) for x in lat)  # type: ignore[arg-type]
         return cls(protocol.name, float(protocol.bandwidth_fraction), triple)  # type: ignore[arg-type]
+
+
+HOST_LAUNCH_S = 5e-6
+"""A typical host cost of issuing one GPU operation (CUDA launch + dispatch), a priori: the
+uncalibrated launch floor per GPU a host thread drives (:class:`ModelParams`), and the cost of
+each copy launch in :mod:`collsim.analysis.zero3`."""
 
 
 def _default_protocols() -> tuple[ProtocolParams, ...]:

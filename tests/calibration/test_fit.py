@@ -3,6 +3,8 @@ bad input (wrong results, a rank count the topology cannot hold) is a clear erro
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -23,6 +25,7 @@ from collsim.calibration.validate import validate_samples
 from collsim.cli import cli
 from collsim.errors import CalibrationError
 from collsim.model.analytic import AnalyticModel
+from collsim.model.params import DEFAULT_PARAMS
 from collsim.model.profile import load_profile
 from tests.calibration.conftest import ROWS, standard_log
 
@@ -71,6 +74,29 @@ def test_scaled_model_equals_profile_params(h100):
     t_fast, _ = fast.predict(s.log.collective, s.sizes, env=s.env)
     t_slow, _ = slow.predict(s.log.collective, s.sizes, env=s.env)
     np.testing.assert_allclose(t_fast, t_slow, rtol=1e-6)
+
+
+def test_launch_floor_counts_once_per_gpu_the_host_thread_drives(h100):
+    """nccl-tests -g N: one thread issues each call to N GPUs in turn, so back-to-back calls
+    take at least N launches; the GPU-side time does not change."""
+    s = next(x for x in h100 if x.log.collective == "all_gather")
+    assert s.log.gpus_per_thread == 8  # one process drove the eight GPUs
+    params = dataclasses.replace(DEFAULT_PARAMS, launch_floor_s=5e-6)
+    pred = Predictor(s.topology, params)
+    tiny = np.array([1024])
+    one, _ = pred.predict("all_gather", tiny)
+    eight, _ = pred.predict("all_gather", tiny, gpus_per_thread=8)
+    assert 5e-6 <= one[0] < 40e-6  # the GPUs' own time, above one launch
+    assert eight[0] == pytest.approx(40e-6)  # eight launches
+    big = np.array([1 << 30])  # far above the floor: the thread's GPUs do not matter
+    np.testing.assert_allclose(
+        pred.predict("all_gather", big)[0], pred.predict("all_gather", big, gpus_per_thread=8)[0]
+    )
+    # The dataset's own log is predicted with its thread's eight launches, and a fit reports
+    # the floor per launch: an eighth of the ~35 us these small messages take.
+    assert Predictor(s.topology, params).predict_log(s.log)[2][0] == pytest.approx(40e-6)
+    prof = fit_samples([s])
+    assert 3.0 < prof.doc.launch_floor_us < 6.0
 
 
 def test_all_reduce_profile_improves_other_collectives(h100):

@@ -30,6 +30,15 @@ def test_standard_log(write):
     assert (row.ip_time_us, row.ip_wrong, row.line) == (20.48, 0, row.line)
     assert log.avg_busbw == pytest.approx(0.126667)
     assert log.anomalies == () and log.notes == ()
+    assert log.gpus_per_thread == 1
+
+
+def test_gpus_one_thread_drives_come_from_the_header(write):
+    four = standard_log().replace("nThread 1 nGpus 1", "nThread 1 nGpus 4")
+    assert read_log(write(four)).gpus_per_thread == 4
+    # A log without the parameter line says nothing: one GPU per thread, as launchers run.
+    bare = "\n".join(line for line in standard_log().splitlines() if "nThread" not in line)
+    assert read_log(write(bare, "bare.txt")).gpus_per_thread == 1
 
 
 def test_launcher_prefixes_openmpi_and_srun(write):
@@ -143,7 +152,7 @@ def test_json_output(write):
     assert (log.collective, log.ranks, log.nodes, log.layout) == ("all_gather", 4, 2, "json")
     assert (log.nccl_version, log.nccl_env) == ("2.26.2", {"NCCL_ALGO": "Ring"})
     assert log.rows[0].ip_time_us is None and not log.rows[0].has_in_place
-    assert log.anomalies == ()
+    assert log.anomalies == () and log.gpus_per_thread == 2
     truncated = json.dumps(doc, indent=1)[:-40]
     with pytest.raises(CalibrationError, match=r"run2.json: field 'line \d+': malformed or trunc"):
         read_log(write(truncated, "run2.json"))
