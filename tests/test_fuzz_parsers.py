@@ -63,7 +63,7 @@ GENERIC_WORKLOAD = {
     "dtype": "bf16",
 }
 PROFILE = {
-    "collsim_profile": 1,
+    "collsim_profile": 2,
     "topology": {"name": "dgx-h100", "nodes": 4, "gpus_per_node": 8},
     "link_classes": {"nvlink": {"bandwidth_efficiency": 0.8, "latency_scale": 1.5}},
     "base_latency_us": 3.0,

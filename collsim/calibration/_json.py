@@ -54,7 +54,7 @@ class Facts:
             env=dict(s.env),
             avg_busbw=s.avg_busbw,
             oob=s.oob,
-            gpus_per_thread=s.threads_gpus[1] if s.threads_gpus else None,
+            gpus_per_thread=s.threads_gpus[1] if s.threads_gpus else s.command_gpus,
             legacy=s.columns.legacy,
         )
         if s.devices:
@@ -107,7 +107,7 @@ def read(text: str, file: str) -> tuple[Facts, list[Draft]]:
     facts = Facts(json=True, library_code=doc.get("nccl_version"))
     args = doc.get("args") or []
     facts.collective = str(args[0]) if args else None
-    facts.gpus_per_thread = int(config.get("ngpus", 1))
+    facts.gpus_per_thread = int(config.get("ngpus") or 1)
     if devices:
         per_process = int(config.get("nthreads", 1)) * facts.gpus_per_thread
         facts.ranks, facts.ranks_source = len(devices) * per_process, "devices"

@@ -111,6 +111,7 @@ class Section:
     info_nranks: int | None = None
     command_ranks: int | None = None
     threads_gpus: tuple[int, int] | None = None
+    command_gpus: int | None = None
     avg_busbw: float | None = None
     oob: tuple[int, str] | None = None
     info_inside_row: int = 0
@@ -181,25 +182,25 @@ def clean_segments(raw: str) -> list[str]:
     return [_SRUN_LABEL.sub("", part, count=1) if i == 0 else part for i, part in enumerate(parts)]
 
 
-def _ranks_from_command(line: str) -> int | None:
-    """Total ranks a command line would start: processes x ``-g`` x ``-t`` (None if unclear)."""
+def _from_command(line: str) -> tuple[int | None, int]:
+    """(total ranks, GPUs per thread) of an nccl-tests command line: ranks = processes x ``-g`` x
+    ``-t`` (None if the launcher's process count is unclear); each thread drives ``-g`` GPUs."""
     match = _BINARY.search(line)
-    if not match:
-        return None
+    assert match is not None
     before, after = line[: match.start()], line[match.end() :].split()
-    procs = 1
-    if _LAUNCHERS.search(before):
-        found = re.search(r"(?:^|\s)(?:-np|-n|--np|--ntasks)[\s=](\d+)", before)
-        if not found:
-            return None
-        procs = int(found.group(1))
     opts = {"g": 1, "t": 1}
     for flag, key in (("-g", "g"), ("--ngpus", "g"), ("-t", "t"), ("--nthreads", "t")):
         if flag in after:
             i = after.index(flag)
             if i + 1 < len(after) and after[i + 1].isdigit():
                 opts[key] = int(after[i + 1])
-    return procs * opts["g"] * opts["t"]
+    procs = 1
+    if _LAUNCHERS.search(before):
+        found = re.search(r"(?:^|\s)(?:-np|-n|--np|--ntasks)[\s=](\d+)", before)
+        if not found:
+            return None, opts["g"]
+        procs = int(found.group(1))
+    return procs * opts["g"] * opts["t"], opts["g"]
 
 
 class Scanner:
@@ -296,6 +297,7 @@ class Scanner:
             "info_nranks",
             "command_ranks",
             "threads_gpus",
+            "command_gpus",
         ):
             setattr(section, name, getattr(ctx, name))
         section.info_inside_row = 0
@@ -362,7 +364,8 @@ class Scanner:
             target.collective = start.group(1)
         elif binary := _BINARY.search(body):
             target.collective = binary.group(0)
-            if (ranks := _ranks_from_command(body)) is not None:
+            ranks, target.command_gpus = _from_command(body)
+            if ranks is not None:
                 target.command_ranks = ranks
         if params := _PARAMS.search(body):
             target.threads_gpus = (int(params.group(1)), int(params.group(2)))

@@ -80,6 +80,7 @@ class Hints:
     ranks: int | None = None
     nodes: int | None = None
     gpu: str | None = None
+    gpus_per_thread: int | None = None
 
 
 def _collective_name(text: str, file: str) -> str | None:
@@ -218,7 +219,7 @@ def _build(
         nccl_tests_version=sec.tests_version,
         ranks_source=ranks_source,
         nodes_source=nodes_source,
-        gpus_per_thread=sec.gpus_per_thread or 1,
+        gpus_per_thread=sec.gpus_per_thread or hints.gpus_per_thread or 1,
     )
 
 
@@ -230,6 +231,7 @@ def read_logs(
     ranks: int | None = None,
     nodes: int | None = None,
     gpu: str | None = None,
+    gpus_per_thread: int | None = None,
 ) -> list[NcclTestsLog]:
     """Every result table in one file (text or ``-J`` JSON), in order."""
     file = str(path)
@@ -240,7 +242,7 @@ def read_logs(
     text = data.decode("utf-8", errors="replace")
     if not text.strip():
         raise CalibrationError("empty file: no nccl-tests output in it", file=file)
-    hints = Hints(collective, ranks, nodes, gpu)
+    hints = Hints(collective, ranks, nodes, gpu, gpus_per_thread)
     if re.match(r'\s*\{\s*"', text):  # a JSON object ({'...' is a Python dict in a job log)
         facts, drafts = _json.read(text, file)
         return [_build(file, facts, drafts, hints, strict)]
@@ -265,13 +267,17 @@ def read_log(
     ranks: int | None = None,
     nodes: int | None = None,
     gpu: str | None = None,
+    gpus_per_thread: int | None = None,
 ) -> NcclTestsLog:
     """The one result table in ``path`` (see the module docstring for what is read and checked).
 
     The keyword hints are used only where the log itself does not say; ``strict=True`` turns the
     first anomaly (e.g. ``#wrong > 0``) into a :class:`CalibrationError`.
     """
-    logs = read_logs(path, strict=strict, collective=collective, ranks=ranks, nodes=nodes, gpu=gpu)
+    logs = read_logs(
+        path, strict=strict, collective=collective, ranks=ranks, nodes=nodes, gpu=gpu,
+        gpus_per_thread=gpus_per_thread,
+    )  # fmt: skip
     if len(logs) > 1:
         raise CalibrationError(
             f"{len(logs)} result tables in one file; use read_logs()", file=str(path)

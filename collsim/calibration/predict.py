@@ -277,6 +277,8 @@ class HostThread:
         self.nranks = model.nranks
 
     def __getattr__(self, name: str) -> Any:
+        if name == "model":  # not yet set (copy, pickle): no recursion
+            raise AttributeError(name)
         return getattr(self.model, name)
 
     @property

@@ -78,10 +78,11 @@ LIMITATIONS = (
     "through the CPUs and comes out 2x slow).",
     "- *cross-scale from one node*: a single-node fit says nothing about the network, whose "
     "parameters stay at their datasheet values when predicting two nodes; h100-snellius-1n4g's "
-    "mid sizes (t ~ 17 us + S / 230 GB/s from 128 KiB to 1 MiB) also put its fixed cost in the "
-    "per-call base (16.8 us) rather than the launch floor (4 x 4.3 us: one process drove the "
-    "four GPUs, the two-node runs one process per GPU), so the network's hops add to it at two "
-    "nodes (predicted 27 us, measured 16-18 us); the two "
+    "mid sizes (all_reduce 17.9 us at 128 KiB, 20.7 us at 1 MiB: a fixed ~17 us plus a few) "
+    "also put its fixed cost in the per-call base (see the profiles) rather than the launch "
+    "floor (four launches: one process drove the four GPUs, the two-node runs one process per "
+    "GPU), so the network's hops add to it at two nodes (predicted 27 us, measured 16-18 us); "
+    "the two "
     "2-GPU rtx4090 runs disagree with each other 1.7x (busbw 2.2 vs 3.7 GB/s), so their fit "
     "predicts the 4-GPU runs ~30% fast at large sizes.",
     "",
@@ -104,9 +105,8 @@ LIMITATIONS = (
     "PCIe-only systems LL128 had been standing in for what the LL/Simple model lacks there: "
     "cross-size median 9.7% -> 10.1%, and the rtx4090 2-GPU fit now predicts its 4-GPU small "
     "messages ~8 us slow, cross-scale 22.9% -> 25.4%); the launch floor counts once per GPU "
-    "the host thread drives (nccl-tests -g: the thread issues each call to every GPU in turn; "
-    "fitted per-launch floors 4.3-5.3 us on the five systems measured with one process for "
-    "all GPUs) and the uncalibrated model takes 5 us per launch a priori (uncalibrated median "
+    "the host thread drives (nccl-tests -g: the thread issues each call to every GPU in turn) "
+    "and the uncalibrated model takes 5 us per launch a priori (uncalibrated median "
     "32.9% -> 29.0%, mean 37.3% -> 34.8%; superbench and DGX H100 all_gather / reduce_scatter "
     "23-35% -> 7-21%; all_reduce on those systems 7-11% -> 11-13%, as its ring already spent "
     "that time in per-step latencies).",
@@ -332,6 +332,20 @@ def markdown(rep: Report, plots: dict[str, str]) -> str:
         err = _pct(doc.fit_error.mape) if doc.fit_error else "--"
         base_us = f"{doc.base_latency_us:.1f} / {doc.launch_floor_us:.1f}"
         lines.append(f"| {name} | {doc.topology.name} | {cls} | {base_us} | {sizes} | {err} |")
+    # Systems whose logs had one thread drive several GPUs and reach small messages (<= 64 KiB,
+    # where the floor shows; above it any floor under the smallest time fits).
+    threaded = {
+        name: prof.doc.launch_floor_us  # type: ignore[attr-defined]
+        for name, prof in rep.profiles.items()
+        if any(s.log.gpus_per_thread > 1 and s.sizes.min() <= 65536
+               for s in rep.samples if system_of(s.name) == name)
+    }  # fmt: skip
+    if threaded:
+        lo, hi = min(threaded.values()), max(threaded.values())
+        lines += ["", f"The floor is one launch: a host thread driving N GPUs (nccl-tests -g N) "
+                  f"issues N per call. On the {len(threaded)} systems measured that way down to "
+                  f"small messages ({', '.join(threaded)}) the fitted floor is {lo:.1f}-{hi:.1f} "
+                  "us per launch; the uncalibrated model takes 5 us."]  # fmt: skip
     lines += ["", "## Where the errors come from", "", *LIMITATIONS]
     lines += ["", "## Plots", ""]
     for title, path in plots.items():

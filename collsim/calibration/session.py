@@ -23,6 +23,7 @@ def load_samples(
     gpus_per_node: int | None = None,
     collective: str | None = None,
     ranks: int | None = None,
+    gpus_per_thread: int | None = None,
     allow_anomalies: bool = False,
     for_fit: bool = False,
 ) -> list[Sample]:
@@ -32,7 +33,9 @@ def load_samples(
     samples = []
     cache: dict[tuple[int, int], Topology] = {}
     for path in paths:
-        for log in read_logs(path, collective=collective, ranks=ranks):
+        for log in read_logs(
+            path, collective=collective, ranks=ranks, gpus_per_thread=gpus_per_thread
+        ):
             if for_fit:
                 check_log(log, allow_anomalies=allow_anomalies)
             key = (log.ranks, log.nodes or 0)

@@ -157,10 +157,21 @@ def run_cmd(
 @click.argument("logs", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--collective", default=None, help="Collective, where the log does not name it.")
 @click.option("--ranks", type=int, default=None, help="Ranks, where the log does not say.")
+@click.option(
+    "--gpus-per-thread",
+    type=click.IntRange(min=1),
+    default=None,
+    help="GPUs one host thread drove (nccl-tests -g), where a log does not say; default 1.",
+)
 @click.option("--strict", is_flag=True, help="Fail on any anomaly (e.g. #wrong > 0).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def read_cmd(
-    logs: tuple[str, ...], collective: str | None, ranks: int | None, strict: bool, as_json: bool
+    logs: tuple[str, ...],
+    collective: str | None,
+    ranks: int | None,
+    gpus_per_thread: int | None,
+    strict: bool,
+    as_json: bool,
 ) -> None:
     """Print what each nccl-tests LOG says: system, ranks, nodes, rows, anomalies."""
     from collsim.calibration import read_logs
@@ -169,7 +180,13 @@ def read_cmd(
     parsed = [
         log
         for path in logs
-        for log in read_logs(path, strict=strict, collective=collective, ranks=ranks)
+        for log in read_logs(
+            path,
+            strict=strict,
+            collective=collective,
+            ranks=ranks,
+            gpus_per_thread=gpus_per_thread,
+        )
     ]
     if as_json:
         click.echo(json.dumps([asdict(p) for p in parsed], indent=1))
@@ -178,7 +195,8 @@ def read_cmd(
         click.echo(
             f"# {log.file}: {log.collective} on {log.ranks} ranks "
             f"({log.nodes if log.nodes is not None else '?'} nodes), "
-            f"GPU {log.gpu or '?'}, NCCL {log.nccl_version or '?'}, {log.layout} layout"
+            f"GPU {log.gpu or '?'}, NCCL {log.nccl_version or '?'}, {log.layout} layout, "
+            f"{log.gpus_per_thread} GPU(s) per host thread"
         )
         if log.nccl_env:
             click.echo("# NCCL settings: " + " ".join(f"{k}={v}" for k, v in log.nccl_env.items()))
@@ -200,6 +218,12 @@ def read_cmd(
 @click.option("--gpus-per-node", type=int, default=None, help="Override the GPUs per node.")
 @click.option("--collective", default=None, help="Collective, where a log does not name it.")
 @click.option("--ranks", type=int, default=None, help="Ranks, where a log does not say.")
+@click.option(
+    "--gpus-per-thread",
+    type=click.IntRange(min=1),
+    default=None,
+    help="GPUs one host thread drove (nccl-tests -g), where a log does not say; default 1.",
+)
 @click.option("--allow-anomalies", is_flag=True, help="Fit logs with anomalies (#wrong > 0).")
 @click.option(
     "-o", "--output", required=True, type=click.Path(dir_okay=False), help="Profile YAML to write."
@@ -211,6 +235,7 @@ def fit_cmd(
     gpus_per_node: int | None,
     collective: str | None,
     ranks: int | None,
+    gpus_per_thread: int | None,
     allow_anomalies: bool,
     output: str,
 ) -> None:
@@ -227,7 +252,8 @@ def fit_cmd(
 
     samples = load_samples(
         logs, topology, nodes=nodes, gpus_per_node=gpus_per_node, collective=collective,
-        ranks=ranks, allow_anomalies=allow_anomalies, for_fit=True,
+        ranks=ranks, gpus_per_thread=gpus_per_thread, allow_anomalies=allow_anomalies,
+        for_fit=True,
     )  # fmt: skip
     from collsim.calibration.fit import fit_samples
 

@@ -24,6 +24,12 @@ from collsim.cli.base import cli
 )
 @click.option("--collective", default=None, help="Collective, where a log does not name it.")
 @click.option("--ranks", type=int, default=None, help="Ranks, where a log does not say.")
+@click.option(
+    "--gpus-per-thread",
+    type=click.IntRange(min=1),
+    default=None,
+    help="GPUs one host thread drove (nccl-tests -g), where a log does not say; default 1.",
+)
 @click.option("--summary", is_flag=True, help="Only the MAPE lines, no per-size table.")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="busbw plot (PNG/SVG).")
@@ -36,6 +42,7 @@ def validate(
     model: str,
     collective: str | None,
     ranks: int | None,
+    gpus_per_thread: int | None,
     summary: bool,
     json_file: str | None,
     plot_file: str | None,
@@ -54,7 +61,7 @@ def validate(
 
     samples = load_samples(
         logs, topology, nodes=nodes, gpus_per_node=gpus_per_node, collective=collective,
-        ranks=ranks,
+        ranks=ranks, gpus_per_thread=gpus_per_thread,
     )  # fmt: skip
     notes: list[str] = []
     params = uncalibrated_params()

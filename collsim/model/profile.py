@@ -5,7 +5,8 @@ parameters -- per link class (``nvlink``, ``pci``, ``net``: NCCL's ``hwLat`` row
 efficiency (achieved / datasheet rate), a latency scale (multiplying the route latency and the
 protocols' per-hop latency on that class) and, where fitted, a duplex efficiency (what both
 directions carry together, relative to twice the rate), a launch floor (the host's cost to issue
-a call, under which back-to-back calls cannot go), a per-call base latency, and a small table of
+one call to one GPU -- a thread driving N GPUs issues N -- under which back-to-back calls cannot
+go), a per-call base latency, and a small table of
 size-dependent bandwidth efficiency keyed by message size (interpolated in log2 size, as SimGrid's
 piecewise-linear network factors; Velho et al., "On the validity of flow-level TCP network
 models", ACM TOMACS 2013) -- the fit's provenance and its in-sample error. No dates: the same
@@ -32,7 +33,10 @@ from collsim.model.params import DEFAULT_PARAMS, ModelParams, ProtocolParams
 from collsim.topology.spec import Topology, with_duplex
 
 CLASSES = ("nvlink", "pci", "net")
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: ``launch_floor_us`` is one launch's host cost (a thread driving N GPUs pays it N times);
+format 1 stored the floor of the measured calls whatever the GPUs per thread, so it is refused
+(refit: the logs say how many GPUs each thread drove)."""
 
 
 class _Strict(BaseModel):
@@ -69,7 +73,7 @@ class FitError(_Strict):
 class ProfileDoc(_Strict):
     """The YAML document (``extra="forbid"``: unknown keys are errors)."""
 
-    collsim_profile: Literal[1]
+    collsim_profile: Literal[2]
     topology: TopologyRef
     link_classes: dict[Literal["nvlink", "pci", "net"], LinkClass]
     base_latency_us: float = Field(ge=0, le=1e6)
@@ -208,6 +212,14 @@ def profile_from_dict(data: Any, file: str | None = None) -> Profile:
     if not isinstance(data, dict):
         raise CalibrationError(
             "a profile must be a YAML mapping", file=file, value=type(data).__name__
+        )
+    if data.get("collsim_profile") == 1:
+        raise CalibrationError(
+            "a format 1 profile (its launch floor is per call, not per GPU launch); refit it "
+            "with 'collsim calibrate fit'",
+            file=file,
+            field="collsim_profile",
+            value=1,
         )
     try:
         doc = ProfileDoc.model_validate(data)

@@ -39,6 +39,12 @@ def test_gpus_one_thread_drives_come_from_the_header(write):
     # A log without the parameter line says nothing: one GPU per thread, as launchers run.
     bare = "\n".join(line for line in standard_log().splitlines() if "nThread" not in line)
     assert read_log(write(bare, "bare.txt")).gpus_per_thread == 1
+    # ... unless the caller knows, or the command line says (-g of nccl-tests).
+    assert read_log(write(bare, "bare.txt"), gpus_per_thread=2).gpus_per_thread == 2
+    cmd = "$ ./build/all_reduce_perf -b 1K -e 4K -g 2\n"
+    command = bare.replace("# Collective", cmd + "# Collective")
+    assert read_log(write(command, "cmd.txt")).gpus_per_thread == 2
+    assert read_log(write(four, "four.txt"), gpus_per_thread=2).gpus_per_thread == 4  # log wins
 
 
 def test_launcher_prefixes_openmpi_and_srun(write):
