@@ -81,3 +81,23 @@ def test_as_a_real_process(name, tmp_path):
     assert proc.stdout == "" and "Traceback" not in proc.stderr
     assert proc.stderr.count("\n") == 1 and str(path) in proc.stderr
     assert all(word in proc.stderr for word in case["words"])
+
+
+def test_a_closed_pipe_stops_quietly():
+    """``collsim ... | head -1``: the reader leaves early; no error line, no traceback."""
+    from collsim.calibration.dataset import DATA_DIR
+
+    log = DATA_DIR / "logs" / "a100-80g-p4de-efa-2n-all_reduce-1.txt"
+    proc = subprocess.Popen(
+        [*_collsim(), "calibrate", "read", str(log)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()  # what head does after its line
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) in (0, 1)
+    assert first.startswith("# ") and "error" not in err and "Traceback" not in err

@@ -6,6 +6,8 @@ Every :class:`~collsim.errors.CollsimError` becomes one line on stderr and exit 
 from __future__ import annotations
 
 import functools
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +25,12 @@ class CollsimGroup(click.Group):
         except CollsimError as exc:
             click.echo(f"collsim: error: {exc}", err=True)
             ctx.exit(2)
+        except BrokenPipeError:  # the reader went away (`collsim ... | head`): stop quietly
+            # Point stdout at /dev/null so the interpreter's final flush does not fail again
+            # (the Python docs' recipe, signal module, "Note on SIGPIPE").
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            ctx.exit(1)
         except OSError as exc:  # a file we were asked to write or read: say which, and why
             where = exc.filename or ""
             click.echo(f"collsim: error: {where}: {exc.strerror or exc}", err=True)
