@@ -84,6 +84,13 @@ def resolve_layout(w: WorkloadIn, n_gpus: int) -> Layout:
         )
     if dp % par.ep:
         raise WorkloadError("ep must divide dp", field="parallel.ep", value=par.ep)
+    experts = w.model.experts if w.model.kind == "transformer" else None
+    if par.ep > 1 and (experts is None or experts.count % par.ep):
+        raise WorkloadError(
+            f"ep must divide the experts ({experts.count if experts else 'none'})",
+            field="parallel.ep",
+            value=par.ep,
+        )
     v = par.virtual_stages if par.schedule == "interleaved" else 1
     model = w.model
     if model.layers < par.pp * v:
@@ -102,6 +109,19 @@ def resolve_layout(w: WorkloadIn, n_gpus: int) -> Layout:
         raise WorkloadError(
             f"tp must divide the {model.heads} attention heads", field="parallel.tp", value=par.tp
         )
+    if model.kind == "transformer" and model.kv_heads is not None and model.kv_heads % par.tp:
+        raise WorkloadError(  # each TP rank holds whole key/value groups (Megatron-LM)
+            f"tp must divide the {model.kv_heads} key/value heads",
+            field="parallel.tp",
+            value=par.tp,
+        )
+    m = w.global_batch // (dp * w.micro_batch)
+    if v > 1 and m % par.pp:
+        raise WorkloadError(  # Megatron-LM's interleaved schedule runs micro-batches in groups of p
+            f"the interleaved schedule needs micro-batches per replica ({m}) divisible by pp",
+            field="parallel.virtual_stages",
+            value=v,
+        )
     zero = 3 if par.fsdp else par.zero
     return Layout(
         n_gpus=n_gpus,
@@ -111,7 +131,7 @@ def resolve_layout(w: WorkloadIn, n_gpus: int) -> Layout:
         ep=par.ep,
         v=v,
         micro=w.micro_batch,
-        m=w.global_batch // (dp * w.micro_batch),
+        m=m,
         schedule=par.schedule,
         sequence_parallel=par.sequence_parallel,
         zero=zero,

@@ -39,6 +39,7 @@ class Facts:
     avg_busbw: float | None = None
     oob: tuple[int, str] | None = None
     gpus_per_thread: int | None = None
+    last_size: int | None = None  # the last size the run asked for
     legacy: bool = False
     json: bool = False
     notes: list[str] = field(default_factory=list)
@@ -55,6 +56,7 @@ class Facts:
             avg_busbw=s.avg_busbw,
             oob=s.oob,
             gpus_per_thread=s.threads_gpus[1] if s.threads_gpus else s.command_gpus,
+            last_size=s.last_size,
             legacy=s.columns.legacy,
         )
         if s.devices:

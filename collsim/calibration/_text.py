@@ -49,6 +49,7 @@ _ENV_ASSIGN = re.compile(r"\b(NCCL_[A-Z0-9_]+)=((?:\\.|[^\s\"'])+|\"[^\"]*\"|'[^
 _ENV_INFO = re.compile(r"\b(NCCL_[A-Z0-9_]+) set by environment to (\S+)")
 _NRANKS_INFO = re.compile(r"\bnranks (\d+)\b")
 _PARAMS = re.compile(r"nThread (\d+) nGpus (\d+)")
+_RANGE = re.compile(r"minBytes (\d+) maxBytes (\d+) step: (\d+)\((factor|bytes)\)")
 _AVG = re.compile(r"Avg bus bandwidth\s*:\s*([0-9.eE+-]+)")
 _OOB = re.compile(r"Out of bounds values\s*:\s*(\d+)\s*(\w*)")
 _LAUNCHERS = re.compile(r"\b(mpirun|mpiexec|srun|orterun)\b")
@@ -112,6 +113,7 @@ class Section:
     command_ranks: int | None = None
     threads_gpus: tuple[int, int] | None = None
     command_gpus: int | None = None
+    last_size: int | None = None  # the last size the header's -b/-e/-f or -i asks for
     avg_busbw: float | None = None
     oob: tuple[int, str] | None = None
     info_inside_row: int = 0
@@ -201,6 +203,21 @@ def _from_command(line: str) -> tuple[int | None, int]:
             return None, opts["g"]
         procs = int(found.group(1))
     return procs * opts["g"] * opts["t"], opts["g"]
+
+
+def _last_size(low: int, high: int, step: int, *, factor: bool) -> int | None:
+    """The last size nccl-tests runs from ``-b low -e high`` and ``-f step`` (or ``-i step``
+    bytes), before its rounding to whole elements; None for a degenerate step."""
+    if low < 1 or high < low:
+        return None
+    if not factor:
+        return low + (high - low) // step * step if step > 0 else None
+    if step < 2:
+        return None
+    size = low
+    while size * step <= high:
+        size *= step
+    return size
 
 
 class Scanner:
@@ -298,6 +315,7 @@ class Scanner:
             "command_ranks",
             "threads_gpus",
             "command_gpus",
+            "last_size",
         ):
             setattr(section, name, getattr(ctx, name))
         section.info_inside_row = 0
@@ -369,5 +387,8 @@ class Scanner:
                 target.command_ranks = ranks
         if params := _PARAMS.search(body):
             target.threads_gpus = (int(params.group(1)), int(params.group(2)))
+        if sizes := _RANGE.search(body):
+            target.last_size = _last_size(*(int(sizes.group(i)) for i in (1, 2, 3)),
+                                          factor=sizes.group(4) == "factor")  # fmt: skip
         for name, value in _ENV_ASSIGN.findall(body):
             target.env[name] = value.strip("\"'").replace("\\", "")

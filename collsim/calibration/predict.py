@@ -164,6 +164,19 @@ def topology_for_log(
         base = topology
     else:
         base = load_topology(topology, nodes=nodes, gpus_per_node=gpus_per_node)
+        # One of the two given: the log's ranks give the other (--nodes 1 for a 4-rank log
+        # means 4 GPUs of the node; never more GPUs per node than the template has).
+        if (nodes is None) != (gpus_per_node is None) and base.n_gpus != log.ranks:
+            given = nodes or gpus_per_node or 1
+            other = log.ranks // given
+            fits = gpus_per_node is not None or other <= base.gpus_per_node
+            if log.ranks % given == 0 and fits:
+                with contextlib.suppress(CollsimError):  # a fixed graph: the check below says why
+                    base = load_topology(
+                        topology,
+                        nodes=nodes if nodes is not None else other,
+                        gpus_per_node=gpus_per_node if gpus_per_node is not None else other,
+                    )
     if nodes is None and gpus_per_node is None and base.n_gpus != log.ranks and base.is_template:
         log_nodes = log.nodes
         if log_nodes and log.ranks % log_nodes == 0 and not isinstance(topology, Topology):

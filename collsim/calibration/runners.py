@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -36,6 +37,11 @@ from collsim.io import atomic_write_text
 RUNNERS = ("nccl-tests", "torch")
 LAUNCHERS = ("local", "torchrun", "mpirun", "srun")
 _ENV_PREFIXES = ("NCCL_", "CUDA_", "UCX_", "FI_", "TORCH_NCCL_", "SLURM_JOB", "OMPI_MCA_")
+
+
+NCCL_TESTS_DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float",
+                     "double", "bfloat16", "f8e4m3", "f8e5m2")  # fmt: skip
+"""nccl-tests' ``-d`` types (``src/common.cu``)."""
 
 
 @dataclass
@@ -91,7 +97,32 @@ class RunConfig:
                 field="--launcher",
                 value=self.launcher,
             )
+        from collsim.calibration.torchbench import TORCH_DTYPES
+
+        types = tuple(TORCH_DTYPES) if self.runner == "torch" else NCCL_TESTS_DTYPES
+        if self.dtype not in types:
+            raise CalibrationError(
+                f"the {self.runner} runner has no such type (choose from {', '.join(types)})",
+                field="--datatype",
+                value=self.dtype,
+            )
+        for flag, value, least in (("--iters", self.iters, 1), ("--warmup", self.warmup, 0)):
+            if value < least:
+                raise CalibrationError(f"must be >= {least}", field=flag, value=value)
+        if not self.timeout > 0:
+            raise CalibrationError("must be > 0 seconds", field="--timeout", value=self.timeout)
         self.sizes()
+
+
+def failure_reason(err: str, status: int) -> str:
+    """The line of a failed command's stderr that says why: the benchmark's own message, else
+    the last line naming an error, else the last line with words (not a ruler of '=')."""
+    lines = [e.strip() for e in err.splitlines() if e.strip()]
+    ours = [e for e in lines if "collsim torchbench:" in e]
+    named = [e for e in lines if re.search(r"Error|error:|Exception|No such|not found", e)]
+    worded = [e for e in lines if re.search(r"[A-Za-z]{2}", e)]
+    pick = ours or named or worded
+    return pick[-1] if pick else f"exit status {status}"
 
 
 @dataclass
@@ -333,9 +364,7 @@ def _run(
         silence = cfg.timeout + (60.0 if cfg.runner == "torch" else 0.0)
         status, stdout, err = execute(step, run_dir, label, silence, on_line)
         if status != 0:
-            ours = [e for e in err.splitlines() if "collsim torchbench:" in e]
-            lines = ours or [e for e in err.splitlines() if e.strip()]
-            detail = lines[-1].strip() if lines else f"exit status {status}"
+            detail = failure_reason(err, status)
             raise CalibrationError(
                 f"{label} failed: {detail} (output kept in {run_dir})",
                 field="exit status",

@@ -44,4 +44,22 @@ def load_samples(
                     topology, log, nodes=nodes, gpus_per_node=gpus_per_node
                 )
             samples.append(Sample(log, cache[key]))
+    _unique_names(samples)
     return samples
+
+
+def _unique_names(samples: list[Sample]) -> None:
+    """Logs are reported by file name; where two share one (``run1/logs/all_reduce.txt`` and
+    ``run2/logs/all_reduce.txt``, or two tables of one file) use the path, then a table number,
+    so no log's result hides another's."""
+    from collections import Counter
+
+    if len({s.name for s in samples}) == len(samples):
+        return
+    seen = Counter(s.log.file for s in samples)
+    count: Counter[str] = Counter()
+    for s in samples:
+        s.name = s.log.file
+        if seen[s.log.file] > 1:
+            count[s.log.file] += 1
+            s.name = f"{s.log.file}#{count[s.log.file]}"

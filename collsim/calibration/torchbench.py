@@ -47,7 +47,7 @@ from collsim.calibration.store import ResultStore, point_key
 from collsim.calibration.writer import format_row, header_lines, nccl_tests_count, row_from_times
 
 HUNG_EXIT = 3
-_TORCH_DTYPES = {
+TORCH_DTYPES = {
     "float": "float32",
     "half": "float16",
     "bfloat16": "bfloat16",
@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("-b", "--minbytes", default="8")
     p.add_argument("-e", "--maxbytes", default="1M")
     p.add_argument("-f", "--stepfactor", type=float, default=2.0)
-    p.add_argument("-d", "--datatype", default="float", choices=sorted(_TORCH_DTYPES))
+    p.add_argument("-d", "--datatype", default="float", choices=sorted(TORCH_DTYPES))
     p.add_argument("-w", "--warmup", type=int, default=5)
     p.add_argument("-n", "--iters", type=int, default=20)
     p.add_argument(
@@ -149,7 +149,7 @@ class Bench:
     ) -> None:
         self.torch, self.dist, self.name, self.device = torch, dist, name, device
         self.rank, self.n = dist.get_rank(), dist.get_world_size()
-        self.dtype = getattr(torch, _TORCH_DTYPES[dtype])
+        self.dtype = getattr(torch, TORCH_DTYPES[dtype])
         elem = torch.empty(0, dtype=self.dtype).element_size()
         self.count, self.size = nccl_tests_count(name, size, elem, self.n)
         self.per = self.count  # per-rank elements (rounded collectives) or the whole buffer

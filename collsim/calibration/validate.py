@@ -154,7 +154,8 @@ def compare(s: Sample, predicted_s: np.ndarray, labels: Sequence[str] = ()) -> L
                 choice=labels[i] if i < len(labels) else "",
             )
         )
-    return LogResult(s.name, s.log.collective, s.log.ranks, s.log.nodes, float(rel.mean()), pts)
+    nodes = s.log.nodes if s.log.nodes is not None else s.topology.nodes  # as simulated
+    return LogResult(s.name, s.log.collective, s.log.ranks, nodes, float(rel.mean()), pts)
 
 
 def plot_validation(validation: Validation, path: str | Path, title: str = "") -> None:

@@ -37,6 +37,17 @@ class CollsimGroup(click.Group):
             ctx.exit(2)
 
 
+def refuse_overwriting_inputs(inputs: Any, **outputs: str | None) -> None:
+    """An output path (``--json``, ``-o``, ...) that names one of the input files would destroy
+    a measurement: refuse it, naming the option."""
+    given = {os.path.realpath(p) for p in inputs}
+    for flag, path in outputs.items():
+        if path and os.path.realpath(path) in given:
+            raise CollsimError(
+                "would overwrite an input file", field=f"--{flag.replace('_', '-')}", value=path
+            )
+
+
 def topology_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """TOPOLOGY argument plus the --nodes / --gpus-per-node overrides."""
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from collsim.cli.base import cli
+from collsim.cli.base import cli, refuse_overwriting_inputs
 from collsim.collectives.registry import COLLECTIVES
 
 
@@ -250,6 +250,7 @@ def fit_cmd(
     """
     from collsim.calibration.session import load_samples
 
+    refuse_overwriting_inputs(logs, output=output)
     samples = load_samples(
         logs, topology, nodes=nodes, gpus_per_node=gpus_per_node, collective=collective,
         ranks=ranks, gpus_per_thread=gpus_per_thread, allow_anomalies=allow_anomalies,

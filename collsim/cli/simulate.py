@@ -38,7 +38,9 @@ from collsim.errors import CollsimError
     "--profile",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Calibration profile (collsim calibrate fit) for this topology.",
+    help="Calibration profile (collsim calibrate fit) for this topology. The des engine takes its "
+    "link rates and latencies; its base latency, launch floor and size factors apply with "
+    "--engine analytic (the collsim model) only.",
 )
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here.")
 @click.option("--trace", type=click.Path(dir_okay=False), help="Chrome/Perfetto trace (max size).")
@@ -92,11 +94,20 @@ def simulate(
     if profile:
         from collsim.model.profile import load_profile, whatif_with_profile
 
+        if engine == "analytic" and model == "nccl":
+            raise CollsimError("NCCL's model takes no profile", field="--profile", value=profile)
         prof = load_profile(profile)
         for note in prof.check_topology(topo):
             click.echo(f"# note: {note}")
         whatif = whatif_with_profile(topo, prof, engine)
         click.echo(f"# calibrated with {profile}")
+        doc = prof.doc
+        if engine == "des" and (doc.base_latency_us or doc.launch_floor_us or doc.size_efficiency):
+            click.echo(
+                f"# note: the discrete-event engine takes the profile's links only; its base "
+                f"latency ({doc.base_latency_us:g} us), launch floor ({doc.launch_floor_us:g} us "
+                "per launch) and size factors apply with --engine analytic"
+            )
     else:
         whatif = WhatIf(topo)
     sweep = whatif.sweep(

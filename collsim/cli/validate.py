@@ -6,7 +6,7 @@ import json
 
 import click
 
-from collsim.cli.base import cli
+from collsim.cli.base import cli, refuse_overwriting_inputs
 
 
 @cli.command()
@@ -59,6 +59,7 @@ def validate(
     from collsim.errors import CollsimError
     from collsim.io import atomic_write_text
 
+    refuse_overwriting_inputs(logs, json=json_file, plot=plot_file)
     samples = load_samples(
         logs, topology, nodes=nodes, gpus_per_node=gpus_per_node, collective=collective,
         ranks=ranks, gpus_per_thread=gpus_per_thread,

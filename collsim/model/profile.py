@@ -22,6 +22,7 @@ field and the value (the topology loader's pydantic machinery).
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,7 +51,7 @@ class TopologyRef(_Strict):
 
 
 class LinkClass(_Strict):
-    bandwidth_efficiency: float = Field(gt=0, le=10)
+    bandwidth_efficiency: float = Field(ge=0.01, le=10)
     latency_scale: float = Field(ge=0, le=1000)
     duplex_efficiency: float | None = Field(default=None, ge=0.5, le=1)
     """Both directions together carry 2 x this x the rate (absent: full duplex)."""
@@ -78,7 +79,7 @@ class ProfileDoc(_Strict):
     link_classes: dict[Literal["nvlink", "pci", "net"], LinkClass]
     base_latency_us: float = Field(ge=0, le=1e6)
     launch_floor_us: float = Field(default=0.0, ge=0, le=1e6)
-    memory_efficiency: float = Field(default=1.0, gt=0, le=4)
+    memory_efficiency: float = Field(default=1.0, ge=0.01, le=4)
     size_efficiency: list[tuple[float, float]] = []
     provenance: Provenance
     fit_error: FitError | None = None
@@ -229,9 +230,10 @@ def profile_from_dict(data: Any, file: str | None = None) -> Profile:
             err.message, file=file, field=err.field, value=err.value, has_value=err.has_value
         ) from None
     pts = [p for p in doc.size_efficiency]
-    if any(s <= 0 or f <= 0 for s, f in pts) or pts != sorted(pts):
+    finite = all(math.isfinite(s) and math.isfinite(f) for s, f in pts)
+    if not finite or any(s <= 0 or not 0.01 <= f <= 10 for s, f in pts) or pts != sorted(pts):
         raise CalibrationError(
-            "size_efficiency must be [size_bytes > 0, factor > 0] pairs sorted by size",
+            "size_efficiency must be [size_bytes > 0, 0.01 <= factor <= 10] pairs sorted by size",
             file=file,
             field="size_efficiency",
             value=doc.size_efficiency,

@@ -156,6 +156,28 @@ def test_rank_count_that_does_not_fit_is_an_error(write):
     with pytest.raises(CalibrationError):
         topology_for_log("dgx-h100", log)  # dgx-h100 has 4 nodes x 8 = 32 GPUs
     assert topology_for_log("dgx-h100", log, nodes=8).n_gpus == 64
+    # One of --nodes / --gpus-per-node given: the log's ranks give the other (4 ranks on one
+    # node are 4 GPUs of it), never more GPUs per node than the template has (above: 64 on 1).
+    four = read_log(write(standard_log(), "four.txt"))
+    assert (four.ranks, four.nodes) == (4, 2)
+    one = topology_for_log("dgx-h100", four, nodes=1)
+    assert (one.nodes, one.gpus_per_node) == (1, 4)
+    assert topology_for_log("dgx-h100", four, gpus_per_node=1).nodes == 4
+
+
+def test_logs_sharing_a_file_name_keep_their_own_results(tmp_path):
+    from collsim.calibration.session import load_samples
+
+    src = LOGS / "h100-snellius-1n4g-all_reduce-1.txt"
+    paths = []
+    for run in ("run1", "run2"):
+        (tmp_path / run).mkdir()
+        paths.append(tmp_path / run / "all_reduce.txt")
+        paths[-1].write_bytes(src.read_bytes())
+    samples = load_samples([str(p) for p in paths], "h100-4gpu-ib")
+    assert [s.name for s in samples] == [str(p) for p in paths]
+    prof = fit_samples(samples)
+    assert prof.doc.fit_error is not None and len(prof.doc.fit_error.per_log) == 2
 
 
 def test_sample_rejects_log_without_data_rows(write):
@@ -190,3 +212,15 @@ def test_duplex_is_fitted_only_where_one_way_and_two_way_logs_tell_it(tmp_path):
     # the engine sees the same shared capacity
     topo = again.apply_to_topology(both[0].topology)
     assert any(lk.duplex_bandwidth_bytes_per_s for lk in topo.links)
+
+
+def test_simulate_says_which_parts_of_a_profile_each_engine_takes(h100, tmp_path):
+    prof = tmp_path / "h100.yaml"
+    fit_samples(h100[:1]).save(prof)
+    args = ["simulate", "all_gather", "-t", "dgx-h100", "--nodes", "1", "-b", "1K", "-e", "1K"]
+    des = CliRunner().invoke(cli, [*args, "--profile", str(prof)])
+    assert des.exit_code == 0 and "apply with --engine analytic" in des.output
+    nccl = CliRunner().invoke(
+        cli, [*args, "--profile", str(prof), "--engine", "analytic", "--model", "nccl"]
+    )
+    assert nccl.exit_code == 2 and "NCCL's model takes no profile" in nccl.output

@@ -33,6 +33,16 @@ def test_standard_log(write):
     assert log.gpus_per_thread == 1
 
 
+def test_a_table_cut_short_says_so(write):
+    """The header asks for sizes up to maxBytes; rows that stop a step or more below it are a
+    run cut short (a killed job), noted, while nccl-tests' rounding to whole elements is not."""
+    assert read_log(write(standard_log())).notes == ()
+    cut = read_log(write(standard_log(ROWS[:2]), "cut.txt"))
+    assert any("rows stop at 2048 B" in n and "4096" in n for n in cut.notes)
+    by_bytes = standard_log().replace("step: 2(factor)", "step: 1000(bytes)")
+    assert read_log(write(by_bytes, "bytes.txt")).notes == ()  # 4096 + 1000 > maxBytes
+
+
 def test_gpus_one_thread_drives_come_from_the_header(write):
     four = standard_log().replace("nThread 1 nGpus 1", "nThread 1 nGpus 4")
     assert read_log(write(four)).gpus_per_thread == 4

@@ -140,6 +140,10 @@ def test_dry_run_torch_uses_loopback_only(tmp_path):
         (["--launcher", "local", "--nodes", "2", "--nprocs", "4"], "runs on this machine only"),
         (["--nprocs", "3", "--nodes", "2", "--launcher", "mpirun"], "multiple of --nodes"),
         (["-c", "all_reduce,allgatherv"], "unknown collective"),
+        (["--runner", "torch", "-d", "floaty"], "'--datatype'"),
+        (["-d", "float16"], "no such type"),
+        (["-n", "0"], "'--iters': must be >= 1"),
+        (["--timeout", "-1"], "'--timeout': must be > 0"),
     ],
 )
 def test_missing_tools_and_bad_options_are_one_line_exit_2(tmp_path, monkeypatch, args, message):
@@ -147,6 +151,16 @@ def test_missing_tools_and_bad_options_are_one_line_exit_2(tmp_path, monkeypatch
     result = CliRunner().invoke(cli, ["calibrate", "run", "--out", str(tmp_path / "r"), *args])
     assert result.exit_code == 2
     assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_the_reason_of_a_failure_is_the_line_that_says_it():
+    from collsim.calibration.runners import failure_reason
+
+    traceback = "Traceback (most recent call last):\n  File x\nZeroDivisionError: division by zero"
+    assert failure_reason(f"{traceback}\n{'=' * 60}\n", 1) == "ZeroDivisionError: division by zero"
+    ours = "collsim torchbench: all_reduce 1024 B hung\nsome trailing words\n"
+    assert failure_reason(ours, 1) == "collsim torchbench: all_reduce 1024 B hung"
+    assert failure_reason("", 3) == "exit status 3"
 
 
 def test_fake_nccl_tests_run_records_logs_and_resumes(tmp_path):
