@@ -204,14 +204,26 @@ def memory_per_gpu(
     full_act_bytes_per_layer: float,
     stage_layers: int,
     capacity_bytes: float,
+    expert_params_per_gpu: float = 0.0,
 ) -> Memory:
-    """Weights, gradients, optimizer state and activations of one GPU (module docstring)."""
+    """Weights, gradients, optimizer state and activations of one GPU (module docstring).
+
+    ``expert_params_per_gpu`` (part of ``params_per_gpu``) are replicated over dp / ep GPUs only
+    (each expert-parallel group holds every expert once), so ZeRO shards them that many ways."""
     elem = DTYPE_BYTES[w.dtype]
     grad_elem = DTYPE_BYTES[w.training.grad_reduce_dtype or w.dtype]
-    dp, zero = layout.dp, layout.zero
-    weights = params_per_gpu * elem / (dp if zero >= 3 else 1)
-    grads = params_per_gpu * grad_elem / (dp if zero >= 2 else 1)
-    optim = params_per_gpu * OPTIMIZER_STATE_BYTES[w.training.optimizer] / (dp if zero >= 1 else 1)
+    zero = layout.zero
+    dense = params_per_gpu - expert_params_per_gpu
+
+    def sharded(bytes_per_param: float, from_stage: int) -> float:
+        if zero < from_stage:
+            return params_per_gpu * bytes_per_param
+        edp = max(1, layout.dp // layout.ep)
+        return (dense / layout.dp + expert_params_per_gpu / edp) * bytes_per_param
+
+    weights = sharded(elem, 3)
+    grads = sharded(grad_elem, 2)
+    optim = sharded(OPTIMIZER_STATE_BYTES[w.training.optimizer], 1)
     p, m, v = layout.pp, layout.m, layout.v
     if layout.schedule == "gpipe":
         in_flight = stage_layers * m

@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -46,8 +46,12 @@ Pos = Annotated[int, Field(ge=1)]
 class ClusterIn(Strict):
     name: str | None = None
     topology: str
-    nodes: list[Pos] | Pos
-    gpu_hour_usd: Annotated[float, Field(gt=0)]
+    nodes: Annotated[list[Pos], Field(min_length=1)] | Pos
+    gpu_hour_usd: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+    def node_counts(self) -> list[int]:
+        """The node counts to try, each once, smallest first."""
+        return sorted(set(self.nodes)) if isinstance(self.nodes, list) else [self.nodes]
 
 
 class SearchIn(Strict):
@@ -85,6 +89,29 @@ def load_candidates(path: str | os.PathLike[str]) -> CandidatesIn:
         raise WorkloadError(
             err.message, file=str(p), field=err.field, value=err.value, has_value=err.has_value
         ) from None
+
+
+@dataclass
+class Rejected:
+    """Layouts the search discarded: how many do not fit in memory, and those that cannot run
+    at all, with the first reasons (a layout rule, the batch, the GPUs)."""
+
+    memory: int = 0
+    reasons: dict[str, list[str]] = field(default_factory=dict)  # reason -> layouts
+
+    def invalid(self, what: str, why: str) -> None:
+        self.reasons.setdefault(why, []).append(what)
+
+    @property
+    def count(self) -> int:
+        return self.memory + sum(len(v) for v in self.reasons.values())
+
+    def summary(self, limit: int = 3) -> str:
+        """One line: the memory count, then the commonest reasons a layout could not run."""
+        parts = [f"{self.memory} layout(s) do not fit in memory"]
+        common = sorted(self.reasons.items(), key=lambda kv: -len(kv[1]))[:limit]
+        parts += [f"{len(v)} cannot run: {why} (e.g. {v[0]})" for why, v in common]
+        return "; ".join(parts)
 
 
 @dataclass
@@ -179,37 +206,60 @@ def layouts(w: WorkloadIn, search: SearchIn) -> list[WorkloadIn]:
     return out
 
 
+def _label(w: WorkloadIn) -> str:
+    """A searched layout in a few characters (for the reasons a layout cannot run)."""
+    p = w.parallel
+    v = f"-v{p.virtual_stages}" if p.schedule == "interleaved" else ""
+    return f"tp{p.tp}-pp{p.pp}{v}-mb{w.micro_batch}-{w.recompute}"
+
+
 def plan(
     w: WorkloadIn,
     cand: CandidatesIn,
     *,
     engine: str = "analytic",
     efficiency: float | None = None,
+    force_efficiency: float | None = None,
     params: Any = None,
     keep: str = "best",
-) -> tuple[list[Option], int]:
+    profile: str | None = None,
+) -> tuple[list[Option], Rejected]:
     """Evaluate every cluster x node count x layout; returns the options that fit, fastest
     first (``keep="best"``: the fastest layout per cluster size; ``"all"``: every layout), and
-    how many layouts were discarded because they do not fit in memory."""
+    what was discarded: layouts that do not fit in memory, and those that cannot run (why).
+
+    ``efficiency`` is the profile's (below the workload's own), ``force_efficiency`` overrides
+    both (``--efficiency``); a fitted ``profile`` file must match each cluster's topology."""
     options: list[Option] = []
-    rejected = 0
+    rejected = Rejected()
     tokens_per_step = w.global_batch * (w.model.seq_len if w.model.kind == "transformer" else 1)
     steps = math.ceil(cand.tokens / tokens_per_step)
     variants = layouts(w, cand.search)
     for cl in cand.clusters:
-        node_counts = cl.nodes if isinstance(cl.nodes, list) else [cl.nodes]
+        node_counts = cl.node_counts()
         biggest = load_topology(cl.topology, nodes=max(node_counts))
-        model = StepModel(biggest, make_timer(engine, biggest, params=params), efficiency)
+        timed_on = biggest
+        if profile and params is not None and str(params.source).startswith("profile "):
+            from collsim.model.profile import load_profile
+
+            fitted = load_profile(profile)
+            fitted.check_topology(biggest)
+            if engine == "des":
+                timed_on = fitted.apply_to_topology(biggest)
+        model = StepModel(biggest, make_timer(engine, timed_on, params=params), efficiency)
+        model.force_efficiency = force_efficiency
         for nodes in node_counts:
             n = nodes * biggest.gpus_per_node
             found: list[Option] = []
             for v in variants:
                 try:
                     res = model.evaluate(v, n)
-                except WorkloadError:
+                except WorkloadError as exc:
+                    where = f"{cl.name or cl.topology} x {nodes}: {_label(v)}"
+                    rejected.invalid(where, exc.message)
                     continue
                 if not res.fits:
-                    rejected += 1
+                    rejected.memory += 1
                     continue
                 res.details["recompute"] = v.recompute
                 hours = steps * res.step_time_s / 3600

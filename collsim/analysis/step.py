@@ -165,9 +165,10 @@ class StepModel:
 
     def _efficiency(self, w: WorkloadIn) -> float:
         """``--efficiency`` > the workload's > the profile's > :data:`DEFAULT_EFFICIENCY`."""
-        return (
-            self.force_efficiency or w.compute.efficiency or self.efficiency or DEFAULT_EFFICIENCY
-        )
+        for eff in (self.force_efficiency, w.compute.efficiency, self.efficiency):
+            if eff is not None:
+                return eff
+        return DEFAULT_EFFICIENCY
 
     def _coll(self, collective: str, gpus: list[str], size: float, algorithm: str) -> float:
         return self.timer.time_s(collective, gpus, size, algorithm)
@@ -272,7 +273,7 @@ class StepModel:
             breakdown=breakdown,
             model_flops=model_flops,
             hardware_flops=hw,
-            peak_flops=peak,
+            peak_flops=peak * self.topology.gpu.slowdown,  # MFU against the datasheet
             memory=mem,
             tokens_per_step=tokens,
             details=details,
@@ -375,7 +376,8 @@ class StepModel:
                 tp += tp_calls * one
             if lay.ep > 1 and c.moe_tokens_bytes > 0:
                 ep += tp_calls * self._coll("alltoall", groups.ep, c.moe_tokens_bytes * b, algo)
-        params -= sum(c.expert_params for c in layers) * (1 - 1 / lay.ep)
+        experts = sum(c.expert_params for c in layers) / lay.ep
+        params -= experts * (lay.ep - 1)
         return {
             "compute": compute,
             "fwd": fwd + extra / 3,
@@ -384,6 +386,7 @@ class StepModel:
             "ep": ep,
             "total": compute + tp + ep,
             "params": params,
+            "expert_params": experts,
             "layers": float(len(layers)),
             "recompute_flops": recompute_flops,
         }
@@ -402,7 +405,7 @@ class StepModel:
             layer = costs[sum(counts[:i])]
             mem = memory_per_gpu(
                 w, lay, stages[i]["params"], layer.act_bytes_recompute, layer.act_bytes,
-                counts[i], capacity,
+                counts[i], capacity, expert_params_per_gpu=stages[i]["expert_params"],
             )  # fmt: skip
             if worst is None or mem.total > worst.total:
                 worst = mem

@@ -13,7 +13,8 @@ hidden size ``h``, ``a`` heads, vocabulary ``V``, sequence length ``s``, batch `
   recomputation re-runs only the attention core: ``+4 B s^2 h`` per layer (Korthikanti 2022,
   section 5: hardware FLOPs ``72 B s l h^2 (1 + s/(3h) + V/(12 l h))``).
 * Parameters: ``12 l h^2 (1 + 13/(12 h) + (V + s)/(12 l h))`` (Narayanan 2021, section 5.1).
-* Activation memory of one layer for one micro-batch of ``b`` sequences, 16-bit activations,
+* Activation memory of one layer for one micro-batch of ``b`` sequences, 16-bit activations
+  (32-bit ones: twice),
   tensor-parallel size ``t`` (Korthikanti 2022, section 4, Eqs. 1-6):
   ``s b h (34 + 5 a s / h)`` without parallelism, ``s b h (10 + 24/t + 5 a s/(h t))`` with TP,
   ``s b h/t (34 + 5 a s / h)`` with TP + sequence parallelism, ``34 s b h / t`` with selective
@@ -108,7 +109,11 @@ def layer_costs(
     """Costs of one layer for one sequence on one TP rank (see the module docstring)."""
     h, s, a, kv, f = m.hidden, m.seq_len, m.heads, _kv(m), _ffn(m)
     top_k = m.experts.top_k if (moe and m.experts is not None) else 1
-    mlp = 2 * _mlp_matrices(m) * s * h * f * top_k
+    # Experts run on buffers padded to capacity_factor x their even share of the tokens (GShard,
+    # Lepikhin et al. 2020; Switch, Fedus et al. 2021): the all-to-all and the expert MLPs move and
+    # compute the padding too (1: dropless).
+    cf = m.experts.capacity_factor if (moe and m.experts is not None) else 1.0
+    mlp = 2 * _mlp_matrices(m) * s * h * f * top_k * cf
     core = 4 * s * s * h
     fwd = 2 * s * h * (h + 2 * kv) + core + 2 * s * h * h + mlp
     # Korthikanti's 24 s b h (the TP-split activations) is 8 (attention) + 16 (4h MLP); 10 s b h
@@ -116,12 +121,15 @@ def layer_costs(
     split = 8 + (2 if m.gated_mlp else 1) * 4 * f / h
     replicated = 10 / tp if sequence_parallel else 10
     scores = 0.0 if m.flash_attention else 5 * a * s / h
-    per_sbh = replicated + split / tp + scores / tp
+    # Korthikanti's counts are for 16-bit activations: 32-bit ones take twice the bytes (FP8
+    # recipes keep activations in 16 bits outside the GEMMs).
+    width = max(elem_bytes, 2) / 2
+    per_sbh = (replicated + split / tp + scores / tp) * width
     act = s * h * per_sbh
     if recompute == "full":
-        kept = 2 * s * h / (tp if sequence_parallel else 1)
+        kept = 2 * s * h / (tp if sequence_parallel else 1) * width
     elif recompute == "selective":
-        kept = s * h * (replicated + split / tp)
+        kept = s * h * (replicated + split / tp) * width
     else:
         kept = act
     return LayerCosts(
@@ -130,9 +138,9 @@ def layer_costs(
         act_bytes=act,
         act_bytes_recompute=kept,
         elementwise_bytes=act,
-        attn_elementwise_bytes=s * h * scores / tp,
+        attn_elementwise_bytes=s * h * scores / tp * width,
         tp_bytes=s * h * elem_bytes,
-        moe_tokens_bytes=(s * h * top_k * elem_bytes / tp) if moe else 0.0,
+        moe_tokens_bytes=(s * h * top_k * cf * elem_bytes / tp) if moe else 0.0,
         params=layer_params(m, moe) / tp,
         expert_params=(layer_params(m, True) - layer_params(m, False) + _mlp_params(m)) / tp
         if moe and m.experts is not None

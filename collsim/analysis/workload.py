@@ -184,8 +184,10 @@ class TrainingIn(Strict):
     optimizer: Literal["adam", "sgd", "none"] = "adam"
     grad_reduce_dtype: Literal["bf16", "fp16", "fp32"] | None = None
     dp_overlap: bool = True
-    bucket: Size = 25_000_000
+    bucket: Annotated[Size, Field(ge=4096)] = 25_000_000
+    """Gradient bucket bytes (PyTorch DDP's 25 MB); at least 4 KiB."""
     prefetch_bucket: Size = 100_000_000
+    """ZeRO-3 prefetch bytes (DeepSpeed's ``stage3_prefetch_bucket_size``); 0: none."""
     gather_copy_time: Annotated[str | float, _checked(units.parse_time, "a time", zero_ok=True)] = (
         "5us"
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,10 @@ _PROFILE = click.option(
     help="Calibration profile (JSON/YAML): analytic-model parameters and/or gpu_efficiency.",
 )
 _EFF = click.option(
-    "--efficiency", type=float, default=None, help="GEMM efficiency (overrides profile/workload)."
+    "--efficiency",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=None,
+    help="GEMM efficiency in (0, 1] (overrides profile/workload).",
 )
 
 
@@ -92,11 +96,19 @@ def _setup(workload: str, topology: str, nodes: int | None, engine: str, profile
     if topo.faults:
         click.echo(f"# faults: {'; '.join(topo.faults)}")
     params, eff = load_profile(profile)
+    timed_on = topo
     if params is not None and str(params.source).startswith("profile "):
         from collsim.model.profile import load_profile as read_fitted
 
-        read_fitted(profile).check_topology(topo)  # type: ignore[arg-type]
-    return w, topo, StepModel(topo, make_timer(engine, topo, params=params), eff), params, eff
+        fitted = read_fitted(profile)  # type: ignore[arg-type]
+        fitted.check_topology(topo)
+        if engine == "des":  # the engine sees the calibrated links (the model its parameters)
+            timed_on = fitted.apply_to_topology(topo)
+    elif params is not None and engine == "des":
+        click.echo("# note: the des engine times the topology's own links; the profile's model "
+                   "parameters steer only its algorithm choices")  # fmt: skip
+    model = StepModel(topo, make_timer(engine, timed_on, params=params), eff)
+    return w, topo, model, params, eff
 
 
 def _read_measured(path: str) -> list[float]:
@@ -113,14 +125,26 @@ def _read_measured(path: str) -> list[float]:
     body = rows[1:] if "step_time_s" in head else rows
     out = []
     for i, row in enumerate(body, start=2 if "step_time_s" in head else 1):
-        if not row or not row[col].strip():
+        if not any(cell.strip() for cell in row):
             continue
+        if len(row) <= col or not row[col].strip():
+            raise CollsimError(
+                f"line {i}: no step_time_s value", file=path, field="step_time_s", value=row
+            )
         try:
-            out.append(float(row[col]))
+            value = float(row[col])
         except ValueError:
             raise CollsimError(
                 f"line {i}: not a number", file=path, field="step_time_s", value=row[col]
             ) from None
+        if not (math.isfinite(value) and value > 0):
+            raise CollsimError(
+                f"line {i}: a step time must be a positive number of seconds",
+                file=path,
+                field="step_time_s",
+                value=row[col],
+            )
+        out.append(value)
     if not out:
         raise CollsimError("no step times", file=path, field="--measured")
     return out
@@ -170,11 +194,15 @@ def step(
 ) -> None:
     """Predict the training step of a workload on a cluster, with its breakdown and memory."""
     from collsim.analysis.summary import step_report
+    from collsim.analysis.workload import WorkloadError, resolve
     from collsim.io import atomic_write_text
 
     w, _topo, model, _, _ = _setup(workload, topology, nodes, engine, profile)
     model.force_efficiency = efficiency
-    result = model.evaluate(w)
+    try:
+        result = model.evaluate(w)
+    except WorkloadError as exc:  # a layout rule: the workload file's parallel/batch fields
+        raise exc.located(file=str(resolve(workload))) from None
     out = result.as_json()
     out["engine"] = engine
     if _topo.faults:
@@ -291,12 +319,13 @@ def plan(
     cand = planning.load_candidates(candidates)
     params, eff = load_profile(profile)
     options, rejected = planning.plan(
-        w, cand, engine=engine, efficiency=efficiency or eff, params=params,
-        keep="all" if all_layouts else "best",
+        w, cand, engine=engine, efficiency=eff, force_efficiency=efficiency, params=params,
+        keep="all" if all_layouts else "best", profile=profile,
     )  # fmt: skip
-    click.echo(f"# {w.name}: {cand.tokens:.3g} tokens; {rejected} layout(s) do not fit in memory")
+    click.echo(f"# {w.name}: {cand.tokens:.3g} tokens; {rejected.summary()}")
     if not options:
-        raise CollsimError("no candidate layout fits in memory", field="--candidates")
+        why = "fits in memory" if not rejected.reasons else "can run and fits in memory"
+        raise CollsimError(f"no candidate layout {why}", file=candidates, field="clusters")
     rows = [o.row() for o in options[:top]]
     cols = list(rows[0])
     click.echo(table(rows, cols))

@@ -280,6 +280,7 @@ def apply_faults(topology: Topology, faults: Sequence[Fault]) -> Topology:
             gpu,
             peak_flops={k: v / worst for k, v in gpu.peak_flops.items()},
             memory_bandwidth_bytes_per_s=gpu.memory_bandwidth_bytes_per_s / worst,
+            slowdown=gpu.slowdown * worst,
         )
         devices = tuple(
             dataclasses.replace(d, speed=d.speed * worst / slow.get(d.name, 1.0))

@@ -76,9 +76,14 @@ def resolve_in_catalog(
 def read_yaml(path: Path) -> Any:
     """Parse a YAML file; syntax errors become one line with the position."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise TopologyError(f"cannot read file: {exc.strerror}", file=str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise TopologyError(
+            f"not a UTF-8 text file (byte {exc.start}: {exc.object[exc.start : exc.start + 1]!r})",
+            file=str(path),
+        ) from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

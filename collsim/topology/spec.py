@@ -47,6 +47,10 @@ class GpuModel:
     memory_bytes: int
     memory_bandwidth_bytes_per_s: float
     source: str | None = None
+    slowdown: float = 1.0
+    """How much slower than its datasheet this GPU runs (a what-if ``gpu:...:slow=`` fault): the
+    rates above are the datasheet's / ``slowdown``, so utilisation is still measured against the
+    datasheet."""
 
 
 @dataclass(frozen=True)

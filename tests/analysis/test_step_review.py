@@ -1,0 +1,202 @@
+"""Fixes from an exploratory review of the step model and its CLI: layout rules Megatron-LM
+enforces, efficiency overrides, utilisation against the datasheet under faults, calibrated links
+on the discrete-event engine, activation width, MoE capacity and expert sharding, weak scaling's
+base, and bad measured or candidates files."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from collsim.analysis.comm import make_timer
+from collsim.analysis.plan import CandidatesIn, plan
+from collsim.analysis.scaling import scale_workload
+from collsim.analysis.step import StepModel
+from collsim.analysis.transformer import layer_costs
+from collsim.analysis.workload import WorkloadError, load_workload, workload_from_dict
+from collsim.cli import cli
+from collsim.topology.loader import load_topology
+from tests.analysis._step_fixtures import gpt
+
+MOE = {"layers": 4, "hidden": 1024, "heads": 16, "vocab": 32000, "seq_len": 1024,
+       "experts": {"count": 8, "top_k": 2}}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def dgx():
+    return load_topology("dgx-h100", nodes=2)
+
+
+def _evaluate(topo, data, n=None):
+    return StepModel(topo, make_timer("analytic", topo)).evaluate(workload_from_dict(data), n)
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "words"),
+    [
+        # one micro-batch cannot be interleaved over 4 stages (Megatron-LM: m % p == 0)
+        ({"global_batch": 2, "micro_batch": 1,
+          "parallel": {"pp": 4, "dp": 1, "schedule": "interleaved", "virtual_stages": 2}},
+         "parallel.virtual_stages", "divisible by pp"),
+        ({"model": {**MOE}, "parallel": {"ep": 16}}, "parallel.ep", "experts (8)"),
+        ({"model": {**MOE, "heads": 16, "kv_heads": 4}, "parallel": {"tp": 8}},
+         "parallel.tp", "4 key/value heads"),
+    ],
+)  # fmt: skip
+def test_layouts_megatron_cannot_run_are_errors(dgx, changes, field, words):
+    with pytest.raises(WorkloadError) as err:
+        _evaluate(dgx, gpt(**changes), 4 if changes["parallel"].get("dp") == 1 else None)
+    assert err.value.field == field and words in str(err.value)
+
+
+def test_an_interleaved_pipeline_is_never_faster_than_its_micro_batches_allow(dgx):
+    one = _evaluate(dgx, gpt(global_batch=4, micro_batch=1, parallel={"pp": 4}), 4)
+    inter = _evaluate(
+        dgx,
+        gpt(global_batch=4, micro_batch=1,
+            parallel={"pp": 4, "schedule": "interleaved", "virtual_stages": 2}),
+        4,
+    )  # fmt: skip
+    assert inter.step_time_s < one.step_time_s  # m = p: interleaving shrinks the bubble only
+    assert inter.step_time_s > 0.5 * one.step_time_s
+
+
+def test_efficiency_override_and_zero_are_not_the_default(dgx):
+    data = gpt(compute={"efficiency": 0.3})
+    model = StepModel(dgx, make_timer("analytic", dgx), efficiency=0.9)
+    own = model.evaluate(workload_from_dict(data))
+    model.force_efficiency = 0.6
+    forced = model.evaluate(workload_from_dict(data))
+    assert forced.breakdown["compute"] < own.breakdown["compute"]
+    same = _evaluate(dgx, gpt(compute={"efficiency": 0.6}))
+    assert forced.breakdown["compute"] == pytest.approx(same.breakdown["compute"])
+    bad = CliRunner().invoke(cli, ["step", "-w", "gpt-1.3b-ddp", "-t", "dgx-h100",
+                                   "--efficiency", "0"])  # fmt: skip
+    assert bad.exit_code == 2 and "--efficiency" in bad.output
+
+
+def test_plan_takes_the_efficiency_given_over_the_workloads():
+    w = workload_from_dict(gpt(compute={"efficiency": 0.3}))
+    cand = CandidatesIn.model_validate(
+        {"tokens": 1e9, "clusters": [{"topology": "dgx-h100", "nodes": 1, "gpu_hour_usd": 2}]}
+    )
+    own, _ = plan(w, cand)
+    forced, _ = plan(w, cand, force_efficiency=0.6)
+    assert forced[0].result.step_time_s < own[0].result.step_time_s
+
+
+def test_utilisation_is_against_the_datasheet_when_a_gpu_is_slowed():
+    healthy = load_topology("dgx-h100", nodes=1)
+    slowed = load_topology("dgx-h100", nodes=1, faults=["gpu:n0.gpu3:slow=2"])
+    a, b = _evaluate(healthy, gpt()), _evaluate(slowed, gpt())
+    assert b.step_time_s > a.step_time_s
+    assert b.mfu == pytest.approx(a.mfu * a.step_time_s / b.step_time_s)
+    assert b.peak_flops == pytest.approx(a.peak_flops)
+
+
+def test_the_des_engine_times_the_calibrated_links(tmp_path):
+    from collsim.calibration.fit import fit_samples
+    from collsim.calibration.report import dataset_samples
+
+    h100 = [s for s in dataset_samples() if s.name.startswith("h100-8gpu-together-ring-all_r")]
+    prof = tmp_path / "h100.yaml"
+    fit_samples(h100).save(prof)
+    out = {}
+    for extra in ([], ["--profile", str(prof)]):
+        js = tmp_path / f"s{len(extra)}.json"
+        args = ["step", "-w", "gpt-1.3b-ddp", "-t", "dgx-h100", "--nodes", "1",
+                "--engine", "des", "--json", str(js), *extra]  # fmt: skip
+        assert CliRunner().invoke(cli, args).exit_code == 0
+        import json
+
+        out[bool(extra)] = json.loads(js.read_text())["breakdown"]["dp_comm"]
+    assert out[True] != pytest.approx(out[False])
+
+
+def test_fp32_activations_take_twice_the_bytes_of_16_bit_ones():
+    m = workload_from_dict(gpt()).model
+    half = layer_costs(m, tp=1, sequence_parallel=False, recompute="none", elem_bytes=2)
+    full = layer_costs(m, tp=1, sequence_parallel=False, recompute="none", elem_bytes=4)
+    eight = layer_costs(m, tp=1, sequence_parallel=False, recompute="none", elem_bytes=1)
+    assert full.act_bytes == pytest.approx(2 * half.act_bytes)
+    assert eight.act_bytes == pytest.approx(half.act_bytes)  # FP8 keeps 16-bit activations
+
+
+def test_moe_capacity_pads_the_all_to_all_and_the_experts():
+    def costs(cf):
+        model = workload_from_dict(
+            gpt(model={**MOE, "experts": {**MOE["experts"], "capacity_factor": cf}})
+        ).model
+        return layer_costs(model, tp=1, sequence_parallel=False, recompute="none",
+                           elem_bytes=2, moe=True)  # fmt: skip
+
+    one, padded = costs(1.0), costs(1.25)
+    assert padded.moe_tokens_bytes == pytest.approx(1.25 * one.moe_tokens_bytes)
+    assert padded.fwd_flops > one.fwd_flops
+
+
+def test_zero_shards_expert_state_over_the_expert_data_parallel_group_only(dgx):
+    """16 GPUs, 8 experts: with ep 8 each GPU holds one expert, whose state ZeRO shards over the
+    2 GPUs holding that expert; with ep 1 each holds all 8, sharded 16 ways. Either way the
+    optimizer state per GPU is the same, while the weights shrink with ep."""
+
+    def moe(ep):
+        return _evaluate(dgx, gpt(model={**MOE}, global_batch=32, micro_batch=1,
+                                  parallel={"tp": 1, "pp": 1, "ep": ep, "zero": 1}))  # fmt: skip
+
+    one, eight = moe(1), moe(8)
+    assert eight.memory.weights < 0.5 * one.memory.weights
+    assert eight.memory.optimizer == pytest.approx(one.memory.optimizer)
+
+
+def test_weak_scaling_grows_the_batch_from_the_first_size_that_runs():
+    topo = load_topology("selene", nodes=16)
+    w = load_workload("gpt3-175b")  # TP8 x PP8: no layout on 4 nodes (32 GPUs)
+    model = StepModel(topo, make_timer("analytic", topo))
+    _, results, skipped = scale_workload(model, w, [4, 8, 16], "weak")
+    assert skipped and skipped[0].startswith("4 node")
+    base = model.evaluate(w, 64)
+    assert results[0].step_time_s == pytest.approx(base.step_time_s)
+    assert results[0].tokens_per_step == base.tokens_per_step
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("step_time_s\n1.0\n-3\n", "positive"),
+        ("step_time_s\nnan\n", "positive"),
+        ("a,step_time_s\n1\n", "no step_time_s value"),
+    ],
+)
+def test_bad_measured_step_times_are_one_line_errors(tmp_path, text, words):
+    path = tmp_path / "m.csv"
+    path.write_text(text)
+    args = ["step", "-w", "gpt-1.3b-ddp", "-t", "dgx-h100", "--nodes", "1", "--measured", str(path)]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2 and words in result.output and str(path) in result.output
+
+
+@pytest.mark.parametrize(
+    "cluster",
+    [
+        {"topology": "dgx-h100", "nodes": [], "gpu_hour_usd": 2},
+        {"topology": "dgx-h100", "nodes": 1, "gpu_hour_usd": math.inf},
+    ],
+)
+def test_bad_candidates_are_refused(cluster):
+    with pytest.raises(Exception) as err:
+        CandidatesIn.model_validate({"clusters": [cluster]})
+    assert "nodes" in str(err.value) or "gpu_hour_usd" in str(err.value)
+
+
+def test_plan_says_why_layouts_cannot_run():
+    w = workload_from_dict(gpt(global_batch=30))  # 30 sequences do not split over 4 replicas
+    cand = CandidatesIn.model_validate(
+        {"tokens": 1e9, "clusters": [{"topology": "dgx-h100", "nodes": [1, 1], "gpu_hour_usd": 2}],
+         "search": {"tp": [1, 2]}}
+    )  # fmt: skip
+    options, rejected = plan(w, cand)
+    assert len({o.nodes for o in options}) == len(options)  # node 1 listed twice: tried once
+    assert "global_batch" in rejected.summary()
