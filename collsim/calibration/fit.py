@@ -46,6 +46,7 @@ from collsim.model.profile import (
     ProfileDoc,
     Provenance,
     TopologyRef,
+    link_fingerprint,
 )
 from collsim.topology.spec import Topology
 
@@ -233,7 +234,10 @@ class _Problem:
         return ProfileDoc(
             collsim_profile=FORMAT_VERSION,
             topology=TopologyRef(
-                name=topo.name, nodes=topo.nodes, gpus_per_node=topo.gpus_per_node
+                name=topo.name,
+                nodes=topo.nodes,
+                gpus_per_node=topo.gpus_per_node,
+                links=link_fingerprint(topo),
             ),
             link_classes=link_classes,  # type: ignore[arg-type]
             base_latency_us=round(float(x[2]), 4),

@@ -167,7 +167,7 @@ def _build(
     if not collective:
         raise CalibrationError(
             "cannot tell which collective this log measures (no binary "
-            "name in it); pass collective=...",
+            "name in it); pass --collective (collective= in Python)",
             file=file,
             field="collective",
         )
@@ -178,7 +178,7 @@ def _build(
         ranks, ranks_source = infer_ranks(collective, drafts)
     if ranks is None:
         raise CalibrationError(
-            "cannot tell the number of ranks (no device list); pass ranks=...",
+            "cannot tell the number of ranks (no device list); pass --ranks (ranks= in Python)",
             file=file,
             field="ranks",
         )

@@ -48,6 +48,23 @@ class TopologyRef(_Strict):
     name: str
     nodes: int = Field(ge=1)
     gpus_per_node: int = Field(ge=1)
+    links: str | None = None
+    """Fingerprint of the GPU model and the datasheet figures of every kind of link
+    (:func:`link_fingerprint`): the same at every scale of one system, different for another
+    file that borrows the name."""
+
+
+def link_fingerprint(topology: Topology) -> str:
+    """12 hex digits over the GPU model and each distinct (kind, rate, latency, duplex rate) of
+    the topology's links: node counts do not change it, edited link figures do."""
+    import hashlib
+
+    kinds = sorted(
+        {(lk.kind, lk.bandwidth_bytes_per_s, lk.latency_s, lk.duplex_bandwidth_bytes_per_s or 0.0)
+         for lk in topology.links}
+    )  # fmt: skip
+    text = repr((topology.gpu.model, kinds))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 class LinkClass(_Strict):
@@ -139,12 +156,19 @@ class Profile:
                 field="topology.name",
                 value=ref.name,
             )
+        notes = []
+        if ref.links and ref.links != link_fingerprint(topology):
+            notes.append(
+                f"topology {topology.name}'s GPU or link figures differ from those the profile was "
+                "fitted on (another file of that name, or an edited one): its efficiencies are "
+                "relative to the old figures"
+            )
         if (topology.nodes, topology.gpus_per_node) != (ref.nodes, ref.gpus_per_node):
-            return [
+            notes.append(
                 f"profile fitted on {ref.nodes}x{ref.gpus_per_node}, applied to "
                 f"{topology.nodes}x{topology.gpus_per_node} (link-class parameters carry over)"
-            ]
-        return []
+            )
+        return notes
 
     def apply_to_topology(self, topology: Topology) -> Topology:
         """``topology`` with every link's bandwidth x its class's efficiency, latency x its
@@ -262,7 +286,10 @@ def datasheet_profile(topology: Topology, base_latency_us: float = 0.0) -> Profi
     doc = ProfileDoc(
         collsim_profile=FORMAT_VERSION,
         topology=TopologyRef(
-            name=topology.name, nodes=topology.nodes, gpus_per_node=topology.gpus_per_node
+            name=topology.name,
+            nodes=topology.nodes,
+            gpus_per_node=topology.gpus_per_node,
+            links=link_fingerprint(topology),
         ),
         link_classes={},
         base_latency_us=base_latency_us,

@@ -224,3 +224,20 @@ def test_simulate_says_which_parts_of_a_profile_each_engine_takes(h100, tmp_path
         cli, [*args, "--profile", str(prof), "--engine", "analytic", "--model", "nccl"]
     )
     assert nccl.exit_code == 2 and "NCCL's model takes no profile" in nccl.output
+
+
+def test_a_profile_notices_a_topology_whose_links_changed(h100):
+    import dataclasses as dc
+
+    from collsim.topology.loader import load_topology
+
+    prof = fit_samples(h100[:1])
+    assert prof.doc.topology.links
+    bigger = load_topology("dgx-h100", nodes=4)  # another scale of the same system
+    assert not any("differ" in n for n in prof.check_topology(bigger))
+    first = bigger.links[0]
+    edited = dc.replace(
+        bigger, links=(dc.replace(first, bandwidth_bytes_per_s=1e9), *bigger.links[1:])
+    )
+    assert any("differ from those the profile was fitted on" in n
+               for n in prof.check_topology(edited))  # fmt: skip
