@@ -68,7 +68,7 @@ def save_figure(fig: Any, path: str | os.PathLike[str], *, dpi: int = 110) -> Pa
             raise CollsimError(
                 f"cannot draw a '.{fmt}' file (use one of: {kinds})", file=str(path), field="--plot"
             )
-        fig.savefig(buffer, format=fmt, dpi=dpi)
+        fig.savefig(buffer, format=fmt, dpi=dpi, bbox_inches="tight")  # no label cut off
     finally:
         plt.close(fig)
     return atomic_write_bytes(target, buffer.getvalue())
