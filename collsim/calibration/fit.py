@@ -328,6 +328,17 @@ def fit_samples(
         fitted += ["net bandwidth / intra-node", "net latency / intra-node"]
     if prob.duplex:
         fitted += ["duplex_efficiency (PCIe and network links)"]
+    knots = iter(SIZE_KNOTS_BYTES)
+    label = {"eff": "bandwidth_efficiency", "lat": "latency_scale",
+             "duplex": "duplex_efficiency", "rel": "net bandwidth / intra-node",
+             "rel_lat": "net latency / intra-node"}  # fmt: skip
+    names = [f"size_efficiency@{next(knots)}" if k == "size" else label.get(k, k)
+             for k in prob.kinds]  # fmt: skip
+    at_bounds = [  # base and floor rest at 0 when the data need none: not a limit hit
+        f"{name} = {v:.4g} ({'lower' if v <= a * (1 + 1e-3) else 'upper'} bound)"
+        for name, kind, v, a, b in zip(names, prob.kinds, x, lo, hi, strict=True)
+        if kind not in ("base", "floor") and (v <= a * (1 + 1e-3) or v >= b * (1 - 1e-3))
+    ]
     doc = prob.doc(x).model_copy(
         update={
             "provenance": Provenance(
@@ -339,6 +350,7 @@ def fit_samples(
                     f" on relative time error, {result.nfev} evaluations"
                 ),
                 fitted=fitted,
+                at_bounds=at_bounds,
             ),
             "fit_error": FitError(
                 mape=round(float(np.mean(list(per_log.values()))), 6),

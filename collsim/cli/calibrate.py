@@ -275,6 +275,9 @@ def fit_cmd(
     click.echo(
         "#   size efficiency " + ", ".join(f"{int(s)}B: {f:.3f}" for s, f in doc.size_efficiency)
     )
+    for bound in doc.provenance.at_bounds:
+        click.echo(f"# note: {bound}: the data push it past what is physical; the model misses "
+                   "something these logs show")  # fmt: skip
     if doc.fit_error is not None:
         for name, err in doc.fit_error.per_log.items():
             click.echo(f"#   {name}: in-sample MAPE {100 * err:.1f}%")

@@ -80,6 +80,9 @@ class Provenance(_Strict):
     ranks: list[int]
     method: str
     fitted: list[str]
+    at_bounds: list[str] = []
+    """Parameters the fit left at a bound (``name = value (lower|upper bound)``): the data
+    pushed them further than a physical value goes, so the model misses something there."""
 
 
 class FitError(_Strict):

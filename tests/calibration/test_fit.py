@@ -241,3 +241,15 @@ def test_a_profile_notices_a_topology_whose_links_changed(h100):
     )
     assert any("differ from those the profile was fitted on" in n
                for n in prof.check_topology(edited))  # fmt: skip
+
+
+def test_parameters_left_at_a_bound_are_reported():
+    """rtx6000d's catalog host topology is a guess (its PCIe layout is unpublished): the fit
+    pushes the 1 MiB size efficiency to its bound, and says so."""
+    samples = [s for s in dataset_samples() if s.name.startswith("rtx6000d-spcx-roce-2n")]
+    prof = fit_samples(samples)
+    assert any(
+        b.startswith("size_efficiency@1048576 = 2 (upper") for b in prof.doc.provenance.at_bounds
+    )
+    clean = fit_samples([s for s in dataset_samples() if s.name.startswith("h100-8gpu")][:1])
+    assert clean.doc.provenance.at_bounds == []
