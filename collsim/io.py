@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -12,14 +14,21 @@ from typing import Any
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``.
 
-    A symbolic link is written through (its target is replaced); a device or pipe
-    (``/dev/stdout``, a FIFO) is written directly, as replacing it would destroy it. A new file
+    A symbolic link is written through (its target is replaced). What is not a regular file --
+    a device, a pipe, ``/dev/stdout`` whatever it points at -- is written to directly (appending,
+    so a shell's ``>>`` keeps what came before), as replacing it would destroy it. A new file
     gets the permissions the umask allows (as ``open`` gives), a replaced one keeps its own."""
-    target = Path(os.path.realpath(path))
-    if target.exists() and not target.is_file() and not target.is_dir():
-        with open(target, "wb") as handle:  # a device or pipe: nothing to replace atomically
+    given = os.fspath(path)
+    try:
+        regular = stat.S_ISREG(os.stat(given).st_mode)  # follows links; a loop raises OSError
+        exists = True
+    except FileNotFoundError:
+        regular, exists = True, False
+    if (exists and not regular) or given.startswith(("/dev/", "/proc/")):
+        with open(given, "ab") as handle:
             handle.write(data)
-        return Path(path)
+        return Path(given)
+    target = Path(os.path.realpath(given))
     folder = target.parent
     folder.mkdir(parents=True, exist_ok=True)
     mode = _mode_for(target)
@@ -34,17 +43,27 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return Path(path)
+    return Path(given)
 
 
 def _mode_for(target: Path) -> int:
-    """The permissions ``target`` has, or a new file would get under the umask."""
+    """The permission bits ``target`` has, or a new file would get under the umask."""
     try:
-        return target.stat().st_mode & 0o7777
+        return target.stat().st_mode & 0o777
     except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux says it (/proc), else by the
+    set-and-restore dance."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:

@@ -196,6 +196,18 @@ class Memory:
         }
 
 
+def sharded_params(
+    layout: Layout, params_per_gpu: float, expert_params_per_gpu: float, from_stage: int
+) -> float:
+    """Parameters one GPU keeps a copy of for a ZeRO stage that shards from ``from_stage`` on
+    (1: optimizer state, 2: gradients, 3: weights): dense ones over dp, the experts' (part of
+    ``params_per_gpu``) over the dp / ep GPUs that hold each expert."""
+    if layout.zero < from_stage:
+        return params_per_gpu
+    dense = params_per_gpu - expert_params_per_gpu
+    return dense / layout.dp + expert_params_per_gpu / max(1, layout.dp // layout.ep)
+
+
 def memory_per_gpu(
     w: WorkloadIn,
     layout: Layout,
@@ -212,14 +224,11 @@ def memory_per_gpu(
     (each expert-parallel group holds every expert once), so ZeRO shards them that many ways."""
     elem = DTYPE_BYTES[w.dtype]
     grad_elem = DTYPE_BYTES[w.training.grad_reduce_dtype or w.dtype]
-    zero = layout.zero
-    dense = params_per_gpu - expert_params_per_gpu
 
     def sharded(bytes_per_param: float, from_stage: int) -> float:
-        if zero < from_stage:
-            return params_per_gpu * bytes_per_param
-        edp = max(1, layout.dp // layout.ep)
-        return (dense / layout.dp + expert_params_per_gpu / edp) * bytes_per_param
+        return sharded_params(layout, params_per_gpu, expert_params_per_gpu, from_stage) * (
+            bytes_per_param
+        )
 
     weights = sharded(elem, 3)
     grads = sharded(grad_elem, 2)

@@ -98,6 +98,9 @@ class Rejected:
 
     memory: int = 0
     reasons: dict[str, list[str]] = field(default_factory=dict)  # reason -> layouts
+    notes: list[str] = field(default_factory=list)
+    """What the search noted on its inputs (a profile applied to another scale, or not to a
+    cluster of another system)."""
 
     def invalid(self, what: str, why: str) -> None:
         self.reasons.setdefault(why, []).append(what)
@@ -210,7 +213,8 @@ def _label(w: WorkloadIn) -> str:
     """A searched layout in a few characters (for the reasons a layout cannot run)."""
     p = w.parallel
     v = f"-v{p.virtual_stages}" if p.schedule == "interleaved" else ""
-    return f"tp{p.tp}-pp{p.pp}{v}-mb{w.micro_batch}-{w.recompute}"
+    sp = "-sp" if p.sequence_parallel else ""
+    return f"tp{p.tp}-pp{p.pp}{v}{sp}-zero{p.zero}-mb{w.micro_batch}-{w.recompute}"
 
 
 def plan(
@@ -238,15 +242,23 @@ def plan(
     for cl in cand.clusters:
         node_counts = cl.node_counts()
         biggest = load_topology(cl.topology, nodes=max(node_counts))
-        timed_on = biggest
+        timed_on, cluster_params = biggest, params
         if profile and params is not None and str(params.source).startswith("profile "):
             from collsim.model.profile import load_profile
 
             fitted = load_profile(profile)
-            fitted.check_topology(biggest)
-            if engine == "des":
-                timed_on = fitted.apply_to_topology(biggest)
-        model = StepModel(biggest, make_timer(engine, timed_on, params=params), efficiency)
+            if fitted.doc.topology.name != biggest.name:  # a profile is one system's
+                cluster_params = None
+                rejected.notes.append(
+                    f"{cl.name or cl.topology}: not calibrated (the profile is "
+                    f"{fitted.doc.topology.name}'s)"
+                )
+            else:
+                rejected.notes += [f"{cl.name or cl.topology}: {note}"
+                                   for note in fitted.check_topology(biggest)]  # fmt: skip
+                if engine == "des":
+                    timed_on = fitted.apply_to_topology(biggest)
+        model = StepModel(biggest, make_timer(engine, timed_on, params=cluster_params), efficiency)
         model.force_efficiency = force_efficiency
         for nodes in node_counts:
             n = nodes * biggest.gpus_per_node

@@ -45,7 +45,15 @@ from collsim.analysis.dataparallel import (
     expected_max_multiplier,
     overlapped_buckets,
 )
-from collsim.analysis.layout import Groups, Layout, Memory, memory_per_gpu, place, resolve_layout
+from collsim.analysis.layout import (
+    Groups,
+    Layout,
+    Memory,
+    memory_per_gpu,
+    place,
+    resolve_layout,
+    sharded_params,
+)
 from collsim.analysis.transformer import (
     LayerCosts,
     generic_layer_costs,
@@ -223,7 +231,7 @@ class StepModel:
         dp_comm, compression, dp_detail = data_parallel(
             self._coll, w, lay, groups, params_gpu, crit, m, algo, tensors
         )
-        local_params = params_gpu / (lay.dp if lay.zero >= 1 else 1)
+        local_params = sharded_params(lay, params_gpu, stages[fullest]["expert_params"], 1)
         optimizer = local_params * OPTIMIZER_BYTES[w.training.optimizer] / mem_bw
 
         sync = w.training.sync

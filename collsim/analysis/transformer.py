@@ -105,14 +105,16 @@ def layer_costs(
     recompute: str,
     elem_bytes: int,
     moe: bool = False,
+    padded: bool = True,
 ) -> LayerCosts:
-    """Costs of one layer for one sequence on one TP rank (see the module docstring)."""
+    """Costs of one layer for one sequence on one TP rank (see the module docstring);
+    ``padded=False`` leaves out the experts' capacity padding (the model FLOPs MFU counts)."""
     h, s, a, kv, f = m.hidden, m.seq_len, m.heads, _kv(m), _ffn(m)
     top_k = m.experts.top_k if (moe and m.experts is not None) else 1
     # Experts run on buffers padded to capacity_factor x their even share of the tokens (GShard,
     # Lepikhin et al. 2020; Switch, Fedus et al. 2021): the all-to-all and the expert MLPs move and
     # compute the padding too (1: dropless).
-    cf = m.experts.capacity_factor if (moe and m.experts is not None) else 1.0
+    cf = m.experts.capacity_factor if (moe and padded and m.experts is not None) else 1.0
     mlp = 2 * _mlp_matrices(m) * s * h * f * top_k * cf
     core = 4 * s * s * h
     fwd = 2 * s * h * (h + 2 * kv) + core + 2 * s * h * h + mlp
@@ -159,7 +161,7 @@ def model_flops_per_sample(m: TransformerIn) -> float:
     fwd = sum(
         layer_costs(
             m, tp=1, sequence_parallel=False, recompute="none", elem_bytes=2,
-            moe=is_moe_layer(m, i),
+            moe=is_moe_layer(m, i), padded=False,
         ).fwd_flops
         for i in range(m.layers)
     )  # fmt: skip

@@ -109,9 +109,9 @@ def read(text: str, file: str) -> tuple[Facts, list[Draft]]:
     facts = Facts(json=True, library_code=doc.get("nccl_version"))
     args = doc.get("args") or []
     facts.collective = str(args[0]) if args else None
-    facts.gpus_per_thread = int(config.get("ngpus") or 1)
+    facts.gpus_per_thread = int(config["ngpus"]) if config.get("ngpus") else None
     if devices:
-        per_process = int(config.get("nthreads", 1)) * facts.gpus_per_thread
+        per_process = int(config.get("nthreads") or 1) * (facts.gpus_per_thread or 1)
         facts.ranks, facts.ranks_source = len(devices) * per_process, "devices"
         facts.hosts = list(dict.fromkeys(str(d.get("hostname")) for d in devices))
         facts.gpu = " / ".join(dict.fromkeys(str(d.get("device_info")) for d in devices))

@@ -191,11 +191,11 @@ def _from_command(line: str) -> tuple[int | None, int]:
     assert match is not None
     before, after = line[: match.start()], line[match.end() :].split()
     opts = {"g": 1, "t": 1}
-    for flag, key in (("-g", "g"), ("--ngpus", "g"), ("-t", "t"), ("--nthreads", "t")):
-        if flag in after:
-            i = after.index(flag)
-            if i + 1 < len(after) and after[i + 1].isdigit():
-                opts[key] = int(after[i + 1])
+    rest = " ".join(after)
+    for key, flags in (("g", "-g|--ngpus"), ("t", "-t|--nthreads")):
+        # -g 4, -g4, --ngpus 4, --ngpus=4
+        if found := re.search(rf"(?:^|\s)(?:{flags})(?:=|\s*)(\d+)(?=\s|$)", rest):
+            opts[key] = int(found.group(1))
     procs = 1
     if _LAUNCHERS.search(before):
         found = re.search(r"(?:^|\s)(?:-np|-n|--np|--ntasks)[\s=](\d+)", before)

@@ -334,10 +334,14 @@ def fit_samples(
              "rel_lat": "net latency / intra-node"}  # fmt: skip
     names = [f"size_efficiency@{next(knots)}" if k == "size" else label.get(k, k)
              for k in prob.kinds]  # fmt: skip
-    at_bounds = [  # base and floor rest at 0 when the data need none: not a limit hit
+    # Base and floor rest at 0, and links at full duplex, when the data need no more: physical
+    # values, not limits hit.
+    physical_low = ("base", "floor")
+    at_bounds = [
         f"{name} = {v:.4g} ({'lower' if v <= a * (1 + 1e-3) else 'upper'} bound)"
         for name, kind, v, a, b in zip(names, prob.kinds, x, lo, hi, strict=True)
-        if kind not in ("base", "floor") and (v <= a * (1 + 1e-3) or v >= b * (1 - 1e-3))
+        if (v <= a * (1 + 1e-3) and kind not in physical_low)
+        or (v >= b * (1 - 1e-3) and kind != "duplex")
     ]
     doc = prob.doc(x).model_copy(
         update={

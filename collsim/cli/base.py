@@ -40,7 +40,7 @@ class CollsimGroup(click.Group):
 def refuse_overwriting_inputs(inputs: Any, **outputs: str | None) -> None:
     """An output path (``--json``, ``-o``, ...) that names one of the input files would destroy
     a measurement: refuse it, naming the option."""
-    given = {os.path.realpath(p) for p in inputs}
+    given = {os.path.realpath(p) for p in inputs if p}
     for flag, path in outputs.items():
         if path and os.path.realpath(path) in given:
             raise CollsimError(

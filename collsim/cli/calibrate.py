@@ -250,7 +250,7 @@ def fit_cmd(
     """
     from collsim.calibration.session import load_samples
 
-    refuse_overwriting_inputs(logs, output=output)
+    refuse_overwriting_inputs([*logs, topology], output=output)
     samples = load_samples(
         logs, topology, nodes=nodes, gpus_per_node=gpus_per_node, collective=collective,
         ranks=ranks, gpus_per_thread=gpus_per_thread, allow_anomalies=allow_anomalies,

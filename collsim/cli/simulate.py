@@ -6,7 +6,7 @@ import json
 
 import click
 
-from collsim.cli.base import cli, fault_option, run_options, size_option
+from collsim.cli.base import cli, fault_option, refuse_overwriting_inputs, run_options, size_option
 from collsim.collectives.registry import COLLECTIVES
 from collsim.errors import CollsimError
 
@@ -79,6 +79,7 @@ def simulate(
     from collsim.topology.loader import load_topology
     from collsim.whatif import WhatIf
 
+    refuse_overwriting_inputs([topology, profile], json=json_file, trace=trace)
     try:
         sizes = units.size_range(
             size_option("-b", minbytes), size_option("-e", maxbytes), stepfactor

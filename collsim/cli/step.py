@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from collsim.cli.base import cli, context_faults, fault_meta_option
+from collsim.cli.base import cli, context_faults, fault_meta_option, refuse_overwriting_inputs
 from collsim.errors import CollsimError
 
 # Options the three commands share (one definition each).
@@ -101,7 +101,8 @@ def _setup(workload: str, topology: str, nodes: int | None, engine: str, profile
         from collsim.model.profile import load_profile as read_fitted
 
         fitted = read_fitted(profile)  # type: ignore[arg-type]
-        fitted.check_topology(topo)
+        for note in fitted.check_topology(topo):
+            click.echo(f"# note: {note}")
         if engine == "des":  # the engine sees the calibrated links (the model its parameters)
             timed_on = fitted.apply_to_topology(topo)
     elif params is not None and engine == "des":
@@ -197,6 +198,7 @@ def step(
     from collsim.analysis.workload import WorkloadError, resolve
     from collsim.io import atomic_write_text
 
+    refuse_overwriting_inputs([workload, topology, profile, measured], json=json_file)
     w, _topo, model, _, _ = _setup(workload, topology, nodes, engine, profile)
     model.force_efficiency = efficiency
     try:
@@ -265,6 +267,7 @@ def scale(
     from collsim.analysis.summary import scaling_report
     from collsim.io import atomic_write_text
 
+    refuse_overwriting_inputs([workload, topology, profile], plot=plot, json=json_file)
     try:
         counts = sorted({int(x) for x in node_list.split(",") if x.strip()})
     except ValueError:
@@ -315,6 +318,7 @@ def plan(
     from collsim.io import atomic_write_text
     from collsim.report.tables import table
 
+    refuse_overwriting_inputs([workload, candidates, profile], plot=plot, json=json_file)
     w = load_workload(workload)
     cand = planning.load_candidates(candidates)
     params, eff = load_profile(profile)
@@ -322,6 +326,8 @@ def plan(
         w, cand, engine=engine, efficiency=eff, force_efficiency=efficiency, params=params,
         keep="all" if all_layouts else "best", profile=profile,
     )  # fmt: skip
+    for note in rejected.notes:
+        click.echo(f"# note: {note}")
     click.echo(f"# {w.name}: {cand.tokens:.3g} tokens; {rejected.summary()}")
     if not options:
         why = "fits in memory" if not rejected.reasons else "can run and fits in memory"

@@ -59,7 +59,7 @@ def validate(
     from collsim.errors import CollsimError
     from collsim.io import atomic_write_text
 
-    refuse_overwriting_inputs(logs, json=json_file, plot=plot_file)
+    refuse_overwriting_inputs([*logs, topology, profile], json=json_file, plot=plot_file)
     samples = load_samples(
         logs, topology, nodes=nodes, gpus_per_node=gpus_per_node, collective=collective,
         ranks=ranks, gpus_per_thread=gpus_per_thread,

@@ -48,27 +48,33 @@ class TopologyRef(_Strict):
     name: str
     nodes: int = Field(ge=1)
     gpus_per_node: int = Field(ge=1)
-    links: str | None = None
-    """Fingerprint of the GPU model and the datasheet figures of every kind of link
-    (:func:`link_fingerprint`): the same at every scale of one system, different for another
-    file that borrows the name."""
+    links: dict[str, str] | None = None
+    """Fingerprints of the GPU model and of each kind of link's datasheet figures
+    (:func:`link_fingerprint`): a kind's is the same at every scale of one system (a scale
+    without that kind, e.g. one GPU per node, just lacks it), different for another file that
+    borrows the name."""
 
 
-def link_fingerprint(topology: Topology) -> str:
-    """12 hex digits over the GPU model and each distinct (kind, rate, latency, duplex rate) of
-    the topology's links: node counts do not change it, edited link figures do."""
+def link_fingerprint(topology: Topology) -> dict[str, str]:
+    """8 hex digits for the GPU model (``gpu``) and for each link kind over its distinct (rate,
+    latency, duplex rate): node counts do not change them, edited figures do."""
     import hashlib
 
-    kinds = sorted(
-        {(lk.kind, lk.bandwidth_bytes_per_s, lk.latency_s, lk.duplex_bandwidth_bytes_per_s or 0.0)
-         for lk in topology.links}
-    )  # fmt: skip
-    text = repr((topology.gpu.model, kinds))
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    def digest(value: object) -> str:
+        return hashlib.sha256(repr(value).encode()).hexdigest()[:8]
+
+    figures: dict[str, set[tuple[float, float, float]]] = {}
+    for lk in topology.links:
+        figures.setdefault(lk.kind, set()).add(
+            (lk.bandwidth_bytes_per_s, lk.latency_s, lk.duplex_bandwidth_bytes_per_s or 0.0)
+        )
+    out = {"gpu": digest(topology.gpu.model)}
+    out.update({kind: digest(sorted(f)) for kind, f in sorted(figures.items())})
+    return out
 
 
 class LinkClass(_Strict):
-    bandwidth_efficiency: float = Field(ge=0.01, le=10)
+    bandwidth_efficiency: float = Field(ge=0.001, le=10)
     latency_scale: float = Field(ge=0, le=1000)
     duplex_efficiency: float | None = Field(default=None, ge=0.5, le=1)
     """Both directions together carry 2 x this x the rate (absent: full duplex)."""
@@ -99,7 +105,7 @@ class ProfileDoc(_Strict):
     link_classes: dict[Literal["nvlink", "pci", "net"], LinkClass]
     base_latency_us: float = Field(ge=0, le=1e6)
     launch_floor_us: float = Field(default=0.0, ge=0, le=1e6)
-    memory_efficiency: float = Field(default=1.0, ge=0.01, le=4)
+    memory_efficiency: float = Field(default=1.0, ge=0.001, le=4)
     size_efficiency: list[tuple[float, float]] = []
     provenance: Provenance
     fit_error: FitError | None = None
@@ -160,7 +166,8 @@ class Profile:
                 value=ref.name,
             )
         notes = []
-        if ref.links and ref.links != link_fingerprint(topology):
+        now = link_fingerprint(topology)
+        if ref.links and any(now[k] != v for k, v in ref.links.items() if k in now):
             notes.append(
                 f"topology {topology.name}'s GPU or link figures differ from those the profile was "
                 "fitted on (another file of that name, or an edited one): its efficiencies are "

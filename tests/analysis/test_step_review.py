@@ -200,3 +200,48 @@ def test_plan_says_why_layouts_cannot_run():
     options, rejected = plan(w, cand)
     assert len({o.nodes for o in options}) == len(options)  # node 1 listed twice: tried once
     assert "global_batch" in rejected.summary()
+
+
+def test_capacity_padding_is_time_not_model_flops(dgx):
+    def run(cf):
+        model = {**MOE, "experts": {**MOE["experts"], "capacity_factor": cf}}
+        return _evaluate(dgx, gpt(model=model, parallel={"ep": 8}))
+
+    tight, padded = run(1.0), run(2.0)
+    assert padded.model_flops == pytest.approx(tight.model_flops)
+    assert padded.step_time_s > tight.step_time_s and padded.mfu < tight.mfu
+
+
+def test_the_optimizer_step_updates_the_expert_state_each_gpu_owns(dgx):
+    def run(ep):
+        return _evaluate(dgx, gpt(model={**MOE}, global_batch=32, micro_batch=1,
+                                  parallel={"ep": ep, "zero": 1}))  # fmt: skip
+
+    assert run(8).breakdown["optimizer"] == pytest.approx(run(1).breakdown["optimizer"])
+
+
+def test_outputs_never_overwrite_inputs(tmp_path):
+    measured = tmp_path / "m.csv"
+    measured.write_text("step_time_s\n2.2\n")
+    args = ["step", "-w", "gpt-1.3b-ddp", "-t", "dgx-h100", "--nodes", "1",
+            "--measured", str(measured), "--json", str(measured)]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2 and "would overwrite an input" in result.output
+    assert measured.read_text() == "step_time_s\n2.2\n"
+
+
+def test_plan_calibrates_only_the_clusters_of_the_profiles_system(tmp_path):
+    from collsim.calibration.fit import fit_samples
+    from collsim.calibration.report import dataset_samples
+
+    prof = tmp_path / "h100.yaml"
+    fit_samples([s for s in dataset_samples() if s.name.startswith("h100-8gpu")][:1]).save(prof)
+    from collsim.cli.step import load_profile
+
+    params, _ = load_profile(str(prof))
+    cand = CandidatesIn.model_validate({"tokens": 1e9, "clusters": [
+        {"topology": "dgx-h100", "nodes": 1, "gpu_hour_usd": 2},
+        {"topology": "dgx-a100", "nodes": 1, "gpu_hour_usd": 1}]})  # fmt: skip
+    options, rejected = plan(workload_from_dict(gpt()), cand, params=params, profile=str(prof))
+    assert {o.topology for o in options} == {"dgx-h100", "dgx-a100"}
+    assert any("dgx-a100: not calibrated" in n for n in rejected.notes)
