@@ -173,8 +173,8 @@ def size_range(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
         raise UnitError(f"sizes must not be negative (got -b {min_bytes}, -e {max_bytes})")
     if min_bytes > max_bytes:
         raise UnitError(f"minimum size {min_bytes} is larger than maximum size {max_bytes}")
-    if factor <= 1 and min_bytes != max_bytes:
-        raise UnitError(f"step factor must be > 1, got {factor}")
+    if not math.isfinite(factor) or (factor <= 1 and min_bytes != max_bytes):
+        raise UnitError(f"step factor must be a finite number > 1, got {factor}")
     if min_bytes > 0 and max_bytes > min_bytes:
         count = math.floor(math.log(max_bytes / min_bytes) / math.log(factor)) + 1
         if count > MAX_SIZES:

@@ -71,6 +71,12 @@ def element_count(collective: str, size_bytes: int, elem_bytes: int, nranks: int
     return count
 
 
+def printed_count(collective: str, elements: int, nranks: int) -> int:
+    """The count nccl-tests prints for a buffer of ``elements``: per rank for all_gather,
+    reduce_scatter and alltoall (their ``sendcount``), the whole buffer for the others."""
+    return elements // nranks if collective in ROUNDED_TO_RANKS else elements
+
+
 def layout_for(topology: Topology) -> RankLayout:
     """Ranks on the topology's nodes; a (nodes x GPUs-per-node) grid for 2D algorithms; on
     point-to-point meshes, per-channel ring orders inside nodes (:func:`mesh_rings`)."""
@@ -292,7 +298,7 @@ class WhatIf:
             result.points.append(
                 Point(
                     size_bytes=size_out,
-                    count=count,
+                    count=printed_count(collective, count, n),
                     algorithm=name,
                     time_s=time_s,
                     algbw_gbps=algbw_gbps(size_out, time_s) if time_s > 0 else 0.0,

@@ -122,3 +122,18 @@ def test_simulate_bad_input_is_one_line(args, words):
     assert len(result.output.strip().splitlines()) == 1, result.output
     for word in words:
         assert word in result.output, (word, result.output)
+
+
+def test_the_count_column_is_what_nccl_tests_prints():
+    """all_gather, reduce_scatter and alltoall print the per-rank count (as the bundled
+    h100-snellius-1n4g reduce_scatter log does: 65536 floats for 1 MiB on 4 ranks)."""
+    args = ["simulate", "reduce_scatter", "-t", "h100-4gpu-ib", "--nodes", "1", "-a", "ring",
+            "-b", "1M", "-e", "1M", "--engine", "analytic"]  # fmt: skip
+    row = [
+        ln for ln in CliRunner().invoke(cli, args).output.splitlines() if ln.strip()[:1].isdigit()
+    ]
+    assert row[0].split()[:2] == ["1048576", "65536"]
+    whole = CliRunner().invoke(cli, ["simulate", "all_reduce", *args[2:]]).output
+    assert any(ln.split()[:2] == ["1048576", "262144"] for ln in whole.splitlines())
+    bad = CliRunner().invoke(cli, [*args, "-f", "nan"])
+    assert bad.exit_code == 2 and "finite" in bad.output

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 from collsim.analysis.metrics import algbw_gbps, busbw_gbps, canonical_collective
 from collsim.calibration.nccltests import Row
-from collsim.whatif import ROUNDED_TO_RANKS, dtype_bytes
+from collsim.whatif import dtype_bytes, element_count, printed_count
 
 REDUCING = frozenset({"all_reduce", "reduce_scatter", "reduce"})
 ROOTED = frozenset({"broadcast", "reduce"})
@@ -44,9 +44,8 @@ def nccl_tests_count(
     down to a multiple of ranks x element size; the others print the whole buffer.
     """
     name = canonical_collective(collective)
-    per = nranks if name in ROUNDED_TO_RANKS else 1
-    count = size_bytes // elem_bytes // per
-    return count, count * elem_bytes * per
+    elements = element_count(name, size_bytes, elem_bytes, nranks)
+    return printed_count(name, elements, nranks), elements * elem_bytes
 
 
 def row_from_times(

@@ -97,8 +97,25 @@ def _local(tasks: list[Task], jobs: int) -> Iterator[tuple[str, str, int]]:
                 proc.terminate()  # a task still running on Ctrl-C: its points are not kept
 
 
+def _term_as_interrupt() -> Callable[[], None]:
+    """While a sweep runs, SIGTERM (what batch schedulers such as Slurm send) stops it as Ctrl-C
+    does: finished tasks kept and merged, workers terminated. Returns what restores the old
+    handler (a no-op off the main thread, where handlers cannot be set)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, interrupt)
+    return lambda: signal.signal(signal.SIGTERM, old)
+
+
 def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent terminates its workers
 
 
 def _dask(tasks: list[Task], scheduler: str) -> Iterator[tuple[str, str, int]]:
@@ -160,6 +177,7 @@ def run_sweep(
     computed = computed_points = 0
     interrupted = False
     runs = _local(todo, jobs or os.cpu_count() or 1) if executor == "local" else None
+    restore = _term_as_interrupt()
     try:
         if runs is None:
             runs = _dask(todo, scheduler)  # type: ignore[arg-type]
@@ -176,6 +194,7 @@ def run_sweep(
     finally:
         if runs is not None and hasattr(runs, "close"):
             runs.close()
+        restore()
     points = merge(root, spec, store)
     return SweepOutcome(root, len(spec.tasks), points, reused, computed, computed_points,
                         interrupted, problems)  # fmt: skip

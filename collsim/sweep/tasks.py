@@ -76,7 +76,7 @@ def _collective_rows(task: Task) -> list[dict[str, Any]]:
     from collsim.engine.results import bottleneck_links
     from collsim.model.analytic import effective_bytes
     from collsim.topology.loader import load_topology
-    from collsim.whatif import WhatIf, dtype_bytes
+    from collsim.whatif import WhatIf, dtype_bytes, printed_count
 
     topo = load_topology(task.topology_path, nodes=task.nodes, faults=task.faults)
     whatif = WhatIf(topo)
@@ -144,7 +144,7 @@ def _collective_rows(task: Task) -> list[dict[str, Any]]:
                     "algorithm_used": picks[i],
                     "size_bytes": size,
                     "bytes": nbytes,
-                    "count": nbytes // elem,
+                    "count": printed_count(coll, nbytes // elem, n),
                     "time_us": t * 1e6,
                     "algbw_gbps": algbw_gbps(nbytes, t) if t > 0 else 0.0,
                     "busbw_gbps": _busbw(busbw_gbps, coll, n, nbytes, t),

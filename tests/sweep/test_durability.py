@@ -3,6 +3,7 @@ damaged result files are reported and never used."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -82,6 +83,50 @@ def test_sigkill_mid_sweep_loses_no_finished_task(tmp_path):
         assert after[key] == kept[key] and (res / after[key]["file"]).read_bytes() == data
     assert len(read_points(res)) == spec.n_points
     assert not list(res.rglob(".*.tmp"))
+
+
+def _session(sid: int) -> list[int]:
+    """Processes still alive in session ``sid`` (the sweep started its own)."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.getsid(int(entry.name)) == sid:
+                    alive.append(int(entry.name))
+    return alive
+
+
+def test_sigterm_stops_a_parallel_sweep_keeping_its_tasks_and_no_worker(tmp_path):
+    """Slurm's scancel sends SIGTERM: the sweep stops as on Ctrl-C (finished tasks merged into
+    points.csv) and leaves no worker process running."""
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(SLOW_SPEC))
+    res = tmp_path / "res"
+    proc = subprocess.Popen(
+        [*_collsim(), "sweep", str(spec_path), "-o", str(res), "-j", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not _recorded(res) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if proc.poll() is not None:
+            pytest.skip("the sweep finished before it could be stopped (machine too fast)")
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        time.sleep(0.5)  # let terminated workers be reaped
+        leftover = _session(proc.pid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "Traceback" not in err
+    assert leftover == [], "a worker outlived the sweep"
+    assert (res / "points.csv").exists() and read_points(res)
 
 
 @pytest.fixture
