@@ -137,3 +137,12 @@ def test_the_count_column_is_what_nccl_tests_prints():
     assert any(ln.split()[:2] == ["1048576", "262144"] for ln in whole.splitlines())
     bad = CliRunner().invoke(cli, [*args, "-f", "nan"])
     assert bad.exit_code == 2 and "finite" in bad.output
+
+
+@pytest.mark.parametrize("engine", ["des", "analytic"])
+def test_a_deep_pipeline_fills(engine):
+    """A chain over 64 nodes (63 hops) broadcasting 16 GiB runs near its 6.25 GB/s links: the
+    buffer is cut into enough chunks to fill the pipeline (it was capped at 64: 51%)."""
+    w = WhatIf(load_topology("g4dn-efa", nodes=64))
+    sweep = w.sweep("broadcast", "chain", [16 << 30], engine=engine)
+    assert sweep.points[0].busbw_gbps > 0.9 * 6.25

@@ -20,7 +20,17 @@ DEFAULT_CHUNK_BYTES = 512 * 1024
 """Pipelining granularity of tree, chain and in-network algorithms (NCCL's default is similar)."""
 
 MAX_CHUNKS = 64
-"""At most this many pipeline chunks per channel, so schedules of huge buffers stay small."""
+"""Pipeline chunks per channel a shallow pipeline may take at most (a deep one takes more:
+:func:`collsim.collectives.tree.pipeline_chunk_cap`), so schedules of huge buffers stay small."""
+
+PIPELINE_FILL = 16
+"""Chunks per stage of a pipeline's depth that a huge buffer may be cut into. NCCL cuts a buffer
+into fixed-size chunks however many there are, so a deep chain or tree runs full for all but its
+fill and drain; 16 chunks per stage keep those under ~6% of the time."""
+
+PIPELINE_BUDGET = 1 << 21
+"""Transfers the chunks of one pipeline may add up to (chunks x edges), bounding the schedule of a
+very deep chain (its fill then costs more than 6%)."""
 
 
 @dataclass(frozen=True)

@@ -18,25 +18,34 @@ import numpy as np
 
 from collsim.collectives.common import BuildSpec
 from collsim.collectives.schedule import Schedule, ScheduleBuilder
-from collsim.collectives.tree import Tree, chain_parents, heap_parents, tree_broadcast, tree_reduce
+from collsim.collectives.tree import (
+    Tree,
+    chain_parents,
+    heap_parents,
+    pipeline_chunk_cap,
+    tree_broadcast,
+    tree_reduce,
+)
 
 ParentFn = Callable[[int, int], np.ndarray]
 
 
 def _broadcast(spec: BuildSpec, parents: ParentFn) -> Schedule:
     b = ScheduleBuilder()
-    tree = Tree.from_parents(parents(spec.nranks, spec.root))
+    p = parents(spec.nranks, spec.root)
+    tree, cap = Tree.from_parents(p), pipeline_chunk_cap([p])
     for c, lo, cnt in spec.channel_pieces(spec.count):
-        bounds = spec.chunks(lo, cnt)
+        bounds = spec.chunks(lo, cnt, max_chunks=cap)
         tree_broadcast(b, tree, bounds, src_buf="input", channel=c, copy_root=True)
     return spec.finish(b)
 
 
 def _reduce(spec: BuildSpec, parents: ParentFn) -> Schedule:
     b = ScheduleBuilder()
-    tree = Tree.from_parents(parents(spec.nranks, spec.root))
+    p = parents(spec.nranks, spec.root)
+    tree, cap = Tree.from_parents(p), pipeline_chunk_cap([p])
     for c, lo, cnt in spec.channel_pieces(spec.count):
-        tree_reduce(b, tree, spec.chunks(lo, cnt), channel=c)
+        tree_reduce(b, tree, spec.chunks(lo, cnt, max_chunks=cap), channel=c)
     return spec.finish(b)
 
 

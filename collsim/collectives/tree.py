@@ -27,6 +27,8 @@ import numpy as np
 
 from collsim.collectives.common import (
     MAX_CHUNKS,
+    PIPELINE_BUDGET,
+    PIPELINE_FILL,
     BuildSpec,
     add_reductions,
     self_copy,
@@ -135,6 +137,26 @@ def nccl_tree_parents(
         parent[heads[up]] = heads[node_parent[up]]
         trees.append(parent)
     return trees[0], trees[1]
+
+
+def pipeline_chunk_cap(parents: list[np.ndarray], stages: int = 1, floor: int = MAX_CHUNKS) -> int:
+    """How many chunks a pipeline over the trees ``parents`` may cut a buffer into: enough to fill
+    its depth (``stages`` passes: 2 for reduce-then-broadcast) :data:`PIPELINE_FILL` times over,
+    within :data:`PIPELINE_BUDGET` transfers, never fewer than ``floor``. The schedule builders
+    and the analytic model (:mod:`collsim.model.trees`) both take it, so they agree."""
+    trees = [Tree.from_parents(p) for p in parents]
+    depth = stages * max(len(t.levels) - 1 for t in trees)
+    edges = stages * sum(int((np.asarray(p) >= 0).sum()) for p in parents)
+    return max(floor, min(PIPELINE_FILL * depth, PIPELINE_BUDGET // max(1, edges)))
+
+
+def all_tree_parents(layout: RankLayout, channels: int) -> list[np.ndarray]:
+    """The distinct trees of NCCL's tree all-reduce over all channels (``nccl_tree_parents``)."""
+    seen: dict[bytes, np.ndarray] = {}
+    for c in range(channels):
+        for p in nccl_tree_parents(layout, c, channels):
+            seen.setdefault(np.asarray(p).tobytes(), p)
+    return list(seen.values())
 
 
 def heap_parents(n: int, root: int) -> np.ndarray:
@@ -263,6 +285,9 @@ def build_all_reduce(spec: BuildSpec) -> Schedule:
     """NCCL's tree all-reduce: per channel two trees (chains in nodes, a double binary tree
     across them), half the data each, reduced up then broadcast down, pipelined by chunks."""
     b = ScheduleBuilder()
+    cap = pipeline_chunk_cap(
+        all_tree_parents(spec.layout, spec.channels), stages=2, floor=max(1, MAX_CHUNKS // 2)
+    )
     for c, lo, cnt in spec.channel_pieces(spec.count):
         parents = nccl_tree_parents(spec.layout, c, spec.channels)
         trees = [Tree.from_parents(p) for p in parents]
@@ -271,7 +296,7 @@ def build_all_reduce(spec: BuildSpec) -> Schedule:
             h_lo, h_hi = int(halves[t]), int(halves[t + 1])
             if h_hi == h_lo:
                 continue
-            bounds = spec.chunks(h_lo, h_hi - h_lo, max_chunks=max(1, MAX_CHUNKS // 2))
+            bounds = spec.chunks(h_lo, h_hi - h_lo, max_chunks=cap)
             done = tree_reduce(b, tree, bounds, channel=c)
             tree_broadcast(b, tree, bounds, src_buf="output", channel=c, ready=done)
     return spec.finish(b, trees=2)

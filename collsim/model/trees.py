@@ -32,7 +32,14 @@ import numpy as np
 
 from collsim.collectives.common import DEFAULT_CHUNK_BYTES, MAX_CHUNKS
 from collsim.collectives.layout import RankLayout
-from collsim.collectives.tree import Tree, chain_parents, heap_parents, nccl_tree_parents
+from collsim.collectives.tree import (
+    Tree,
+    all_tree_parents,
+    chain_parents,
+    heap_parents,
+    nccl_tree_parents,
+    pipeline_chunk_cap,
+)
 from collsim.model.envelope import Aff, Lines, discover, evaluate
 from collsim.model.flows import FlowCosts
 
@@ -237,7 +244,10 @@ def double_tree(costs: FlowCosts, layout: RankLayout, channels: int) -> Pipeline
     parents = [p for p, _ in distinct.values()]
     copies = [k for _, k in distinct.values()]
     oracles = tree_family(costs, parents, 0.5 / channels, up=True, down=True, copies=copies)
-    return _pipeline(oracles, 2 * channels, max(1, MAX_CHUNKS // 2))
+    cap = pipeline_chunk_cap(
+        all_tree_parents(layout, channels), stages=2, floor=max(1, MAX_CHUNKS // 2)
+    )
+    return _pipeline(oracles, 2 * channels, cap)
 
 
 def rooted(costs: FlowCosts, collective: str, algorithm: str, n: int, channels: int) -> Pipeline:
@@ -247,4 +257,4 @@ def rooted(costs: FlowCosts, collective: str, algorithm: str, n: int, channels: 
     oracles = tree_family(
         costs, [parents], 1.0 / channels, up=not bcast, down=bcast, copies=[channels]
     )
-    return _pipeline(oracles, channels, MAX_CHUNKS)
+    return _pipeline(oracles, channels, pipeline_chunk_cap([parents]))
