@@ -239,14 +239,16 @@ def plan(
     tokens_per_step = w.global_batch * (w.model.seq_len if w.model.kind == "transformer" else 1)
     steps = math.ceil(cand.tokens / tokens_per_step)
     variants = layouts(w, cand.search)
+    fitted = None  # a fitted profile file: checked against, and scaling, each cluster's links
+    if profile and params is not None and str(params.source).startswith("profile "):
+        from collsim.model.profile import load_profile
+
+        fitted = load_profile(profile)
     for cl in cand.clusters:
         node_counts = cl.node_counts()
         biggest = load_topology(cl.topology, nodes=max(node_counts))
         timed_on, cluster_params = biggest, params
-        if profile and params is not None and str(params.source).startswith("profile "):
-            from collsim.model.profile import load_profile
-
-            fitted = load_profile(profile)
+        if fitted is not None:
             if fitted.doc.topology.name != biggest.name:  # a profile is one system's
                 cluster_params = None
                 rejected.notes.append(

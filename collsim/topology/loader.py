@@ -219,18 +219,22 @@ def _from_template(
     )
 
 
+def _first_use(seen: dict[str, int], name: str, i: int, section: str, what: str) -> None:
+    """Record ``name`` as entry ``i`` of ``section``; a name used before is an error naming both
+    entries."""
+    if name in seen:
+        raise TopologyError(
+            f"{what} (first at {section}.{seen[name]})", field=f"{section}.{i}.name", value=name
+        )
+    seen[name] = i
+
+
 def _from_explicit(spec: ExplicitIn, file: str | None) -> Topology:
     seen: dict[str, int] = {}
     devices = []
     local_index: dict[int | None, int] = {}
     for i, dev in enumerate(spec.devices):
-        if dev.name in seen:
-            raise TopologyError(
-                f"duplicate device name (first at devices.{seen[dev.name]})",
-                field=f"devices.{i}.name",
-                value=dev.name,
-            )
-        seen[dev.name] = i
+        _first_use(seen, dev.name, i, "devices", "duplicate device name")
         index = dev.index
         if index is None:
             index = local_index.get(dev.node, 0) if dev.kind == "gpu" else 0
@@ -315,13 +319,7 @@ def _explicit_shared(
     shared = []
     names: dict[str, int] = {}
     for i, sh in enumerate(spec.shared):
-        if sh.name in names:
-            raise TopologyError(
-                f"a second shared capacity of this name (first at shared.{names[sh.name]})",
-                field=f"shared.{i}.name",
-                value=sh.name,
-            )
-        names[sh.name] = i
+        _first_use(names, sh.name, i, "shared", "a second shared capacity of this name")
         seen_dirs: set[tuple[str, str]] = set()
         for j, (a, b) in enumerate(sh.directions):
             for end in (a, b):
