@@ -16,7 +16,14 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from collsim import units
 from collsim.errors import CollsimError, UnitError
@@ -223,6 +230,13 @@ class ResilienceIn(Strict):
     restart_time: Annotated[str, _checked(_duration, "a restart time", zero_ok=True)]
     repair_time: Annotated[str, _checked(_duration, "a repair time")] | None = None
     elastic: bool = False
+
+    @field_validator("storage_bandwidth")
+    @classmethod
+    def _storage_at_least_a_byte_per_s(cls, value: str | float) -> str | float:
+        if units.parse_rate(value) < 1:  # below that a checkpoint's write time overflows
+            raise ValueError("storage_bandwidth must be at least 1 B/s")
+        return value
 
     @property
     def storage_bytes_per_s(self) -> float:

@@ -226,3 +226,9 @@ def test_plan_adds_goodput_columns(tmp_path):
         assert r["days_failures"] == pytest.approx(r["days"] * 100 / r["goodput_%"])
         assert r["cost_failures_usd"] >= r["cost_usd"]
     assert [r["days_failures"] for r in rows] == sorted(r["days_failures"] for r in rows)
+
+
+def test_a_storage_bandwidth_under_a_byte_per_second_is_refused():
+    """1e-300 B/s made the checkpoint write time infinite past validation (found by the fuzz)."""
+    with pytest.raises(WorkloadError, match="resilience.storage_bandwidth"):
+        workload_from_dict(SMALL | {"resilience": SECTION | {"storage_bandwidth": 1e-300}})
