@@ -36,7 +36,7 @@ import numpy as np
 from collsim.calibration.nccltests import NcclTestsLog
 from collsim.calibration.predict import Predictor, Scale, ScaledModel, elem_bytes, measured_points
 from collsim.errors import CalibrationError
-from collsim.model.params import DEFAULT_PARAMS, ModelParams, ProtocolParams
+from collsim.model.params import DEFAULT_PARAMS, HOST_P2P_OP_S, ModelParams, ProtocolParams
 from collsim.model.profile import (
     CLASSES,
     FORMAT_VERSION,
@@ -188,6 +188,7 @@ class _Problem:
             bandwidth=float(x[0]),
             base_latency_s=float(x[2]) * 1e-6,
             launch_floor_s=float(x[3]) * 1e-6,
+            p2p_op_s=HOST_P2P_OP_S,
             size_factors=tuple(_size_table(x[4 : 4 + len(SIZE_KNOTS_BYTES)])),
         )
 
@@ -242,6 +243,7 @@ class _Problem:
             link_classes=link_classes,  # type: ignore[arg-type]
             base_latency_us=round(float(x[2]), 4),
             launch_floor_us=round(float(x[3]), 4),
+            p2p_op_us=HOST_P2P_OP_S * 1e6,
             memory_efficiency=round(float(x[0]), 5),
             size_efficiency=[
                 (s, round(f, 5)) for s, f in _size_table(x[4 : 4 + len(SIZE_KNOTS_BYTES)])

@@ -27,7 +27,14 @@ import numpy as np
 
 from collsim.calibration.nccltests import NcclTestsLog
 from collsim.errors import CalibrationError, CollsimError
-from collsim.model.params import DEFAULT_PARAMS, HOST_LAUNCH_S, ModelParams
+from collsim.model.params import (
+    DEFAULT_PARAMS,
+    HOST_LAUNCH_S,
+    HOST_P2P_OP_S,
+    ModelParams,
+    p2p_ops,
+)
+from collsim.model.tuner import host_floor_s
 from collsim.topology.spec import Topology
 
 NCCL_ALGORITHMS: dict[str, tuple[str, ...]] = {
@@ -70,13 +77,15 @@ usable rates directly)."""
 
 def uncalibrated_params() -> ModelParams:
     """Datasheet link latencies and rates at NCCL's achievable fraction, NCCL's per-hop and
-    launch latencies: what collsim predicts before any calibration."""
+    launch latencies, the host's a-priori launch and point-to-point costs: what collsim predicts
+    before any calibration."""
     import dataclasses
 
     return dataclasses.replace(
         DEFAULT_PARAMS,
         base_latency_s=NCCL_BASE_LATENCY_S,
         launch_floor_s=HOST_LAUNCH_S,
+        p2p_op_s=HOST_P2P_OP_S,
         bandwidth_efficiency=NCCL_ACHIEVABLE_FRACTION,
         source="uncalibrated: datasheet links at NCCL's achievable fraction, NCCL hwLat per hop, "
         "NCCL baseLat per launch",
@@ -222,7 +231,8 @@ def elem_bytes(log: NcclTestsLog) -> int:
 class Scale:
     """Uniform scaling of a model's times: every latency x ``latency``, every rate (links and
     memory) x ``bandwidth``, the bandwidth term divided by the size factors, ``base_latency_s``
-    added to the time and ``launch_floor_s`` to the floor under it. Exact: the model's lines are
+    added to the time and ``launch_floor_s`` (and ``p2p_op_s`` per point-to-point operation) to the
+    floor under it. Exact: the model's lines are
     ``a + b S`` with ``a`` sums of latencies and ``b`` of seconds per byte at max-min shares,
     which scale linearly with all rates (so a fit can move these without rebuilding the model)."""
 
@@ -230,6 +240,7 @@ class Scale:
     bandwidth: float = 1.0
     base_latency_s: float = 0.0
     launch_floor_s: float = 0.0
+    p2p_op_s: float = 0.0
     size_factors: tuple[tuple[float, float], ...] = ()
 
 
@@ -268,11 +279,12 @@ class ScaledModel:
             eff = eff / np.interp(np.log2(np.maximum(eff, 1.0)), xs, ys)
         p = self.model.params
         t = p.base_latency_s + sc.base_latency_s + st.time_s(eff, sc.latency, sc.bandwidth)
-        return np.maximum(self.launch_floor_s, t) if floor else t
+        return np.maximum(self.floor_s(collective), t) if floor else t
 
-    @property
-    def launch_floor_s(self) -> float:
-        return self.model.params.launch_floor_s + self.scale.launch_floor_s
+    def floor_s(self, collective: str) -> float:
+        sc = self.scale
+        ops = p2p_ops(collective, self.nranks)
+        return self.model.floor_s(collective) + sc.launch_floor_s + ops * sc.p2p_op_s
 
     def enabled(self, collective: str, algorithm: str, protocol: str, channels: int = 1) -> bool:
         return bool(self.model.enabled(collective, algorithm, protocol, channels))
@@ -294,13 +306,12 @@ class HostThread:
             raise AttributeError(name)
         return getattr(self.model, name)
 
-    @property
-    def launch_floor_s(self) -> float:
-        return float(getattr(self.model, "launch_floor_s", 0.0)) * self.gpus
+    def floor_s(self, collective: str) -> float:
+        return host_floor_s(self.model, collective) * self.gpus
 
-    def predict(self, *args: Any, floor: bool = True, **kwargs: Any) -> np.ndarray:
-        t = self.model.predict(*args, floor=False, **kwargs)
-        return np.maximum(self.launch_floor_s, t) if floor else t
+    def predict(self, collective: str, *args: Any, floor: bool = True, **kwargs: Any) -> np.ndarray:
+        t = self.model.predict(collective, *args, floor=False, **kwargs)
+        return np.maximum(self.floor_s(collective), t) if floor else t
 
 
 class Predictor:

@@ -67,8 +67,15 @@ LIMITATIONS = (
     "2080ti pair (no P2P, one PCIe switch) the switch's shared uplink halves a direction when "
     "both GPUs send, but the measured two-way rate is lower still (4+4 GB/s, one way 11.1 "
     "GB/s).",
-    "- *point-to-point launch latency*: alltoall/sendrecv start at ~87 us where the collectives "
-    "start at ~35 us on the same system (superbench); the profile has one base latency.",
+    "- *the host's cost per point-to-point operation*: modelled with one a-priori value (0.4 us "
+    "per send or receive an all-to-all posts), estimated from the two all-to-all logs measured "
+    "with one thread per node, superbench (0.41 us) and the 2080ti pair (0.3-0.38 us); so the "
+    "superbench all-to-all's numbers are partly in-sample for it. With the 2080ti's value "
+    "alone (0.34 us), superbench alltoall scores 12.2% cross-collective (6.5% with 0.4 us, "
+    "41.6% without the mechanism), and the cross-collective median would be 12.2%. The "
+    "2080ti's all_reduce-only fit puts the ring's own small-message time into its launch floor "
+    "(5.95 us a launch, its all_gather's plateau says 5.0), so its alltoall plateau comes out "
+    "15 us against 13 us measured.",
     "- *which algorithm NCCL ran*: collsim's tuner picks the fastest by its own physics; on two "
     "p4d nodes (NCCL 2.9.9, EFA) that is the tree (~93 GB/s busbw at 4 GiB) while the measured "
     "43.8 GB/s is what a ring gets there, whereas on h100-snellius-ib-2n (NCCL 2.22) the measured "
@@ -112,7 +119,11 @@ LIMITATIONS = (
     "that time in per-step latencies); deep pipelines (chains, trees) cut a buffer into enough "
     "chunks to fill their depth 16 times over (within a transfer budget) instead of at most 64 "
     "(cross-size median 10.1% -> 8.8%; a 16 GiB chain broadcast over 64 nodes went from 51% to "
-    "94% of the link rate).",
+    "94% of the link rate); the host pays each point-to-point operation a call posts (an "
+    "all-to-all: a send and a receive per rank) on top of its launch, in the floor (superbench "
+    "alltoall, whose small messages take 87 us where its collectives take 35: uncalibrated "
+    "41.1% -> 9.5%, in-sample 37.7% -> 5.7%, cross-collective 41.6% -> 6.5%; cross-collective "
+    "median 12.3% -> 9.0%, uncalibrated median 29.0% -> 26.9%).",
 )
 
 
@@ -300,7 +311,8 @@ def markdown(rep: Report, plots: dict[str, str]) -> str:
         "Modes: (a) catalog topology, datasheet link latencies and rates at the fraction NCCL's "
         "own topology model expects of them (NVLink 0.8, PCIe 0.76, network 1; NCCL "
         "src/graph/topo.h), NCCL's per-hop and launch latencies, and a host launch floor of 5 us "
-        "per GPU the measuring thread drives (a priori); (b) one profile per system "
+        "per GPU the measuring thread drives plus 0.4 us per point-to-point operation a call "
+        "posts (a priori); (b) one profile per system "
         "fitted on all its logs; (c) fitted on the "
         "system's all_reduce logs, predicting its other collectives; (d) fitted on rows <= 64 MiB, "
         "predicting the larger rows; (e) fitted on a topology's logs at the fewest ranks, "

@@ -215,11 +215,11 @@ class AnalyticModel:
         scaled = eff / self.params.size_factor(eff) if self.params.size_factors else eff
         p = self.params
         t = p.base_latency_s + st.time_s(scaled)
-        return np.maximum(p.launch_floor_s, t) if floor else t
+        return np.maximum(self.floor_s(collective), t) if floor else t
 
-    @property
-    def launch_floor_s(self) -> float:
-        return self.params.launch_floor_s
+    def floor_s(self, collective: str) -> float:
+        """The host's cost to issue one call to one GPU (:meth:`ModelParams.floor_s`)."""
+        return self.params.floor_s(collective, self.nranks)
 
     def enabled(self, collective: str, algorithm: str, protocol: str, channels: int = 1) -> bool:
         """Whether NCCL would consider ``protocol`` here by default (the tuner's candidates; an

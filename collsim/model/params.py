@@ -25,7 +25,9 @@ per protocol (``protocols``): payload fraction of the wire and per-hop latency b
 an addend, since the host issues the next call while the GPUs run this one, so calls that follow
 each other -- as nccl-tests times them -- complete no faster than the host issues them; a host
 thread driving several GPUs, nccl-tests ``-g``, issues each call to all of them in turn, so its
-floor is that many launches: :class:`collsim.calibration.predict.HostThread`), reduction and copy
+floor is that many launches: :class:`collsim.calibration.predict.HostThread`), ``p2p_op_s`` (the
+host's cost of each point-to-point operation a call enqueues, added to its launch in the floor:
+an all-to-all posts a send and a receive per rank, :func:`p2p_ops`), reduction and copy
 efficiencies, and ``size_factors``: (size_bytes, factor) points, interpolated in log2(size), that
 scale the bandwidth term (``time = latency + bytes / (bandwidth * factor(size))``), so
 size-dependent effects (protocol warm-up, small-message inefficiency) are data, not code.
@@ -66,6 +68,26 @@ uncalibrated launch floor per GPU a host thread drives (:class:`ModelParams`), a
 each copy launch in :mod:`collsim.analysis.zero3`."""
 
 
+HOST_P2P_OP_S = 0.4e-6
+"""Host cost of one point-to-point operation (``ncclSend`` / ``ncclRecv``) in a group, beyond the
+call's launch: NCCL appends a task per operation and schedules each over channels and peers when
+the group ends, on the issuing thread. Estimated from two nccl-tests ``-g`` logs of the bundled
+dataset as (all-to-all plateau - collectives' plateau) / operations the thread issued: A100
+superbench 52 us / (8 GPUs x 16) = 0.41 us, RTX 2080 Ti 2.4-3 us / (2 x 4) = 0.3-0.38 us. Not
+fitted per system (an all_reduce log cannot show it); a profile records the value it used."""
+
+
+def p2p_ops(collective: str, nranks: int) -> int:
+    """Point-to-point operations one rank enqueues per call: an all-to-all posts a send and a
+    receive to every rank, itself included (nccl-tests ``alltoall.cu``, torch's
+    ``all_to_all_single`` on NCCL), a send/receive one of each; NCCL's collectives none."""
+    if collective == "alltoall":
+        return 2 * nranks
+    if collective == "sendrecv":
+        return 2
+    return 0
+
+
 def _default_protocols() -> tuple[ProtocolParams, ...]:
     return tuple(ProtocolParams.of(p) for p in PROTOCOLS.values())
 
@@ -78,6 +100,7 @@ class ModelParams:
     protocols: tuple[ProtocolParams, ...] = field(default_factory=_default_protocols)
     base_latency_s: float = 0.0
     launch_floor_s: float = 0.0
+    p2p_op_s: float = 0.0
     route_latency_scale: tuple[float, float, float] = (1.0, 1.0, 1.0)
     bandwidth_efficiency: tuple[float, float, float] = (1.0, 1.0, 1.0)
     duplex_efficiency: tuple[float, float, float] = (1.0, 1.0, 1.0)
@@ -111,7 +134,7 @@ class ModelParams:
         for name in ("reduce_efficiency", "copy_efficiency"):
             if not float(getattr(self, name)) > 0:
                 raise CalibrationError("must be positive", field=name, value=getattr(self, name))
-        for name in ("base_latency_s", "launch_floor_s"):
+        for name in ("base_latency_s", "launch_floor_s", "p2p_op_s"):
             value = getattr(self, name)
             if not np.isfinite(value) or value < 0:
                 raise CalibrationError("must be a non-negative time", field=name, value=value)
@@ -123,6 +146,11 @@ class ModelParams:
                 value=self.size_factors,
             )
         object.__setattr__(self, "size_factors", pts)
+
+    def floor_s(self, collective: str, nranks: int) -> float:
+        """The host's cost to issue one call of ``collective`` to one GPU: its launch and its
+        point-to-point operations (the floor under back-to-back calls)."""
+        return self.launch_floor_s + p2p_ops(collective, nranks) * self.p2p_op_s
 
     def protocol(self, name: str | Protocol) -> ProtocolParams:
         """The parameters of protocol ``name`` (LL, LL128, Simple; any case)."""
@@ -163,6 +191,7 @@ class ModelParams:
             "source": self.source,
             "base_latency_s": self.base_latency_s,
             "launch_floor_s": self.launch_floor_s,
+            "p2p_op_s": self.p2p_op_s,
             "route_latency_scale": list(self.route_latency_scale),
             "bandwidth_efficiency": list(self.bandwidth_efficiency),
             "duplex_efficiency": list(self.duplex_efficiency),
@@ -182,7 +211,7 @@ class ModelParams:
     def from_dict(cls, data: Mapping[str, Any]) -> ModelParams:
         """Parameters from :meth:`to_dict`'s form; unknown keys are errors (one line each)."""
         known = {
-            "source", "base_latency_s", "launch_floor_s", "route_latency_scale",
+            "source", "base_latency_s", "launch_floor_s", "p2p_op_s", "route_latency_scale",
             "bandwidth_efficiency", "duplex_efficiency", "reduce_efficiency", "copy_efficiency",
             "size_factors", "protocols",
         }  # fmt: skip

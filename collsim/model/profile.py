@@ -6,7 +6,8 @@ efficiency (achieved / datasheet rate), a latency scale (multiplying the route l
 protocols' per-hop latency on that class) and, where fitted, a duplex efficiency (what both
 directions carry together, relative to twice the rate), a launch floor (the host's cost to issue
 one call to one GPU -- a thread driving N GPUs issues N -- under which back-to-back calls cannot
-go), a per-call base latency, and a small table of
+go) and the host's cost of each point-to-point operation a call posts (a priori, recorded so
+the file says what was assumed), a per-call base latency, and a small table of
 size-dependent bandwidth efficiency keyed by message size (interpolated in log2 size, as SimGrid's
 piecewise-linear network factors; Velho et al., "On the validity of flow-level TCP network
 models", ACM TOMACS 2013) -- the fit's provenance and its in-sample error. No dates: the same
@@ -30,7 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from collsim.errors import CalibrationError
-from collsim.model.params import DEFAULT_PARAMS, ModelParams, ProtocolParams
+from collsim.model.params import DEFAULT_PARAMS, HOST_P2P_OP_S, ModelParams, ProtocolParams
 from collsim.topology.spec import Topology, with_duplex
 
 CLASSES = ("nvlink", "pci", "net")
@@ -105,6 +106,8 @@ class ProfileDoc(_Strict):
     link_classes: dict[Literal["nvlink", "pci", "net"], LinkClass]
     base_latency_us: float = Field(ge=0, le=1e6)
     launch_floor_us: float = Field(default=0.0, ge=0, le=1e6)
+    p2p_op_us: float = Field(default=HOST_P2P_OP_S * 1e6, ge=0, le=1e3)
+    """Host cost per point-to-point operation a call enqueues (a priori, not fitted)."""
     memory_efficiency: float = Field(default=1.0, ge=0.001, le=4)
     size_efficiency: list[tuple[float, float]] = []
     provenance: Provenance
@@ -145,6 +148,7 @@ class Profile:
             protocols=protocols,
             base_latency_s=self.doc.base_latency_us * 1e-6,
             launch_floor_s=self.doc.launch_floor_us * 1e-6,
+            p2p_op_s=self.doc.p2p_op_us * 1e-6,
             reduce_efficiency=base.reduce_efficiency * self.doc.memory_efficiency,
             copy_efficiency=base.copy_efficiency * self.doc.memory_efficiency,
             route_latency_scale=tuple(lat),  # type: ignore[arg-type]

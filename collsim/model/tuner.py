@@ -85,8 +85,9 @@ class CostModel(Protocol):
     :class:`~collsim.model.nccl.NcclModel` and the calibration's
     :class:`~collsim.calibration.predict.ScaledModel` are the three: the algorithms it can time
     for a collective, and the time (seconds) of one (algorithm, protocol, channels) per size --
-    with ``floor=False``, without the launch floor every choice shares (a calibration's
-    ``launch_floor_s``, 0 where absent), which is what ranks choices below it."""
+    with ``floor=False``, without the host's floor every choice shares (``floor_s``, a
+    calibration's launch and point-to-point costs; 0 where absent), which is what ranks choices
+    below it."""
 
     nranks: int
 
@@ -103,6 +104,13 @@ class CostModel(Protocol):
         channels: int = 1,
         floor: bool = True,
     ) -> np.ndarray: ...
+
+
+def host_floor_s(model: Any, collective: str) -> float:
+    """The floor ``model`` puts under back-to-back calls of ``collective`` (its ``floor_s``; 0 for
+    a model without one, such as NCCL's)."""
+    floor = getattr(model, "floor_s", None)
+    return float(floor(collective)) if floor is not None else 0.0
 
 
 class Tuner:
@@ -164,7 +172,7 @@ class Tuner:
         # Rank on the time above the launch floor (every choice shares it), report with it.
         unfloored = np.vstack(rows)
         best = np.argmin(np.where(np.isfinite(unfloored), unfloored, np.inf), axis=0)
-        times = np.maximum(float(getattr(self.model, "launch_floor_s", 0.0)), unfloored)
+        times = np.maximum(host_floor_s(self.model, collective), unfloored)
         base_algo = default_algorithm(collective)
         baseline = Choice(base_algo, "Simple", 1)
         try:

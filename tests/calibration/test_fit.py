@@ -25,7 +25,7 @@ from collsim.calibration.validate import validate_samples
 from collsim.cli import cli
 from collsim.errors import CalibrationError
 from collsim.model.analytic import AnalyticModel
-from collsim.model.params import DEFAULT_PARAMS
+from collsim.model.params import DEFAULT_PARAMS, HOST_LAUNCH_S, HOST_P2P_OP_S, p2p_ops
 from collsim.model.profile import load_profile
 from tests.calibration.conftest import ROWS, standard_log
 
@@ -97,6 +97,29 @@ def test_launch_floor_counts_once_per_gpu_the_host_thread_drives(h100):
     assert Predictor(s.topology, params).predict_log(s.log)[2][0] == pytest.approx(40e-6)
     prof = fit_samples([s])
     assert 3.0 < prof.doc.launch_floor_us < 6.0
+
+
+def test_point_to_point_operations_add_host_cost_to_the_floor():
+    """An all-to-all posts a send and a receive per rank (itself included): the host pays each on
+    top of the launch, so its calls follow each other more slowly than a collective's. The
+    superbench A100 log (one thread drove the 8 GPUs) shows it: 87 us at small sizes where its
+    collectives take 35 us; the old floor (one launch per GPU, as for collectives) predicted
+    40 us there."""
+    assert [p2p_ops(c, 8) for c in ("alltoall", "sendrecv", "all_reduce")] == [16, 2, 0]
+    params = dataclasses.replace(DEFAULT_PARAMS, launch_floor_s=5e-6, p2p_op_s=0.4e-6)
+    assert params.floor_s("alltoall", 8) == pytest.approx(5e-6 + 16 * 0.4e-6)
+    assert params.floor_s("all_gather", 8) == pytest.approx(5e-6)
+    samples = [s for s in dataset_samples() if s.log.file.endswith("superbench-alltoall-1.txt")]
+    (s,) = samples
+    assert s.log.gpus_per_thread == 8
+    sizes, measured, pred, _ = Predictor(s.topology, uncalibrated_params()).predict_log(s.log)
+    small = sizes <= 65536
+    assert pred[small] == pytest.approx(8 * (HOST_LAUNCH_S + 16 * HOST_P2P_OP_S))
+    assert np.median(np.abs(pred[small] / measured[small] - 1)) < 0.1
+    # A fitted profile records the value it used, and applies it.
+    prof = fit_samples([s])
+    assert prof.doc.p2p_op_us == pytest.approx(HOST_P2P_OP_S * 1e6)
+    assert prof.params().p2p_op_s == pytest.approx(HOST_P2P_OP_S)
 
 
 def test_all_reduce_profile_improves_other_collectives(h100):
