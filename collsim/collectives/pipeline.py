@@ -1,8 +1,10 @@
 """Pipelined broadcast and reduce from/to a root: a chain (NCCL's ring broadcast/reduce) or a tree.
 
-* ``chain``: the ranks ``root, root+1, ...`` form a pipeline; each chunk hops along it, so a
-  message of ``K`` chunks takes ``n - 1 + K - 1`` chunk-steps (NCCL's ``ncclBroadcast`` and
-  ``ncclReduce`` run exactly this on their ring).
+* ``chain``: each channel's ring (:func:`~collsim.collectives.ring.ring_order`, the all-reduce's
+  rings), followed from the root, forms a pipeline; each chunk hops along it, so a message of
+  ``K`` chunks takes ``n - 1 + K - 1`` chunk-steps (NCCL's ``ncclBroadcast`` and ``ncclReduce``
+  run exactly this on their rings). Channels whose rings leave nodes through other NICs spread
+  over them.
 * ``tree``: a balanced binary tree rooted at ``root``, pipelined by chunks: ``log2 n`` depth, but
   inner ranks send each chunk twice (MPICH's binomial/binary pipelined trees).
 
@@ -17,53 +19,66 @@ from collections.abc import Callable
 import numpy as np
 
 from collsim.collectives.common import BuildSpec
+from collsim.collectives.ring import ring_order
 from collsim.collectives.schedule import Schedule, ScheduleBuilder
 from collsim.collectives.tree import (
     Tree,
-    chain_parents,
+    chain_along,
     heap_parents,
     pipeline_chunk_cap,
     tree_broadcast,
     tree_reduce,
 )
 
-ParentFn = Callable[[int, int], np.ndarray]
+ParentFn = Callable[[BuildSpec, int], np.ndarray]
+"""The tree of one channel: (request, channel) -> parent array."""
+
+
+def _ring_chain(spec: BuildSpec, channel: int) -> np.ndarray:
+    return chain_along(ring_order(spec, channel), spec.root)
+
+
+def _heap(spec: BuildSpec, channel: int) -> np.ndarray:
+    return heap_parents(spec.nranks, spec.root)
+
+
+def _trees(spec: BuildSpec, parents: ParentFn) -> tuple[list[Tree], int]:
+    ps = [parents(spec, c) for c in range(spec.channels)]
+    return [Tree.from_parents(p) for p in ps], pipeline_chunk_cap(ps)
 
 
 def _broadcast(spec: BuildSpec, parents: ParentFn) -> Schedule:
     b = ScheduleBuilder()
-    p = parents(spec.nranks, spec.root)
-    tree, cap = Tree.from_parents(p), pipeline_chunk_cap([p])
+    trees, cap = _trees(spec, parents)
     for c, lo, cnt in spec.channel_pieces(spec.count):
         bounds = spec.chunks(lo, cnt, max_chunks=cap)
-        tree_broadcast(b, tree, bounds, src_buf="input", channel=c, copy_root=True)
+        tree_broadcast(b, trees[c], bounds, src_buf="input", channel=c, copy_root=True)
     return spec.finish(b)
 
 
 def _reduce(spec: BuildSpec, parents: ParentFn) -> Schedule:
     b = ScheduleBuilder()
-    p = parents(spec.nranks, spec.root)
-    tree, cap = Tree.from_parents(p), pipeline_chunk_cap([p])
+    trees, cap = _trees(spec, parents)
     for c, lo, cnt in spec.channel_pieces(spec.count):
-        tree_reduce(b, tree, spec.chunks(lo, cnt, max_chunks=cap), channel=c)
+        tree_reduce(b, trees[c], spec.chunks(lo, cnt, max_chunks=cap), channel=c)
     return spec.finish(b)
 
 
 def build_broadcast_chain(spec: BuildSpec) -> Schedule:
     """Pipelined chain broadcast from the root."""
-    return _broadcast(spec, chain_parents)
+    return _broadcast(spec, _ring_chain)
 
 
 def build_broadcast_tree(spec: BuildSpec) -> Schedule:
     """Pipelined binary-tree broadcast from the root."""
-    return _broadcast(spec, heap_parents)
+    return _broadcast(spec, _heap)
 
 
 def build_reduce_chain(spec: BuildSpec) -> Schedule:
     """Pipelined chain reduce into the root (partial sums flow back along the chain)."""
-    return _reduce(spec, chain_parents)
+    return _reduce(spec, _ring_chain)
 
 
 def build_reduce_tree(spec: BuildSpec) -> Schedule:
     """Pipelined binary-tree reduce into the root."""
-    return _reduce(spec, heap_parents)
+    return _reduce(spec, _heap)

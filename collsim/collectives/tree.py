@@ -165,10 +165,16 @@ def heap_parents(n: int, root: int) -> np.ndarray:
     return np.where(v == 0, -1, ((v - 1) // 2 + root) % n)[(np.arange(n) - root) % n]
 
 
-def chain_parents(n: int, root: int) -> np.ndarray:
-    """A chain ``root -> root+1 -> ...``: each rank's parent is its predecessor."""
-    v = (np.arange(n) - root) % n
-    return np.where(v == 0, -1, (np.arange(n) - 1) % n)
+def chain_along(order: np.ndarray, root: int) -> np.ndarray:
+    """The chain that follows the ring ``order`` (every rank once) from ``root``: each rank's
+    parent is its predecessor on the ring, the root has none (NCCL's broadcast and reduce run
+    so on each channel's ring, so channels whose rings leave nodes through other NICs spread
+    over them)."""
+    seq = np.roll(np.asarray(order, dtype=np.int64).reshape(-1), -int(np.argmax(order == root)))
+    parents = np.empty(seq.size, dtype=np.int64)
+    parents[seq[0]] = -1
+    parents[seq[1:]] = seq[:-1]
+    return parents
 
 
 def _in_order(first_id: int, shape: tuple[int, int]) -> np.ndarray:

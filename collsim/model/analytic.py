@@ -187,7 +187,7 @@ class AnalyticModel:
                 return direct(costs, collective, n, channels)
             return hierarchical_gather_scatter(costs, collective, channels, lay)
         if collective in ("broadcast", "reduce"):
-            return rooted(costs, collective, algorithm, n, channels)
+            return rooted(costs, collective, algorithm, lay, channels)
         if collective == "alltoall":
             if algorithm == "direct":
                 return alltoall_direct(costs, n, channels)

@@ -35,13 +35,14 @@ from collsim.collectives.layout import RankLayout
 from collsim.collectives.tree import (
     Tree,
     all_tree_parents,
-    chain_parents,
+    chain_along,
     heap_parents,
     nccl_tree_parents,
     pipeline_chunk_cap,
 )
 from collsim.model.envelope import Aff, Lines, discover, evaluate
 from collsim.model.flows import FlowCosts
+from collsim.model.rings import ring_orders
 
 Oracle = Callable[[float], Aff]
 
@@ -250,11 +251,23 @@ def double_tree(costs: FlowCosts, layout: RankLayout, channels: int) -> Pipeline
     return _pipeline(oracles, 2 * channels, cap)
 
 
-def rooted(costs: FlowCosts, collective: str, algorithm: str, n: int, channels: int) -> Pipeline:
-    """Pipelined chain / binary-tree broadcast or reduce from/to rank 0."""
-    parents = chain_parents(n, 0) if algorithm == "chain" else heap_parents(n, 0)
+def rooted(
+    costs: FlowCosts, collective: str, algorithm: str, layout: RankLayout, channels: int
+) -> Pipeline:
+    """Pipelined chain / binary-tree broadcast or reduce from/to rank 0: a chain follows each
+    channel's ring (as the schedules: :func:`~collsim.model.rings.ring_orders`); channels whose
+    chains coincide are copies sharing the same links."""
+    n = layout.nranks
+    if algorithm == "chain":
+        chains = [chain_along(o, 0) for o in ring_orders(collective, n, channels, layout)]
+    else:
+        chains = [heap_parents(n, 0)] * channels
+    distinct: dict[bytes, tuple[np.ndarray, int]] = {}
+    for p in chains:
+        tree, k = distinct.get(p.tobytes(), (p, 0))
+        distinct[p.tobytes()] = (tree, k + 1)
+    parents = [p for p, _ in distinct.values()]
+    copies = [k for _, k in distinct.values()]
     bcast = collective == "broadcast"
-    oracles = tree_family(
-        costs, [parents], 1.0 / channels, up=not bcast, down=bcast, copies=[channels]
-    )
-    return _pipeline(oracles, channels, pipeline_chunk_cap([parents]))
+    oracles = tree_family(costs, parents, 1.0 / channels, up=not bcast, down=bcast, copies=copies)
+    return _pipeline(oracles, channels, pipeline_chunk_cap(chains))
