@@ -250,6 +250,12 @@ class WhatIf:
             raise ScheduleError(
                 f"unknown engine (choose from {', '.join(ENGINES)})", field="engine", value=engine
             )
+        # Sizes that round to the same element count are the same call (nccl-tests -b 1 -e 8
+        # on floats: 1 and 2 bytes are both empty): one row each.
+        first: dict[int, int] = {}
+        for size in sizes:
+            first.setdefault(element_count(collective, size, elem, self.topology.n_gpus), size)
+        sizes = list(first.values())
         cost = self.cost_model(model)
         if algorithm == "auto":
             from collsim.model.tuner import tuned_algorithms

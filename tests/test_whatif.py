@@ -20,6 +20,15 @@ def test_element_count_rounds_like_nccl_tests():
     assert dtype_bytes("bfloat16") == 2 and dtype_bytes("double") == 8
 
 
+def test_sizes_that_round_to_one_count_are_one_row():
+    """-b 0 -e 8 on floats: 0, 1 and 2 bytes are all the empty call; one row for it. An empty
+    call launches nothing (NCCL returns at once for count 0), so it takes no time."""
+    w = WhatIf(load_topology("dgx-h100", nodes=1))
+    rows = w.sweep("all_reduce", "auto", [0, 1, 2, 4, 8], engine="analytic").points
+    assert [r.size_bytes for r in rows] == [0, 4, 8]
+    assert rows[0].time_s == 0 and rows[1].time_s > 0
+
+
 def test_ring_all_reduce_inside_one_dgx_matches_the_closed_form():
     # 8 GPUs on one NVSwitch: every ring step crosses gpu->nvswitch->gpu, uncontended.
     topo = load_topology("dgx-h100", nodes=1)

@@ -279,7 +279,9 @@ class ScaledModel:
             eff = eff / np.interp(np.log2(np.maximum(eff, 1.0)), xs, ys)
         p = self.model.params
         t = p.base_latency_s + sc.base_latency_s + st.time_s(eff, sc.latency, sc.bandwidth)
-        return np.maximum(self.floor_s(collective), t) if floor else t
+        if floor:
+            t = np.maximum(self.floor_s(collective), t)
+        return np.where(sizes == 0, 0.0, t)  # an empty call launches nothing
 
     def floor_s(self, collective: str) -> float:
         sc = self.scale
@@ -311,7 +313,7 @@ class HostThread:
 
     def predict(self, collective: str, *args: Any, floor: bool = True, **kwargs: Any) -> np.ndarray:
         t = self.model.predict(collective, *args, floor=False, **kwargs)
-        return np.maximum(self.floor_s(collective), t) if floor else t
+        return np.where(t > 0, np.maximum(self.floor_s(collective), t), t) if floor else t
 
 
 class Predictor:

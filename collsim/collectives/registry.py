@@ -99,6 +99,11 @@ def default_algorithm(collective: str) -> str:
     return algorithms_for(collective)[0]
 
 
+MAX_CHANNELS = 64
+"""The most channels a collective runs on (NCCL's ``MAXCHANNELS``: 32 in older releases, 64 in
+recent ones); more would only split the data finer over the same routes."""
+
+
 def needs_in_network(algorithm: str) -> bool:
     """Whether ``algorithm`` needs switches that reduce in the network (NVLS / SHARP)."""
     return algorithm in _IN_NETWORK
@@ -141,6 +146,12 @@ def build_schedule(
     count = _int(count, "count", 0)
     elem_bytes = _int(elem_bytes, "elem_bytes", 1)
     channels = _int(channels, "channels", 1)
+    if channels > MAX_CHANNELS:
+        raise ScheduleError(
+            f"at most {MAX_CHANNELS} channels (NCCL's MAXCHANNELS)",
+            field="channels",
+            value=channels,
+        )
     chunk = DEFAULT_CHUNK_BYTES if chunk_bytes is None else _int(chunk_bytes, "chunk_bytes", 1)
     if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < nranks:
         raise ScheduleError(f"root must be a rank in 0..{nranks - 1}", field="root", value=root)

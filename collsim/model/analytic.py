@@ -215,7 +215,9 @@ class AnalyticModel:
         scaled = eff / self.params.size_factor(eff) if self.params.size_factors else eff
         p = self.params
         t = p.base_latency_s + st.time_s(scaled)
-        return np.maximum(self.floor_s(collective), t) if floor else t
+        if floor:
+            t = np.maximum(self.floor_s(collective), t)
+        return np.where(sizes == 0, 0.0, t)  # an empty call launches nothing (as the engine)
 
     def floor_s(self, collective: str) -> float:
         """The host's cost to issue one call to one GPU (:meth:`ModelParams.floor_s`)."""

@@ -172,7 +172,8 @@ class Tuner:
         # Rank on the time above the launch floor (every choice shares it), report with it.
         unfloored = np.vstack(rows)
         best = np.argmin(np.where(np.isfinite(unfloored), unfloored, np.inf), axis=0)
-        times = np.maximum(host_floor_s(self.model, collective), unfloored)
+        floored = np.maximum(host_floor_s(self.model, collective), unfloored)
+        times = np.where(unfloored > 0, floored, unfloored)  # an empty call launches nothing
         base_algo = default_algorithm(collective)
         baseline = Choice(base_algo, "Simple", 1)
         try:

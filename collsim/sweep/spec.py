@@ -39,7 +39,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
-from collsim.collectives.registry import algorithms_for
+from collsim.collectives.registry import MAX_CHANNELS, algorithms_for
 from collsim.collectives.verify import COLLECTIVES
 from collsim.errors import CollsimError
 from collsim.topology.schema import Strict
@@ -137,7 +137,7 @@ class SweepIn(Strict):
     model: Literal["collsim", "nccl"] = "collsim"
     dtype: str = "float"
     protocol: str = "Simple"
-    channels: Pos = 1
+    channels: Annotated[int, Field(ge=1, le=MAX_CHANNELS)] = 1
     faults: Annotated[tuple[tuple[str, ...] | str, ...], Field(min_length=1)] = ((),)
     steps: StepsIn | None = None
 
@@ -252,10 +252,25 @@ def spec_from_dict(data: Any, *, file: str | None = None, base: Path | None = No
     _check_collectives(spec, file)
     tasks = _collective_tasks(spec, file, base) + _step_tasks(spec, file, base)
     tasks.sort(key=Task.sort_key)
+    _no_repeats(data, file, "")
     keys = [t.key for t in tasks]
     if len(set(keys)) != len(keys):
-        raise _fail("the grid repeats a point (duplicate entries in a list?)", file, "")
+        again = next(k for i, k in enumerate(keys) if k in keys[:i])
+        raise _fail("the grid repeats a point", file, "", again)
     return SweepSpec(spec.name, file, spec.model_dump(mode="json"), tasks)
+
+
+def _no_repeats(data: Any, file: str | None, where: str) -> None:
+    """A list that names one value twice would sweep its points twice: name the list and value."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            _no_repeats(value, file, f"{where}.{key}" if where else str(key))
+    elif isinstance(data, list):
+        seen: list[Any] = []
+        for item in data:
+            if isinstance(item, (str, int, float)) and item in seen:
+                raise _fail("a list names the same value twice", file, where, item)
+            seen.append(item)
 
 
 def _check_collectives(spec: SweepIn, file: str | None) -> None:

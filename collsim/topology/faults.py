@@ -177,6 +177,8 @@ def _number(value: object, name: str, bad) -> float:  # type: ignore[no-untyped-
         raise bad(f"{name} must be a positive number", value)
     if name == "bw" and number > 1:
         raise bad("bw is a factor of the bandwidth, in (0, 1]", value)
+    if name == "slow" and number < 1:
+        raise bad("slow is a slowdown factor, at least 1 (2 = half speed)", value)
     return number
 
 

@@ -48,6 +48,7 @@ def test_catalogue() -> None:
         ({"nranks": 2.5}, "nranks"),
         ({"count": -1}, "count"),
         ({"channels": 0}, "channels"),
+        ({"channels": 65}, "channels"),
         ({"chunk_bytes": 0}, "chunk_bytes"),
         ({"elem_bytes": 0}, "elem_bytes"),
         ({"root": 4}, "root"),
