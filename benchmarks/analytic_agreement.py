@@ -55,9 +55,36 @@ def cases(name: str) -> list[dict[str, object]]:
     return out
 
 
+MULTI_SYSTEMS = (("dgx-h100", {}), ("selene", {}), ("roce-100g", {}), ("dgx1-v100", {}),
+                 ("mi300x", {}), ("tpu-v4-torus", {}), ("h100-4gpu-ib", {"nodes": 1}))  # fmt: skip
+MULTI_CASES = (("all_gather", "ring"), ("all_reduce", "ring"), ("all_reduce", "tree"),
+               ("broadcast", "chain"), ("reduce", "chain"))  # fmt: skip
+MULTI_SIZES = (4 << 20, 256 << 20)
+MULTI_CHANNELS = 8
+
+
+def multi_channel_rows() -> list[dict[str, object]]:
+    """The same comparison with 8 channels, where channels take different rings, chains or
+    trees that partly share links (reported, not pinned: contention the model prices as one
+    static wave per step)."""
+    out = []
+    for name, kw in MULTI_SYSTEMS:
+        whatif = WhatIf(load_topology(name, **kw))
+        model = whatif.cost_model("collsim")
+        label = f"{name} ({whatif.topology.nodes} nodes)"
+        for coll, algo in MULTI_CASES:
+            for size in MULTI_SIZES:
+                sim, _ = whatif.run(coll, algo, size, channels=MULTI_CHANNELS)
+                pred = float(model.predict(coll, algo, [size], channels=MULTI_CHANNELS)[0])
+                out.append({"system": label, "case": f"{coll}/{algo}", "size": size,
+                            "gap": (pred - sim.time_s) / sim.time_s})  # fmt: skip
+    return out
+
+
 def main() -> None:
     t0 = time.perf_counter()
     rows = [row for name in catalog_names() for row in cases(name)]
+    multi = multi_channel_rows()
     elapsed = time.perf_counter() - t0
     bad = [r for r in rows if abs(r["gap"]) > TOLERANCE]  # type: ignore[arg-type]
     exceptions = {str(r["key"]): round(float(r["gap"]), 4) for r in bad}  # type: ignore[arg-type]
@@ -101,6 +128,31 @@ def main() -> None:
         " while a slow one still uses the link), so links are shared by flows the model keeps"
         " apart, or freed earlier than a wave's static share assumes. Rings are exact: a send"
         " waits for the rank's previous send, so a slow edge sets the pace without sharing.",
+        "",
+        f"## Several channels ({MULTI_CHANNELS})",
+        "",
+        "Channels take different rings (and chains, which follow the rings; trees pick other"
+        " heads), so they partly share links; the model prices each step's flows of all"
+        " channels as one static wave, the engine lets them drift apart. Gap (model - engine) /"
+        " engine, at 4 MiB and 256 MiB:",
+        "",
+        "| system | " + " | ".join(f"{c}/{a}" for c, a in MULTI_CASES) + " |",
+        "| --- |" + " ---: |" * len(MULTI_CASES),
+    ]
+    for system in dict.fromkeys(str(r["system"]) for r in multi):
+        cells = []
+        for coll, algo in MULTI_CASES:
+            gaps = [float(r["gap"]) * 100 for r in multi  # type: ignore[arg-type]
+                    if r["system"] == system and r["case"] == f"{coll}/{algo}"]  # fmt: skip
+            cells.append(" / ".join(f"{g:+.1f}%" for g in gaps))
+        lines.append(f"| {system} | " + " | ".join(cells) + " |")
+    worst = max(multi, key=lambda r: abs(float(r["gap"])))  # type: ignore[arg-type]
+    lines += [
+        "",
+        f"Largest: {worst['system']} {worst['case']} at {int(worst['size']) >> 20} MiB,"  # type: ignore[call-overload]
+        f" {float(worst['gap']) * 100:+.1f}% (the model is conservative where chunks are few and"  # type: ignore[arg-type]
+        " the pipeline's fill dominates: it keeps the channels' chunks in step, so they meet on"
+        " every shared link).",
         "",
     ]
     atomic_write_text(ROOT / "reports" / "analytic_agreement.md", "\n".join(lines))
