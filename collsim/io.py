@@ -91,3 +91,29 @@ def save_figure(fig: Any, path: str | os.PathLike[str], *, dpi: int = 110) -> Pa
     finally:
         plt.close(fig)
     return atomic_write_bytes(target, buffer.getvalue())
+
+
+def yaml_load(text: str) -> Any:
+    """``yaml.safe_load`` that refuses a mapping naming one key twice (plain YAML keeps the last,
+    so a repeated ``nodes:`` would silently override the first): a ``yaml.YAMLError`` whose
+    mark gives the line of the second."""
+    import yaml
+
+    class _Unique(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node)  # type: ignore[no-untyped-call]
+            if not isinstance(key, (str, int, float, bool)):
+                continue  # unhashable keys: the schema refuses them
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return loader.construct_mapping(node)
+
+    _Unique.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return yaml.load(text, Loader=_Unique)

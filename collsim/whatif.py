@@ -152,7 +152,7 @@ class WhatIf:
         self.network = Network(topology)
         self.fabric = TopologyFabric(self.network)
         self.layout = layout_for(topology)
-        self.has_in_network = any(d.in_network_reduction for d in topology.devices)
+        self.has_in_network = topology.reduces_for_all_gpus
         self._models: dict[str, Any] = {}
 
     def cost_model(self, name: str = "collsim") -> Any:

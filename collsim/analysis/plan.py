@@ -66,7 +66,7 @@ class SearchIn(Strict):
 
 
 class CandidatesIn(Strict):
-    tokens: Annotated[float, BeforeValidator(parse_count), Field(gt=0)] = 1e9
+    tokens: Annotated[float, BeforeValidator(parse_count), Field(gt=0, allow_inf_nan=False)] = 1e9
     clusters: Annotated[list[ClusterIn], Field(min_length=1)]
     search: SearchIn = SearchIn()
 

@@ -243,7 +243,7 @@ class _Problem:
             link_classes=link_classes,  # type: ignore[arg-type]
             base_latency_us=round(float(x[2]), 4),
             launch_floor_us=round(float(x[3]), 4),
-            p2p_op_us=HOST_P2P_OP_S * 1e6,
+            p2p_op_us=round(HOST_P2P_OP_S * 1e6, 4),
             memory_efficiency=round(float(x[0]), 5),
             size_efficiency=[
                 (s, round(f, 5)) for s, f in _size_table(x[4 : 4 + len(SIZE_KNOTS_BYTES)])

@@ -175,6 +175,9 @@ def check_rows(collective: str, ranks: int, drafts: Iterable[Draft], legacy: boo
                 if w.value > limit:
                     what = "max error" if legacy else "#wrong"
                     out.append(f"{where} {label}: {what} = {w.value:g} (results are wrong)")
+            if t.value is not None and (t.value < 0 or (t.value == 0 and d.size > 0)):
+                out.append(f"{where} {label}: time {t.value:g} us (a measured time is positive)")
+                continue
             if t.value is None or a.value is None or b.value is None:
                 continue
             if d.size > 0 and t.value > 0:

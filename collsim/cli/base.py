@@ -39,13 +39,20 @@ class CollsimGroup(click.Group):
 
 def refuse_overwriting_inputs(inputs: Any, **outputs: str | None) -> None:
     """An output path (``--json``, ``-o``, ...) that names one of the input files would destroy
-    a measurement: refuse it, naming the option."""
+    a measurement, and two outputs on one path would lose one: refuse them, naming the option."""
     given = {os.path.realpath(p) for p in inputs if p}
+    written: dict[str, str] = {}
     for flag, path in outputs.items():
-        if path and os.path.realpath(path) in given:
-            raise CollsimError(
-                "would overwrite an input file", field=f"--{flag.replace('_', '-')}", value=path
-            )
+        option = f"--{flag.replace('_', '-')}"
+        if not path or path == "-" or path.startswith("/dev/"):
+            continue
+        real = os.path.realpath(path)
+        if real in given:
+            raise CollsimError("would overwrite an input file", field=option, value=path)
+        if real in written:
+            raise CollsimError(f"is also {written[real]}: one would overwrite the other",
+                               field=option, value=path)  # fmt: skip
+        written[real] = option
 
 
 def topology_options(func: Callable[..., Any]) -> Callable[..., Any]:

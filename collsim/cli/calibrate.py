@@ -270,7 +270,8 @@ def fit_cmd(
         )
     click.echo(
         f"#   base latency {doc.base_latency_us:.2f} us, launch floor {doc.launch_floor_us:.2f} us"
-        " per GPU a host thread drives"
+        f" per GPU a host thread drives (+ {doc.p2p_op_us:g} us per point-to-point operation,"
+        " a priori)"
     )
     click.echo(
         "#   size efficiency " + ", ".join(f"{int(s)}B: {f:.3f}" for s, f in doc.size_efficiency)

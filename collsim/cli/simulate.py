@@ -107,7 +107,8 @@ def simulate(
             click.echo(
                 f"# note: the discrete-event engine takes the profile's links only; its base "
                 f"latency ({doc.base_latency_us:g} us), launch floor ({doc.launch_floor_us:g} us "
-                "per launch) and size factors apply with --engine analytic"
+                f"per launch, {doc.p2p_op_us:g} us per point-to-point operation) and size "
+                "factors apply with --engine analytic"
             )
     else:
         whatif = WhatIf(topo)

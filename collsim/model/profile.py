@@ -31,6 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from collsim.errors import CalibrationError
+from collsim.io import yaml_load
 from collsim.model.params import DEFAULT_PARAMS, HOST_P2P_OP_S, ModelParams, ProtocolParams
 from collsim.topology.spec import Topology, with_duplex
 
@@ -42,7 +43,7 @@ format 1 stored the floor of the measured calls whatever the GPUs per thread, so
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class TopologyRef(_Strict):
@@ -106,7 +107,7 @@ class ProfileDoc(_Strict):
     link_classes: dict[Literal["nvlink", "pci", "net"], LinkClass]
     base_latency_us: float = Field(ge=0, le=1e6)
     launch_floor_us: float = Field(default=0.0, ge=0, le=1e6)
-    p2p_op_us: float = Field(default=HOST_P2P_OP_S * 1e6, ge=0, le=1e3)
+    p2p_op_us: float = Field(default=round(HOST_P2P_OP_S * 1e6, 4), ge=0, le=1e3)
     """Host cost per point-to-point operation a call enqueues (a priori, not fitted)."""
     memory_efficiency: float = Field(default=1.0, ge=0.001, le=4)
     size_efficiency: list[tuple[float, float]] = []
@@ -289,7 +290,7 @@ def load_profile(path: str | Path) -> Profile:
             f"cannot read the profile: {exc.strerror or exc}", file=str(p)
         ) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml_load(text)
     except yaml.YAMLError as exc:
         raise CalibrationError(f"malformed YAML: {exc}".splitlines()[0], file=str(p)) from None
     return profile_from_dict(data, str(p))

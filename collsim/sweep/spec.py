@@ -387,9 +387,7 @@ def _algorithms(requested: tuple[str, ...], collective: str, topo: Any) -> tuple
     out: list[str] = []
     for algo in requested:
         if algo == "all":
-            proxy = SimpleNamespace(
-                topology=topo, has_in_network=any(d.in_network_reduction for d in topo.devices)
-            )
+            proxy = SimpleNamespace(topology=topo, has_in_network=topo.reduces_for_all_gpus)
             names = WhatIf.candidates(proxy, collective)  # type: ignore[arg-type]
         else:
             names = [algo] if algo == "auto" or algo in algorithms_for(collective) else []

@@ -97,6 +97,8 @@ def parse_fault(text: str, where: str = "--fault") -> Fault:
     fields: dict[str, object] = {}
     for item in filter(None, (p.strip() for p in params.split(","))):
         key, eq, value = item.partition("=")
+        if key.strip() in fields:
+            raise TopologyError(f"{key.strip()} is given twice", field=where, value=text)
         fields[key.strip()] = value.strip() if eq else True
     return make_fault(kind.strip(), target.strip(), fields, where, text)
 

@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from collsim.errors import CollsimError, TopologyError
+from collsim.io import yaml_load
 from collsim.topology.builders import Parts, build_fabric, build_node, fabric_shape
 from collsim.topology.schema import ExplicitIn, GpuIn, TemplateIn
 from collsim.topology.spec import Device, GpuModel, Link, SharedCapacity, Topology
@@ -85,7 +86,7 @@ def read_yaml(path: Path) -> Any:
             file=str(path),
         ) from None
     try:
-        return yaml.safe_load(text)
+        return yaml_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -233,18 +234,26 @@ def _from_explicit(spec: ExplicitIn, file: str | None) -> Topology:
     seen: dict[str, int] = {}
     devices = []
     local_index: dict[int | None, int] = {}
+    places: dict[str, int] = {}
     for i, dev in enumerate(spec.devices):
         _first_use(seen, dev.name, i, "devices", "duplicate device name")
+        # A GPU without a node is on node 0 (a single machine needs no node numbers).
+        node = 0 if dev.node is None and dev.kind == "gpu" else dev.node
         index = dev.index
         if index is None:
-            index = local_index.get(dev.node, 0) if dev.kind == "gpu" else 0
-            if dev.kind == "gpu":
-                local_index[dev.node] = index + 1
+            index = local_index.get(node, 0) if dev.kind == "gpu" else 0
+        if dev.kind == "gpu":
+            local_index[node] = max(local_index.get(node, 0), index + 1)
+            place = f"node {node} index {index}"
+            if place in places:
+                raise TopologyError(f"a second GPU at {place} (first at devices.{places[place]})",
+                                    field=f"devices.{i}.index", value=index)  # fmt: skip
+            places[place] = i
         devices.append(
             Device(
                 name=dev.name,
                 kind=dev.kind,
-                node=dev.node,
+                node=node,
                 index=index,
                 latency_s=dev.latency,
                 in_network_reduction=dev.in_network_reduction,

@@ -78,7 +78,7 @@ def _duplex_within(value: float | None, info: ValidationInfo) -> float | None:
 class Strict(BaseModel):
     """Base: unknown keys are errors, values are not coerced from the wrong type."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, allow_inf_nan=False)
 
 
 class GpuIn(Strict):

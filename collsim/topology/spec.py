@@ -161,6 +161,33 @@ class Topology:
                 return dev
         raise KeyError(name)
 
+    @property
+    def reduces_for_all_gpus(self) -> bool:
+        """Whether some switch that reduces in the network (NVLS, SHARP) reaches every GPU over
+        forwarding devices (a node's NVSwitch reaches only that node's GPUs: GPUs do not
+        forward), i.e. whether an in-network all-reduce over all GPUs can run."""
+        nbrs: dict[str, list[str]] = {}
+        for link in self.links:
+            nbrs.setdefault(link.a, []).append(link.b)
+            nbrs.setdefault(link.b, []).append(link.a)
+        by_name = {d.name: d for d in self.devices}
+        n = self.n_gpus
+        for start in (d.name for d in self.devices if d.in_network_reduction):
+            seen, todo, gpus = {start}, [start], 0
+            while todo:
+                for nxt in nbrs.get(todo.pop(), ()):
+                    if nxt in seen:
+                        continue
+                    seen.add(nxt)
+                    dev = by_name[nxt]
+                    if dev.kind == "gpu":
+                        gpus += 1
+                    elif dev.forwards:
+                        todo.append(nxt)
+            if gpus == n:
+                return True
+        return False
+
 
 def with_duplex(topology: Topology, efficiency: dict[str, float]) -> Topology:
     """``topology`` whose links of each listed *kind* carry, both directions together, at most

@@ -245,3 +245,13 @@ def test_plan_calibrates_only_the_clusters_of_the_profiles_system(tmp_path):
     options, rejected = plan(workload_from_dict(gpt()), cand, params=params, profile=str(prof))
     assert {o.topology for o in options} == {"dgx-h100", "dgx-a100"}
     assert any("dgx-a100: not calibrated" in n for n in rejected.notes)
+
+
+def test_two_outputs_on_one_path_are_refused(tmp_path):
+    """--plot and --json on one file: the second would silently replace the first."""
+    out = tmp_path / "s.png"
+    args = ["scale", "-w", "gpt-1.3b-ddp", "-t", "dgx-h100", "--nodes", "1,2",
+            "--plot", str(out), "--json", str(out)]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2 and "'--json'" in result.output and "--plot" in result.output
+    assert not out.exists()

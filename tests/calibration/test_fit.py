@@ -117,9 +117,13 @@ def test_point_to_point_operations_add_host_cost_to_the_floor():
     assert pred[small] == pytest.approx(8 * (HOST_LAUNCH_S + 16 * HOST_P2P_OP_S))
     assert np.median(np.abs(pred[small] / measured[small] - 1)) < 0.1
     # A fitted profile records the value it used, and applies it.
+    # A fit applies it: the floor per launch stays a launch's cost (about 5 us, as the
+    # collectives of this system fit), not 16 operations' worth, and the plateau fits.
     prof = fit_samples([s])
     assert prof.doc.p2p_op_us == pytest.approx(HOST_P2P_OP_S * 1e6)
     assert prof.params().p2p_op_s == pytest.approx(HOST_P2P_OP_S)
+    assert 3.5 < prof.doc.launch_floor_us < 6.0
+    assert prof.doc.fit_error is not None and prof.doc.fit_error.mape < 0.08
 
 
 def test_all_reduce_profile_improves_other_collectives(h100):

@@ -183,6 +183,16 @@ def test_wrong_results_are_anomalies_and_strict_raises(write):
         read_log(path, strict=True)
 
 
+def test_non_positive_times_are_anomalies(write):
+    """A negative or zero time (a corrupted row) used to pass --strict and was silently left
+    out of fits and validation."""
+    rows = [ROWS[0].replace("-1    20.48", "-1   -20.48"), ROWS[1],
+            ROWS[2].replace("-1    40.96", "-1     0.00")]  # fmt: skip
+    anomalies = read_log(write(standard_log(rows))).anomalies
+    assert any("size 1024 out-of-place: time -20.48 us" in a for a in anomalies)
+    assert any("size 4096 out-of-place: time 0 us" in a for a in anomalies)
+
+
 def test_inconsistent_numbers_are_anomalies(write):
     rows = [
         ROWS[0].replace("20.48    0.05    0.08", "20.48    0.09    0.14"),  # algbw != size/time

@@ -79,3 +79,17 @@ def test_yaml_syntax_error(tmp_path):
     path.write_text("topologies: [dgx-h100\n")
     with pytest.raises(SweepError, match="malformed YAML at line"):
         load_spec(path)
+
+
+def test_all_algorithms_are_those_the_system_can_run():
+    """dgx-h100's NVSwitches reduce, but each reaches only its node's GPUs: across 4 nodes there
+    is no in-network all-reduce, so 'all' leaves it out (it used to fill rows with errors)."""
+    from collsim.sweep.spec import spec_from_dict
+
+    def algos(nodes: int) -> tuple[str, ...]:
+        spec = spec_from_dict({"topologies": ["dgx-h100"], "nodes": [nodes],
+                               "collectives": ["all_reduce"], "sizes": ["1M"]})  # fmt: skip
+        return spec.tasks[0].algorithms
+
+    assert "in_network" not in algos(4)
+    assert "in_network" in algos(1)

@@ -10,6 +10,7 @@ from collsim.cli import cli
 from collsim.errors import TopologyError
 from collsim.topology.describe import to_explicit_yaml
 from collsim.topology.loader import catalog_names, load_topology, topology_from_dict
+from collsim.whatif import WhatIf
 
 from .conftest import template
 
@@ -136,6 +137,19 @@ def test_explicit_graph_loads_and_rejects_overrides(tmp_path):
     assert topo.n_gpus == 2 and not topo.is_template
     with pytest.raises(TopologyError, match="fixed size"):
         load_topology(good, nodes=2)
+
+
+def test_explicit_gpus_without_a_node_are_on_node_0(tmp_path):
+    """A single machine's graph needs no node numbers (this used to crash in routing)."""
+    data = _explicit()
+    for dev in data["devices"]:
+        dev.pop("node", None)
+        dev.pop("index", None)
+    path = tmp_path / "one.yaml"
+    path.write_text(yaml.safe_dump(data))
+    topo = load_topology(path)
+    assert topo.nodes == 1 and topo.n_gpus == 2
+    assert WhatIf(topo).run("all_reduce", "ring", 1 << 20)[0].time_s > 0
 
 
 @pytest.mark.parametrize(
