@@ -48,6 +48,7 @@ from collsim.model.profile import (
     TopologyRef,
     link_fingerprint,
 )
+from collsim.report.tables import plural
 from collsim.topology.spec import Topology
 
 SIZE_KNOTS_BYTES = (64 * 1024, 1024**2, 16 * 1024**2)
@@ -95,7 +96,8 @@ def check_log(log: NcclTestsLog, *, allow_anomalies: bool = False) -> None:
     """Reject logs whose rows are wrong or inconsistent (``#wrong > 0``), unless allowed."""
     if log.anomalies and not allow_anomalies:
         raise CalibrationError(
-            f"{len(log.anomalies)} anomalies, first: {log.anomalies[0]}; refusing to fit "
+            f"{plural(len(log.anomalies), 'anomaly', 'anomalies')}, first: {log.anomalies[0]}; "
+            "refusing to fit "
             "(pass --allow-anomalies to use it anyway)",
             file=log.file,
         )

@@ -118,17 +118,17 @@ class ResultStore:
             recorded.add(entry["file"])
             path = self.root / entry["file"]
             if not path.exists():
-                found.append(f"{path}: recorded as done but missing; measuring {key} again")
+                found.append(f"{path}: recorded as done but missing; redoing {key}")
             elif self.verified(key) is None:
                 found.append(
                     f"{path}: truncated or changed since it was recorded "
-                    f"(checksum mismatch); measuring {key} again"
+                    f"(checksum mismatch); redoing {key}"
                 )
         for path in sorted((self.root / "points").rglob("*.json")):
             if path.relative_to(self.root).as_posix() not in recorded:
                 found.append(
                     f"{path}: not in the manifest (killed before it was recorded); "
-                    "measuring it again"
+                    "redoing it"
                 )
         return found
 

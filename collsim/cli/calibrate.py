@@ -11,6 +11,7 @@ import click
 
 from collsim.cli.base import cli, refuse_overwriting_inputs
 from collsim.collectives.registry import COLLECTIVES
+from collsim.report.tables import plural
 
 
 @cli.group()
@@ -208,7 +209,8 @@ def read_cmd(
             click.echo(f"# note: {note}")
         for anomaly in log.anomalies:
             click.echo(f"# ANOMALY: {anomaly}")
-        click.echo(f"# {len(log.rows)} rows, {len(log.anomalies)} anomalies")
+        found = plural(len(log.anomalies), "anomaly", "anomalies")
+        click.echo(f"# {plural(len(log.rows), 'row')}, {found}")
 
 
 @calibrate.command("fit")

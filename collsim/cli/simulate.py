@@ -85,7 +85,7 @@ def simulate(
             size_option("-b", minbytes), size_option("-e", maxbytes), stepfactor
         )
     except CollsimError as exc:
-        raise exc.located(field=exc.field or "-b/-e/-f") from None
+        raise (exc if exc.field else exc.located(field="-b/-e/-f")) from None
     chunk = size_option("--chunk-bytes", chunk_bytes) if chunk_bytes else None
     if trace and engine != "des":
         raise CollsimError("a trace needs the discrete-event engine", field="--trace", value=engine)

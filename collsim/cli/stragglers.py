@@ -11,6 +11,7 @@ import click
 from collsim.cli.base import cli, run_options, size_option
 from collsim.collectives.registry import COLLECTIVES, default_algorithm
 from collsim.errors import CollsimError
+from collsim.report.tables import plural
 
 _BAR_MIN = 50
 """Fewest simulations for which a progress bar is worth showing."""
@@ -87,7 +88,7 @@ def stragglers(
     try:
         sizes = units.size_range(lo, hi, stepfactor)
     except CollsimError as exc:
-        raise exc.located(field=exc.field or "-b/-e/-f") from None
+        raise (exc if exc.field else exc.located(field="-b/-e/-f")) from None
     chunk = size_option("--chunk-bytes", chunk_bytes) if chunk_bytes else None
     topo = load_topology(topology, nodes=nodes, gpus_per_node=gpus_per_node)
     algo = algorithm or default_algorithm(collective)
@@ -107,7 +108,7 @@ def stragglers(
         if bar is not None:
             bar.close()
     click.echo(
-        f"# {collective} on {study.topology} ({study.ranks} ranks, {study.nodes} nodes), "
+        f"# {collective} on {study.topology} ({study.ranks} ranks, {plural(study.nodes, 'node')}), "
         f"{study.protocol}, {study.channels} channel(s); skew {study.skew}, slowdown "
         f"{study.slowdown}; {samples} samples, seed {seed}; discrete-event engine"
     )

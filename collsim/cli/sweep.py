@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from collsim.cli.base import cli
+from collsim.report.tables import plural
 
 
 def _show_progress() -> bool:
@@ -71,7 +72,7 @@ def sweep(
     if jobs is not None and jobs < 1:
         raise CollsimError("must be at least 1", field="--jobs", value=jobs)
     spec = load_spec(spec_file)
-    click.echo(f"# {spec.name}: {spec.n_points} points in {len(spec.tasks)} tasks")
+    click.echo(f"# {spec.name}: {spec.n_points} points in {plural(len(spec.tasks), 'task')}")
     if dry_run:
         return
     bar = _Bar() if _show_progress() else None
@@ -85,7 +86,8 @@ def sweep(
     for problem in out.problems:
         click.echo(f"# warning: {problem}", err=True)
     click.echo(
-        f"# {out.points} rows in {out.path / 'points.csv'} ({out.computed_tasks} tasks computed, "
+        f"# {out.points} rows in {out.path / 'points.csv'} "
+        f"({plural(out.computed_tasks, 'task')} computed, "
         f"{out.reused_tasks} reused)"
     )
     if out.interrupted:

@@ -53,7 +53,7 @@ def tune(
             size_option("-b", minbytes), size_option("-e", maxbytes), stepfactor
         )
     except CollsimError as exc:
-        raise exc.located(field=exc.field or "-b/-e/-f") from None
+        raise (exc if exc.field else exc.located(field="-b/-e/-f")) from None
     whatif = WhatIf(load_topology(topology, nodes=nodes, gpus_per_node=gpus_per_node))
     cost = whatif.cost_model(model)
     result = Tuner(cost).tune(collective, sizes, elem_bytes=dtype_bytes(datatype))

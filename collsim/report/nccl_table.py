@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collsim.engine import SimResult, bottleneck_links
+from collsim.report.tables import plural
 from collsim.whatif import Sweep
 
 _REDUCING = {"all_reduce": "sum", "reduce_scatter": "sum", "reduce": "sum"}
@@ -13,7 +14,7 @@ def sweep_table(sweep: Sweep) -> str:
     """Header, one row per size (size, count, type, redop, root, time, algbw, busbw), average."""
     lines = [
         f"# collsim: {sweep.collective} on {sweep.topology}: {sweep.ranks} ranks "
-        f"({sweep.nodes} nodes), algorithm {sweep.algorithm}, protocol {sweep.protocol}, "
+        f"({plural(sweep.nodes, 'node')}), algorithm {sweep.algorithm}, protocol {sweep.protocol}, "
         f"{sweep.channels} channel(s)",
         "#",
         f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>5}  "

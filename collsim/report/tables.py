@@ -36,3 +36,8 @@ def table(
     lines = [fmt(heads), fmt(["-" * w for w in widths])]
     lines += [fmt(r) for r in cells]
     return "\n".join(lines)
+
+
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """``1 node``, ``2 nodes`` (``nouns``: an irregular plural, e.g. ``anomalies``)."""
+    return f"{n} {noun if n == 1 else (nouns or noun + 's')}"

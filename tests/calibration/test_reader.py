@@ -291,7 +291,7 @@ def test_cli_read_prints_what_was_parsed(write):
     assert result.exit_code == 0
     assert f"# {path}: all_reduce on 4 ranks (2 nodes), GPU NVIDIA H100 80GB HBM3" in result.output
     assert "# ANOMALY: line 15, size 2048 out-of-place: #wrong = 2" in result.output
-    assert "# 3 rows, 1 anomalies" in result.output
+    assert "# 3 rows, 1 anomaly" in result.output
     strict = CliRunner().invoke(cli, ["calibrate", "read", "--strict", str(path)])
     assert strict.exit_code == 2 and len(strict.output.strip().splitlines()) == 1
     empty = CliRunner().invoke(cli, ["calibrate", "read", str(write("", "empty.txt"))])
