@@ -74,7 +74,7 @@ def data_parallel(
         return 0.0, 0.0, {"dp_bytes_per_gpu": 0.0}
     tr = w.training
     elem = DTYPE_BYTES[w.dtype]
-    grad_bytes = params_gpu * DTYPE_BYTES[tr.grad_reduce_dtype or w.dtype]
+    grad_bytes = params_gpu * DTYPE_BYTES[w.grad_dtype]
     weight_bytes = params_gpu * elem
     ratio = tr.compression.ratio
     codec = 0.0

@@ -10,10 +10,13 @@ Memory per GPU (mixed-precision Adam, Rajbhandari et al. 2020, ZeRO, arXiv:1910.
 3.1): 2 bytes of 16-bit weights, 2 of gradients (4 when gradients are reduced in fp32, as
 Megatron's main grads) and 12 of fp32 optimizer state (master weights, momentum, variance) per
 parameter, i.e. 16 bytes; ZeRO-1 shards the 12 over DP, ZeRO-2 also the gradients, ZeRO-3/FSDP
-everything. Activations: Korthikanti et al. 2022 (see :mod:`collsim.analysis.transformer`) per
-layer, times the layers whose activations the first stage holds: ``p`` micro-batches of its
-``l/p`` layers with 1F1B, ``m`` with GPipe, and ``(1 + (p-1)/(p v))`` times that with ``v``
-interleaved stages (Korthikanti 2022, section 4.2.3).
+everything, but gathers the weights of the layer it computes and of the one it prefetches, and
+holds that layer's gradients until they are reduce-scattered (FSDP's unit: a transformer block;
+Zhao et al. 2023, PyTorch FSDP, arXiv:2304.11277, section 3). Activations: Korthikanti et al.
+2022 (see :mod:`collsim.analysis.transformer`) per layer, times the layers whose activations the
+first stage holds: ``p`` micro-batches of its ``l/p`` layers with 1F1B, ``m`` with GPipe, and
+``(1 + (p-1)/(p v))`` times that with ``v`` interleaved stages (Korthikanti 2022, section
+4.2.3).
 """
 
 from __future__ import annotations
@@ -223,7 +226,7 @@ def memory_per_gpu(
     ``expert_params_per_gpu`` (part of ``params_per_gpu``) are replicated over dp / ep GPUs only
     (each expert-parallel group holds every expert once), so ZeRO shards them that many ways."""
     elem = DTYPE_BYTES[w.dtype]
-    grad_elem = DTYPE_BYTES[w.training.grad_reduce_dtype or w.dtype]
+    grad_elem = DTYPE_BYTES[w.grad_dtype]
 
     def sharded(bytes_per_param: float, from_stage: int) -> float:
         return sharded_params(layout, params_per_gpu, expert_params_per_gpu, from_stage) * (
@@ -232,6 +235,12 @@ def memory_per_gpu(
 
     weights = sharded(elem, 3)
     grads = sharded(grad_elem, 2)
+    if layout.zero >= 3 and layout.dp > 1:
+        # Sharded weights are gathered a layer at a time: the layer computing and the one
+        # prefetched are whole (TP-sharded) at once, and its gradients until reduce-scattered.
+        unit = params_per_gpu / max(1, stage_layers)
+        weights += 2 * unit * elem
+        grads += unit * grad_elem
     optim = sharded(OPTIMIZER_STATE_BYTES[w.training.optimizer], 1)
     p, m, v = layout.pp, layout.m, layout.v
     if layout.schedule == "gpipe":
@@ -241,7 +250,7 @@ def memory_per_gpu(
     else:
         in_flight = stage_layers * min(p, m)
     acts = act_bytes_per_layer * layout.micro * in_flight
-    if w.recompute != "none":  # the layer being recomputed holds its full activations
+    if w.recomputes != "none":  # the layer being recomputed holds its full activations
         acts += full_act_bytes_per_layer * layout.micro
     return Memory(
         weights=weights,

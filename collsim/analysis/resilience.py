@@ -230,7 +230,8 @@ class Resilience:
             else:
                 f = 100 * self.elastic_throughput  # type: ignore[operator]
                 lines[-1] += (
-                    f"; elastic with {self.elastic_nodes} nodes left ({f:.1f}% throughput): "
+                    f"; elastic with {self.elastic_nodes} nodes left (the best layout they "
+                    f"hold: {f:.1f}% throughput): "
                     f"goodput {100 * self.goodput_elastic:.1f}%"
                 )
         lines.append(

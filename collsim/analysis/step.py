@@ -299,7 +299,7 @@ class StepModel:
             peak_flops(self.topology, w.dtype) * eff,
             self.topology.gpu.memory_bandwidth_bytes_per_s, w.compute.elementwise_traffic,
         )  # fmt: skip
-        calls = 4 + (2 if w.recompute == "full" else 0)
+        calls = 4 + (2 if w.recomputes == "full" else 0)
         tp_fwd = one["tp"] * 2 / calls
         return one["fwd"] + tp_fwd, one["bwd"] + one["tp"] - tp_fwd
 
@@ -317,7 +317,7 @@ class StepModel:
             if moe not in cache:
                 cache[moe] = layer_costs(
                     model, tp=lay.tp, sequence_parallel=lay.sequence_parallel,
-                    recompute=w.recompute, elem_bytes=elem, moe=moe,
+                    recompute=w.recomputes, elem_bytes=elem, moe=moe,
                 )  # fmt: skip
             out.append(cache[moe])
         return out
@@ -345,10 +345,10 @@ class StepModel:
         elementwise = sum(c.elementwise_bytes for c in layers) * b * traffic
         fwd = gemm / flops_s + elementwise / mem_bw
         recompute_flops = 0.0
-        if w.recompute == "full":
+        if w.recomputes == "full":
             recompute_flops = gemm
             redo = fwd
-        elif w.recompute == "selective":
+        elif w.recomputes == "selective":
             recompute_flops = sum(c.attn_core_flops for c in layers) * b
             redo = recompute_flops / flops_s
             redo += sum(c.attn_elementwise_bytes for c in layers) * b * traffic / mem_bw
@@ -370,7 +370,7 @@ class StepModel:
                     params += embed
         compute = 3 * fwd + redo + extra
         algo = w.training.algorithm
-        tp_calls = 4 + (2 if w.recompute == "full" else 0)
+        tp_calls = 4 + (2 if w.recomputes == "full" else 0)
         tp = 0.0
         ep = 0.0
         for c in layers:

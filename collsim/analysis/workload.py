@@ -21,6 +21,7 @@ from pydantic import (
     BeforeValidator,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -104,6 +105,14 @@ class ExpertsIn(Strict):
     every: Pos = 1
     capacity_factor: Annotated[float, Field(ge=1)] = 1.0
 
+    @field_validator("top_k")
+    @classmethod
+    def _top_k_of_count(cls, top_k: int, info: ValidationInfo) -> int:
+        count = info.data.get("count")
+        if count is not None and top_k > count:
+            raise ValueError(f"top_k ({top_k}) exceeds the experts' count ({count})")
+        return top_k
+
 
 class TransformerIn(Strict):
     """A GPT-style decoder (Narayanan et al. 2021 notation: l, h, a, V, s)."""
@@ -121,13 +130,29 @@ class TransformerIn(Strict):
     flash_attention: bool = False
     experts: ExpertsIn | None = None
 
-    @model_validator(mode="after")
-    def _heads_divide(self) -> TransformerIn:
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
-        if self.kv_heads is not None and self.heads % self.kv_heads:
-            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads")
-        return self
+    @field_validator("heads")
+    @classmethod
+    def _heads_divide_hidden(cls, heads: int, info: ValidationInfo) -> int:
+        hidden = info.data.get("hidden")
+        if hidden is not None and hidden % heads:
+            raise ValueError(f"hidden ({hidden}) must be a multiple of heads ({heads})")
+        return heads
+
+    @field_validator("kv_heads")
+    @classmethod
+    def _kv_heads_divide_heads(cls, kv: int | None, info: ValidationInfo) -> int | None:
+        heads = info.data.get("heads")
+        if kv is not None and heads is not None and heads % kv:
+            raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv})")
+        return kv
+
+    @field_validator("experts")
+    @classmethod
+    def _experts_on_some_layer(cls, ex: ExpertsIn | None, info: ValidationInfo) -> Any:
+        layers = info.data.get("layers")
+        if ex is not None and layers is not None and ex.every > layers:
+            raise ValueError(f"experts every {ex.every} layers, but the model has {layers}")
+        return ex
 
 
 class GenericIn(Strict):
@@ -168,7 +193,7 @@ class StragglersIn(Strict):
 
     cv: Annotated[float, Field(ge=0)] = 0.0
     distribution: Literal["lognormal", "normal"] = "lognormal"
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0)] = 0
     samples: Pos = 64
 
 
@@ -265,14 +290,54 @@ class WorkloadIn(Strict):
     compute: ComputeIn = ComputeIn()
     resilience: ResilienceIn | None = None
 
-    @model_validator(mode="after")
-    def _batch(self) -> WorkloadIn:
-        if self.global_batch % self.micro_batch:
-            raise ValueError(
-                f"global_batch ({self.global_batch}) must be a multiple of micro_batch "
-                f"({self.micro_batch})"
-            )
-        return self
+    @field_validator("parallel")
+    @classmethod
+    def _generic_layout(cls, par: ParallelIn, info: ValidationInfo) -> ParallelIn:
+        m = info.data.get("model")
+        if not isinstance(m, GenericIn):
+            return par
+        if par.tp > 1 and not m.tp_bytes_per_layer:
+            raise ValueError("tp > 1 needs model.tp_bytes_per_layer (what TP moves per layer)")
+        if par.pp > 1 and not m.activation_bytes:
+            raise ValueError("pp > 1 needs model.activation_bytes (what a stage sends)")
+        if par.sequence_parallel:
+            raise ValueError("sequence_parallel needs a transformer model")
+        return par
+
+    @field_validator("recompute")
+    @classmethod
+    def _generic_recompute(cls, rec: str, info: ValidationInfo) -> str:
+        if rec != "none" and isinstance(info.data.get("model"), GenericIn):
+            raise ValueError("recomputation needs a transformer model (a generic job's layers "
+                             "are not described)")  # fmt: skip
+        return rec
+
+    @field_validator("micro_batch")
+    @classmethod
+    def _batch(cls, micro: int, info: ValidationInfo) -> int:
+        batch = info.data.get("global_batch")
+        if batch is not None and batch % micro:
+            raise ValueError(f"global_batch ({batch}) must be a multiple of micro_batch ({micro})")
+        return micro
+
+    @property
+    def grad_dtype(self) -> str:
+        """The gradients' type: ``training.grad_reduce_dtype``, else the training type, except
+        that FP8 recipes keep gradients in bf16 (FP8 is for the GEMMs; Micikevicius et al. 2022,
+        "FP8 Formats for Deep Learning", arXiv:2209.05433, section 4)."""
+        if self.training.grad_reduce_dtype:
+            return self.training.grad_reduce_dtype
+        return "bf16" if self.dtype == "fp8" else self.dtype
+
+    @property
+    def recomputes(self) -> str:
+        """What is recomputed in effect: selective recomputation re-runs the attention scores,
+        which FlashAttention never stores (its backward recomputes them anyway), so with it
+        selective is ``none`` (no extra FLOPs, no extra memory)."""
+        m = self.model
+        if self.recompute == "selective" and m.kind == "transformer" and m.flash_attention:
+            return "none"
+        return self.recompute
 
 
 def _model_section(data: dict[str, Any]) -> dict[str, Any]:

@@ -121,7 +121,7 @@ def layer_comm(
     reduce-scatters on the data-parallel group ``dp``."""
     tr = w.training
     elem = DTYPE_BYTES[w.dtype]
-    gelem = DTYPE_BYTES[tr.grad_reduce_dtype or w.dtype] / tr.compression.ratio
+    gelem = DTYPE_BYTES[w.grad_dtype] / tr.compression.ratio
     if w.parallel.fsdp:
         gathers = [sum(tensors) * elem]
         grads = [sum(tensors) * gelem]

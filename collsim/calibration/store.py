@@ -127,8 +127,7 @@ class ResultStore:
         for path in sorted((self.root / "points").rglob("*.json")):
             if path.relative_to(self.root).as_posix() not in recorded:
                 found.append(
-                    f"{path}: not in the manifest (killed before it was recorded); "
-                    "redoing it"
+                    f"{path}: not in the manifest (killed before it was recorded); redoing it"
                 )
         return found
 

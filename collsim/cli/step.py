@@ -298,7 +298,9 @@ def scale(
 @_PROFILE
 @_EFF
 @click.option("--all-layouts", is_flag=True, help="List every fitting layout, not the best.")
-@click.option("--top", type=int, default=20, show_default=True, help="Rows to print.")
+@click.option(
+    "--top", type=click.IntRange(min=1), default=20, show_default=True, help="Rows to print."
+)
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write the Pareto plot (PNG).")
 @_JSON
 def plan(

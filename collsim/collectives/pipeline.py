@@ -35,7 +35,10 @@ ParentFn = Callable[[BuildSpec, int], np.ndarray]
 
 
 def _ring_chain(spec: BuildSpec, channel: int) -> np.ndarray:
-    return chain_along(ring_order(spec, channel), spec.root)
+    # Data flows forward along the ring: a broadcast from the root on, a reduce from the root's
+    # successor round to the root (each rank's parent is then its successor).
+    order = ring_order(spec, channel).ravel()
+    return chain_along(order if spec.collective == "broadcast" else order[::-1], spec.root)
 
 
 def _heap(spec: BuildSpec, channel: int) -> np.ndarray:

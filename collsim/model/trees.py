@@ -259,7 +259,8 @@ def rooted(
     chains coincide are copies sharing the same links."""
     n = layout.nranks
     if algorithm == "chain":
-        chains = [chain_along(o, 0) for o in ring_orders(collective, n, channels, layout)]
+        orders = ring_orders(collective, n, channels, layout)
+        chains = [chain_along(o if collective == "broadcast" else o[::-1], 0) for o in orders]
     else:
         chains = [heap_parents(n, 0)] * channels
     distinct: dict[bytes, tuple[np.ndarray, int]] = {}

@@ -255,3 +255,23 @@ def test_two_outputs_on_one_path_are_refused(tmp_path):
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 2 and "'--json'" in result.output and "--plot" in result.output
     assert not out.exists()
+
+
+def test_zero3_holds_a_gathered_layer_and_its_prefetch(tmp_path):
+    """Four 51.5B-parameter layers under FSDP on 512 GPUs: the shards are small, but a layer is
+    gathered whole (103 GB in bf16) while the next is prefetched, so it cannot fit in 80 GB;
+    it used to be reported as fitting in 9.9 GB."""
+    spec = tmp_path / "fat.yaml"
+    spec.write_text(
+        "name: fat-layers\n"
+        "model: {layers: 4, hidden: 65536, heads: 512, vocab: 32000, seq_len: 512,"
+        " flash_attention: true}\n"
+        "global_batch: 512\nmicro_batch: 1\ndtype: bf16\n"
+        "parallel: {tp: 1, pp: 1, fsdp: true}\nrecompute: full\n"
+    )
+    result = CliRunner().invoke(cli, ["step", "-w", str(spec), "-t", "dgx-h100", "--nodes", "64"])
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if x.startswith("memory per GPU"))
+    assert "DOES NOT FIT" in line
+    weights = float(line.split("weights ")[1].split(",")[0])
+    assert weights == pytest.approx(2 * 51.5e9 * 2 / 1e9 + 0.8, rel=0.03)

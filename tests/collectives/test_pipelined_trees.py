@@ -79,8 +79,9 @@ def test_chain_channels_follow_the_rings_over_every_nic(collective):
         edges = set(zip(order[:-1].tolist(), order[1:].tolist(), strict=True))
         mine = moves & (sched.channel == c)
         pairs = set(zip(sched.src[mine].tolist(), sched.dst[mine].tolist(), strict=True))
-        if collective == "reduce":
-            pairs = {(b, a) for a, b in pairs}
+        if collective == "reduce":  # forward along the ring too, from the root's successor
+            order = np.roll(order, -1)
+            edges = set(zip(order[:-1].tolist(), order[1:].tolist(), strict=True))
         assert pairs == edges
         crossings |= {e for e in edges if (e[0] < 8) != (e[1] < 8)}
     assert len(crossings) >= 4  # the channels cross between nodes on different GPUs
