@@ -3,7 +3,9 @@
 The command runs in its own session, so stopping it (on a timeout, Ctrl-C or SIGTERM) ends every
 process it started: a launcher's ranks do not outlive the run. Its stdout is copied as it comes
 to ``<label>.partial``, which becomes ``<label>.stdout`` only when the command has finished, so a
-``.partial`` file always means "did not finish" (the result store reports it, and never uses it).
+``.partial`` file always means "did not finish" (the result store reports it, and never uses it);
+a rerun moves it aside (``<label>.interrupted-<k>.txt``) rather than writing over the rows it
+holds.
 """
 
 from __future__ import annotations
@@ -82,11 +84,28 @@ def _follow(
                 on_line(line)
 
 
+def keep_interrupted(partial: Path) -> Path | None:
+    """Move an interrupted run's output aside (``<label>.interrupted-<k>``, never overwritten),
+    so a rerun of the same command does not write over the rows it completed."""
+    if not partial.exists():
+        return None
+    k = 1
+    while (kept := partial.with_name(f"{partial.stem}.interrupted-{k}.txt")).exists():
+        k += 1
+    partial.rename(kept)
+    return kept
+
+
 def execute(
-    step: Step, out: Path, label: str, timeout: float, on_line: Callable[[str], None]
+    step: Step,
+    out: Path,
+    label: str,
+    timeout: float,
+    on_line: Callable[[str], None],
+    on_note: Callable[[str], None] = lambda _: None,
 ) -> tuple[int, str, str]:
-    """Run one command; return (exit status, stdout, last stderr lines). Kills it when silent
-    for ``timeout`` seconds."""
+    """Run one command; return (exit status, stdout, its stderr lines but warnings). Kills it
+    when silent for ``timeout`` seconds."""
     env = {**os.environ, **step.env}
     proc = subprocess.Popen(
         step.argv,
@@ -102,6 +121,9 @@ def execute(
     threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
     threading.Thread(target=_pump, args=(proc.stderr, errors), daemon=True).start()
     partial = out / f"{label}.partial"
+    kept = keep_interrupted(partial)
+    if kept is not None:
+        on_note(f"{partial}: output of an interrupted run, kept as {kept}")
     stdout: list[str] = []
     try:
         _follow(proc, lines, partial, stdout, label, timeout, on_line)
@@ -115,5 +137,5 @@ def execute(
     atomic_write_text(out / f"{label}.stderr", "".join(err))
     partial.unlink()
     atomic_write_text(out / f"{label}.stdout", "".join(stdout))
-    tail = "".join(e for e in err if e.strip() and "Warning" not in e)[-2000:]
-    return status, "".join(stdout), tail
+    said = "".join(e for e in err if e.strip() and "Warning" not in e)
+    return status, "".join(stdout), said

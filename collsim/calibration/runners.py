@@ -111,6 +111,12 @@ class RunConfig:
                 raise CalibrationError(f"must be >= {least}", field=flag, value=value)
         if not self.timeout > 0:
             raise CalibrationError("must be > 0 seconds", field="--timeout", value=self.timeout)
+        if self.runner == "nccl-tests" and self.stepfactor != int(self.stepfactor):
+            raise CalibrationError(
+                "nccl-tests reads -f as a whole number (1.5 would step by its default instead)",
+                field="-f",
+                value=self.stepfactor,
+            )
         self.sizes()
 
 
@@ -362,7 +368,7 @@ def _run(
             continue
         # the torch benchmark guards each point itself; allow for torch's start-up around it
         silence = cfg.timeout + (60.0 if cfg.runner == "torch" else 0.0)
-        status, stdout, err = execute(step, run_dir, label, silence, on_line)
+        status, stdout, err = execute(step, run_dir, label, silence, on_line, notify)
         if status != 0:
             detail = failure_reason(err, status)
             raise CalibrationError(
@@ -372,7 +378,14 @@ def _run(
             )
         if step.collective:
             staged = run_dir / f"{label}.stdout"
-            read_log(staged, collective=step.collective)  # refuse to record what does not parse
+            log = read_log(staged, collective=step.collective)  # refuse what does not parse
+            if log.ranks != cfg.nprocs:
+                raise CalibrationError(
+                    f"{label} ran on {log.ranks} ranks, not the {cfg.nprocs} asked for (output "
+                    f"kept in {run_dir}; not recorded)",
+                    field="--nprocs",
+                    value=cfg.nprocs,
+                )
             store.record(
                 step.collective,
                 f"logs/{step.collective}.txt",

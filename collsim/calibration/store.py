@@ -112,7 +112,10 @@ class ResultStore:
         for tmp in sorted(self.root.rglob(".*.tmp")):
             found.append(f"{tmp}: temporary file of an interrupted write; ignored")
         for partial in sorted(self.root.rglob("*.partial")):
-            found.append(f"{partial}: output of a run that did not finish; not used")
+            found.append(
+                f"{partial}: output of a run that did not finish; not used as a result (kept "
+                "aside when its command runs again)"
+            )
         recorded = set()
         for key, entry in sorted(self.manifest["points"].items()):
             recorded.add(entry["file"])

@@ -269,9 +269,47 @@ def test_sigkill_mid_run_keeps_finished_collectives(tmp_path):
     again = _cli(*args)
     assert again.exit_code == 0, again.output
     assert "all_gather.partial: output of a run that did not finish; not used" in again.output
+    # ...and moves it aside rather than writing over what it holds (the header line here)
+    aside = out / "run" / "all_gather.interrupted-1.txt"
+    assert "kept as" in again.output and aside.read_text().startswith("# nThread 1 nGpus 8")
     assert "all_reduce: done in an earlier run, skipped" in again.output
     assert (out / "logs" / "all_reduce.txt").read_bytes() == kept
     assert (out / "logs" / "all_gather.txt").exists()
     done = json.loads((out / "manifest.json").read_text())["points"]
     assert set(done) == {"all_reduce", "all_gather"}
     assert done["all_reduce"] == manifest["points"]["all_reduce"]
+
+
+def test_the_reason_survives_a_long_traceback_after_it(tmp_path):
+    """torchrun prints a long traceback after a rank's own message; the message used to be cut
+    off (only the last 2000 characters of stderr were kept), leaving 'ChildFailedError:'."""
+    import sys
+
+    from collsim.calibration._process import execute
+    from collsim.calibration.runners import Step, failure_reason
+
+    code = (
+        "import sys\n"
+        "print('collsim torchbench: rank 1: all_reduce of 33554432 B did not complete', "
+        "file=sys.stderr)\n"
+        "print('Traceback (most recent call last):\\n' + '  frame\\n' * 2000 + "
+        "'ChildFailedError:', file=sys.stderr)\nsys.exit(1)\n"
+    )
+    status, _, err = execute(Step([sys.executable, "-c", code], None), tmp_path, "t", 30.0,
+                             lambda _: None)  # fmt: skip
+    assert status == 1
+    assert failure_reason(err, status).startswith("collsim torchbench: rank 1: all_reduce")
+
+
+def test_a_log_on_other_ranks_is_not_recorded(tmp_path):
+    """The binary measured 8 ranks where 4 were asked for: not recorded under a 4-rank identity
+    (it used to be), and -f must be whole for nccl-tests (which reads it with strtol)."""
+    bins = _fake_binaries(tmp_path / "bin", f"cat {SAMPLE}\n", names=("all_reduce",))
+    out = tmp_path / "res"
+    result = CliRunner().invoke(cli, ["calibrate", "run", "--nprocs", "4", "-c", "all_reduce",
+                                      "--binary-dir", str(bins), "--out", str(out)])  # fmt: skip
+    assert result.exit_code == 2 and "ran on 8 ranks, not the 4" in result.output
+    assert not (out / "logs" / "all_reduce.txt").exists()
+    result = CliRunner().invoke(cli, ["calibrate", "run", "-f", "1.5", "--binary-dir", str(bins),
+                                      "--out", str(out), "--dry-run"])  # fmt: skip
+    assert result.exit_code == 2 and "'-f'" in result.output
