@@ -71,22 +71,30 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def figure_format(path: str | os.PathLike[str], field: str = "--plot") -> str:
+    """The image format ``path``'s suffix names (PNG without one); an unknown one is an error
+    naming the option, raised before any work (check outputs before computing them)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from collsim.errors import CollsimError
+
+    fmt = Path(path).suffix.lstrip(".").lower() or "png"
+    kinds = FigureCanvasAgg.get_supported_filetypes()
+    if fmt not in kinds:
+        raise CollsimError(f"cannot draw a '.{fmt}' file (use one of: {', '.join(sorted(kinds))})",
+                           field=field, value=str(path))  # fmt: skip
+    return fmt
+
+
 def save_figure(fig: Any, path: str | os.PathLike[str], *, dpi: int = 110) -> Path:
     """Render a matplotlib figure (format from the suffix, PNG by default), write it atomically
     and close it."""
     import matplotlib.pyplot as plt
 
     target = Path(path)
-    fmt = target.suffix.lstrip(".").lower() or "png"
     buffer = io.BytesIO()
     try:
-        if fmt not in fig.canvas.get_supported_filetypes():
-            from collsim.errors import CollsimError
-
-            kinds = ", ".join(sorted(fig.canvas.get_supported_filetypes()))
-            raise CollsimError(
-                f"cannot draw a '.{fmt}' file (use one of: {kinds})", file=str(path), field="--plot"
-            )
+        fmt = figure_format(path)
         fig.savefig(buffer, format=fmt, dpi=dpi, bbox_inches="tight")  # no label cut off
     finally:
         plt.close(fig)

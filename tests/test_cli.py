@@ -51,3 +51,15 @@ def test_help_everywhere():
 def test_demo_runs():
     result = runner.invoke(cli, ["demo"])
     assert result.exit_code == 0, result.output
+
+
+def test_an_unknown_plot_format_is_refused_before_any_work(tmp_path):
+    """validate used to print its results and then fail with a matplotlib traceback."""
+    from collsim.calibration.dataset import DATA_DIR
+
+    log = str(DATA_DIR / "logs" / "h100-snellius-1n4g-all_gather-1.txt")
+    for args in (["validate", log, "-t", "h100-4gpu-ib"],
+                 ["scale", "-w", "gpt-1.3b-ddp", "-t", "dgx-h100", "--nodes", "1,2"]):  # fmt: skip
+        result = CliRunner().invoke(cli, [*args, "--plot", str(tmp_path / "v.txt")])
+        assert result.exit_code == 2
+        assert result.output.startswith("collsim: error: field '--plot': cannot draw a '.txt'")

@@ -12,6 +12,7 @@ goes, so a killed run leaves it truncated: that is reported with the line where 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -79,16 +80,20 @@ def _group(obj: Any, file: str, index: int) -> Any:
     if obj is None:
         return None
     try:
-        values = [obj.get("time", obj.get("cpu_time")), obj["alg_bw"], obj["bus_bw"]]
+        values = {"time": obj.get("time", obj.get("cpu_time")), "alg_bw": obj["alg_bw"],
+                  "bus_bw": obj["bus_bw"]}  # fmt: skip
+        numbers = {k: float(v) for k, v in values.items()}
         wrong = obj.get("nwrong")
-        return Group(
-            *(Value(float(v), 5e-7) for v in values),
-            Value(None if wrong is None or wrong == "nan" else float(wrong)),
-        )
+        wrong_value = None if wrong is None or wrong == "nan" else float(wrong)
     except (KeyError, TypeError, ValueError, AttributeError):
         raise CalibrationError(
             "JSON result lacks time/alg_bw/bus_bw", file=file, field=f"results[{index}]", value=obj
         ) from None
+    for key, number in numbers.items():
+        if not math.isfinite(number):
+            raise CalibrationError("not a number", file=file, field=f"results[{index}].{key}",
+                                   value=values[key])  # fmt: skip
+    return Group(*(Value(numbers[k], 5e-7) for k in values), Value(wrong_value))
 
 
 def read(text: str, file: str) -> tuple[Facts, list[Draft]]:
@@ -97,7 +102,9 @@ def read(text: str, file: str) -> tuple[Facts, list[Draft]]:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CalibrationError(
-            f"malformed or truncated JSON: {exc.msg}", file=file, field=f"line {exc.lineno}"
+            f"malformed or truncated JSON: {exc.msg} (character {exc.pos} of {len(text)})",
+            file=file,
+            field=f"line {exc.lineno}",
         ) from None
     results = doc.get("results") if isinstance(doc, dict) else None
     if not isinstance(results, list) or not results:
@@ -123,7 +130,9 @@ def read(text: str, file: str) -> tuple[Facts, list[Draft]]:
     facts.avg_busbw = avg.get("bandwidth")
     oob = doc.get("out_of_bounds") or {}
     if "count" in oob:
-        facts.oob = (int(oob["count"]), "OK" if oob.get("okay", True) else "FAILED")
+        okay = oob.get("okay", True)  # nccl-tests writes booleans as "true" / "false"
+        okay = okay.strip().lower() == "true" if isinstance(okay, str) else bool(okay)
+        facts.oob = (int(oob["count"]), "OK" if okay else "FAILED")
     drafts = []
     for i, r in enumerate(results):
         try:

@@ -27,6 +27,7 @@ from collsim.analysis.metrics import bus_factor
 from collsim.calibration.fit import Sample
 from collsim.calibration.predict import Predictor, elem_bytes
 from collsim.model.params import DEFAULT_PARAMS, ModelParams
+from collsim.report.tables import plural
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,8 @@ class Validation:
         for note in self.notes:
             out.append(f"# note: {note}")
         for r in self.logs:
-            out.append(f"# {r.file}: {r.collective} on {r.ranks} ranks ({r.nodes or '?'} nodes)")
+            nodes = plural(r.nodes, "node") if r.nodes else "? nodes"
+            out.append(f"# {r.file}: {r.collective} on {r.ranks} ranks ({nodes})")
             if points:
                 out.append(
                     f"#{'size':>13} {'meas us':>11} {'pred us':>11} {'meas busbw':>10} "
@@ -165,7 +167,7 @@ def plot_validation(validation: Validation, path: str | Path, title: str = "") -
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from collsim.io import atomic_write_bytes
+    from collsim.io import save_figure
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, r in enumerate(validation.logs[:12]):
@@ -180,9 +182,4 @@ def plot_validation(validation: Validation, path: str | Path, title: str = "") -
     ax.set_title(title or "measured (dots) vs predicted (lines)")
     ax.legend(fontsize=6)
     fig.tight_layout()
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    save_figure(fig, path)

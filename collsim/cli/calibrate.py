@@ -195,7 +195,7 @@ def read_cmd(
     for log in parsed:
         click.echo(
             f"# {log.file}: {log.collective} on {log.ranks} ranks "
-            f"({log.nodes if log.nodes is not None else '?'} nodes), "
+            f"({plural(log.nodes, 'node') if log.nodes is not None else '? nodes'}), "
             f"GPU {log.gpu or '?'}, NCCL {log.nccl_version or '?'}, {log.layout} layout, "
             f"{log.gpus_per_thread} GPU(s) per host thread"
         )

@@ -12,6 +12,7 @@ import click
 
 from collsim.cli.base import cli, context_faults, fault_meta_option, refuse_overwriting_inputs
 from collsim.errors import CollsimError
+from collsim.io import figure_format
 
 # Options the three commands share (one definition each).
 _WORKLOAD = click.option(
@@ -268,6 +269,8 @@ def scale(
     from collsim.io import atomic_write_text
 
     refuse_overwriting_inputs([workload, topology, profile], plot=plot, json=json_file)
+    if plot:
+        figure_format(plot)
     try:
         counts = sorted({int(x) for x in node_list.split(",") if x.strip()})
     except ValueError:
@@ -321,6 +324,8 @@ def plan(
     from collsim.report.tables import table
 
     refuse_overwriting_inputs([workload, candidates, profile], plot=plot, json=json_file)
+    if plot:
+        figure_format(plot)
     w = load_workload(workload)
     cand = planning.load_candidates(candidates)
     params, eff = load_profile(profile)

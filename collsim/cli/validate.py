@@ -57,9 +57,11 @@ def validate(
     from collsim.calibration.session import load_samples
     from collsim.calibration.validate import plot_validation, validate_samples
     from collsim.errors import CollsimError
-    from collsim.io import atomic_write_text
+    from collsim.io import atomic_write_text, figure_format
 
     refuse_overwriting_inputs([*logs, topology, profile], json=json_file, plot=plot_file)
+    if plot_file:
+        figure_format(plot_file)
     samples = load_samples(
         logs, topology, nodes=nodes, gpus_per_node=gpus_per_node, collective=collective,
         ranks=ranks, gpus_per_thread=gpus_per_thread,

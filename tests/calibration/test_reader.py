@@ -172,6 +172,13 @@ def test_json_output(write):
     truncated = json.dumps(doc, indent=1)[:-40]
     with pytest.raises(CalibrationError, match=r"run2.json: field 'line \d+': malformed or trunc"):
         read_log(write(truncated, "run2.json"))
+    # nccl-tests writes booleans as strings: a failed out-of-bounds check is "false", not OK
+    doc["out_of_bounds"] = {"count": 5, "okay": "false"}
+    assert any("(FAILED)" in a for a in read_log(write(json.dumps(doc), "oob.json")).anomalies)
+    # a 'nan' in a result is an error naming it (it used to be read, and fitted)
+    doc["results"][0]["out_of_place"]["time"] = "nan"
+    with pytest.raises(CalibrationError, match=r"field 'results\[0\]\.time': not a number"):
+        read_log(write(json.dumps(doc), "nan.json"))
 
 
 def test_wrong_results_are_anomalies_and_strict_raises(write):
@@ -191,6 +198,13 @@ def test_non_positive_times_are_anomalies(write):
     anomalies = read_log(write(standard_log(rows))).anomalies
     assert any("size 1024 out-of-place: time -20.48 us" in a for a in anomalies)
     assert any("size 4096 out-of-place: time 0 us" in a for a in anomalies)
+
+
+def test_a_repeated_size_is_an_anomaly(write):
+    """A row repeated (two tables pasted together) would count twice in a fit; nccl-tests itself
+    repeats only empty (0 B) calls."""
+    anomalies = read_log(write(standard_log([ROWS[0], ROWS[1], ROWS[1], ROWS[2]]))).anomalies
+    assert len(anomalies) == 1 and "size 2048: this size was measured already" in anomalies[0]
 
 
 def test_inconsistent_numbers_are_anomalies(write):
