@@ -11,6 +11,7 @@ longer than the timeout (a hung collective) with a message saying what it was ru
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import platform
@@ -354,7 +355,32 @@ def _run(
     cfg.out.mkdir(parents=True, exist_ok=True)
     run_dir = cfg.out / "run"
     run_dir.mkdir(exist_ok=True)
-    identity = {"runner": cfg.runner, "ranks": cfg.nprocs, "dtype": cfg.dtype}
+    # one run per directory at a time: a second would take the first's output for stale
+    lock = (cfg.out / ".lock").open("a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise CalibrationError(
+            "another calibrate run is writing to this directory", field="--out", value=str(cfg.out)
+        ) from None
+    try:
+        return _run_locked(cfg, steps, on_line, on_skip, notify, run_dir)
+    finally:
+        lock.close()  # releases the lock
+
+
+def _run_locked(
+    cfg: RunConfig,
+    steps: list[Step],
+    on_line: Callable[[str], None],
+    on_skip: Callable[[int], None],
+    notify: Callable[[str], None],
+    run_dir: Path,
+) -> list[Path]:
+    # settings that change what a number means: a resumed run must measure as the first did
+    identity = {"runner": cfg.runner, "ranks": cfg.nprocs, "dtype": cfg.dtype,
+                "warmup": cfg.warmup, "iters": cfg.iters}  # fmt: skip
     store = ResultStore(cfg.out, identity)
     for problem in store.problems():
         notify(f"warning: {problem}")

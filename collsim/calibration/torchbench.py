@@ -314,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
             "dtype": args.datatype,
             "backend": args.backend_used,
             "average": _AVERAGE[args.average],
+            "warmup": args.warmup,
+            "iters": args.iters,
         }
         store = ResultStore(args.out, identity)
         for problem in store.problems():

@@ -313,3 +313,22 @@ def test_a_log_on_other_ranks_is_not_recorded(tmp_path):
     result = CliRunner().invoke(cli, ["calibrate", "run", "-f", "1.5", "--binary-dir", str(bins),
                                       "--out", str(out), "--dry-run"])  # fmt: skip
     assert result.exit_code == 2 and "'-f'" in result.output
+
+
+def test_one_run_per_directory_and_resumes_measure_alike(tmp_path):
+    """A second run into a directory in use is refused (it took the first's live output for
+    stale); a resumed run must use the first one's warm-up and iteration counts."""
+    import fcntl
+
+    bins = _fake_binaries(tmp_path / "bin", f"cat {SAMPLE}\n", names=("all_reduce",))
+    out = tmp_path / "res"
+    out.mkdir()
+    args = ["calibrate", "run", "--nprocs", "8", "-c", "all_reduce", "--binary-dir", str(bins),
+            "--out", str(out)]  # fmt: skip
+    with (out / ".lock").open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running calibrate run holds it
+        busy = CliRunner().invoke(cli, args)
+    assert busy.exit_code == 2 and "another calibrate run is writing" in busy.output
+    assert _cli(*args).exit_code == 0
+    other = CliRunner().invoke(cli, [*args, "-n", "3"])
+    assert other.exit_code == 2 and "iters=20" in other.output
