@@ -45,6 +45,10 @@ NCCL_TESTS_DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "hal
 """nccl-tests' ``-d`` types (``src/common.cu``)."""
 
 
+LOCAL = ("local", "torchrun")
+"""Launchers that start every process on this machine."""
+
+
 @dataclass
 class RunConfig:
     """Everything ``collsim calibrate run`` was asked to do."""
@@ -85,7 +89,7 @@ class RunConfig:
                 field="--nprocs",
                 value=self.nprocs,
             )
-        if self.launcher in ("local", "torchrun") and self.nodes > 1:
+        if self.launcher in LOCAL and self.nodes > 1:
             raise CalibrationError(
                 f"--launcher {self.launcher} runs on this machine only; use "
                 "srun or mpirun for several nodes",
@@ -112,6 +116,16 @@ class RunConfig:
                 raise CalibrationError(f"must be >= {least}", field=flag, value=value)
         if not self.timeout > 0:
             raise CalibrationError("must be > 0 seconds", field="--timeout", value=self.timeout)
+        if self.runner == "torch" and self.backend == "nccl" and self.launcher in LOCAL:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise CalibrationError(
+                    "the nccl backend needs CUDA GPUs, and this machine has none (gloo runs on "
+                    "CPUs)",
+                    field="--backend",
+                    value=self.backend,
+                )
         if self.runner == "nccl-tests" and self.stepfactor != int(self.stepfactor):
             raise CalibrationError(
                 "nccl-tests reads -f as a whole number (1.5 would step by its default instead)",

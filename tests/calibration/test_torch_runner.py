@@ -141,3 +141,15 @@ def test_watchdog_names_the_hung_collective():
         "collsim torchbench: rank 3: all_gather of 1048576 B did not complete within 0.3 s"
         in done.stderr
     )
+
+
+def test_nccl_backend_without_gpus_is_refused_up_front(tmp_path):
+    """Each rank used to die inside torchbench with an AttributeError the user never saw."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA GPUs")
+    result = CliRunner().invoke(cli, ["calibrate", "run", "--runner", "torch", "--backend",
+                                      "nccl", "--nprocs", "2", "-c", "all_reduce", "-e", "1K",
+                                      "--out", str(tmp_path / "r")])  # fmt: skip
+    assert result.exit_code == 2 and "needs CUDA GPUs" in result.output
