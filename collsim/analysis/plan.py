@@ -83,12 +83,19 @@ def load_candidates(path: str | os.PathLike[str]) -> CandidatesIn:
     if not isinstance(data, dict):
         raise WorkloadError("a candidates file must be a mapping with 'clusters'", file=str(p))
     try:
-        return CandidatesIn.model_validate(data)
+        cand = CandidatesIn.model_validate(data)
     except ValidationError as exc:
         err = _topo_loader._one_line(exc, CandidatesIn)
         raise WorkloadError(
             err.message, file=str(p), field=err.field, value=err.value, has_value=err.has_value
         ) from None
+    for i, cl in enumerate(cand.clusters):  # a misspelt topology, named before any work
+        try:
+            _topo_loader.resolve(cl.topology)
+        except CollsimError as exc:
+            raise WorkloadError(exc.message, file=str(p), field=f"clusters.{i}.topology",
+                                value=cl.topology) from None  # fmt: skip
+    return cand
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import types
 import typing
 from collections.abc import Sequence
@@ -399,7 +400,9 @@ def _one_line(exc: ValidationError, model: type[BaseModel]) -> TopologyError:
     errors = exc.errors()
     # an unknown key first: a misspelt key also makes the key it was meant to be "missing"
     err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-    loc = [str(p) for p in err["loc"]]
+    # union members name themselves in the path ('list[constrained-int]', 'literal['auto']'):
+    # they are pydantic's, not the file's
+    loc = [str(p) for p in err["loc"] if not re.search(r"\[|^constrained-|^function-", str(p))]
     field = ".".join(loc)
     kind = err["type"]
     value = err.get("input")
