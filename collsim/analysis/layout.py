@@ -46,6 +46,8 @@ class Layout:
     schedule: str
     sequence_parallel: bool
     zero: int
+    fsdp: bool = False
+    """ZeRO-3 as PyTorch FSDP (per-layer gathers) rather than DeepSpeed (per-tensor)."""
 
     def rank(self, tp_rank: int, dp_rank: int, pp_rank: int) -> int:
         return tp_rank + self.tp * (dp_rank + self.dp * pp_rank)
@@ -56,7 +58,9 @@ class Layout:
             text += f"-v{self.v}"
         if self.ep > 1:
             text += f"-ep{self.ep}"
-        if self.zero:
+        if self.fsdp:
+            text += "-fsdp"
+        elif self.zero:
             text += f"-zero{self.zero}"
         return text + f"-mb{self.micro}"
 
@@ -138,6 +142,7 @@ def resolve_layout(w: WorkloadIn, n_gpus: int) -> Layout:
         schedule=par.schedule,
         sequence_parallel=par.sequence_parallel,
         zero=zero,
+        fsdp=par.fsdp,
     )
 
 

@@ -185,6 +185,10 @@ class ParallelIn(Strict):
     def _interleave(self) -> ParallelIn:
         if self.virtual_stages > 1 and self.schedule != "interleaved":
             raise ValueError("virtual_stages > 1 needs schedule: interleaved")
+        if self.schedule == "interleaved" and self.pp == 1:
+            raise ValueError("the interleaved schedule needs pp > 1 (it splits pipeline stages)")
+        if self.fsdp and self.zero not in (0, 3):
+            raise ValueError(f"fsdp shards everything (ZeRO-3): zero: {self.zero} contradicts it")
         return self
 
 

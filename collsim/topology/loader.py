@@ -396,15 +396,22 @@ def check_connected(topo: Topology) -> None:
 # -- pydantic errors -> one line -----------------------------------------------------------------
 
 
+_UNION_TAG = re.compile(r"^[a-z][a-z-]*\[.*\]$|^constrained-[a-z]+$")
+"""How pydantic names a union member in an error's path (``list[constrained-int]``)."""
+
+
 def _one_line(exc: ValidationError, model: type[BaseModel]) -> TopologyError:
     errors = exc.errors()
     # an unknown key first: a misspelt key also makes the key it was meant to be "missing"
     err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     # union members name themselves in the path ('list[constrained-int]', 'literal['auto']'):
     # they are pydantic's, not the file's
-    loc = [str(p) for p in err["loc"] if not re.search(r"\[|^constrained-|^function-", str(p))]
-    field = ".".join(loc)
     kind = err["type"]
+    parts = [str(p) for p in err["loc"]]
+    keep_last = kind == "extra_forbidden"  # the file's own (unknown) key, whatever it looks like
+    loc = [p for i, p in enumerate(parts)
+           if (keep_last and i == len(parts) - 1) or not _UNION_TAG.match(p)]  # fmt: skip
+    field = ".".join(loc)
     value = err.get("input")
     if kind == "extra_forbidden":
         known = _fields_at(model, err["loc"][:-1])

@@ -275,3 +275,17 @@ def test_zero3_holds_a_gathered_layer_and_its_prefetch(tmp_path):
     assert "DOES NOT FIT" in line
     weights = float(line.split("weights ")[1].split(",")[0])
     assert weights == pytest.approx(2 * 51.5e9 * 2 / 1e9 + 0.8, rel=0.03)
+
+
+@pytest.mark.parametrize(
+    ("parallel", "words"),
+    [
+        ({"schedule": "interleaved", "virtual_stages": 4}, "needs pp > 1"),
+        ({"fsdp": True, "zero": 1}, "zero: 1 contradicts it"),
+    ],
+)
+def test_contradictory_layouts_are_refused(parallel, words):
+    """Both used to be accepted silently (v4 printed in a 1-stage layout; fsdp taken as ZeRO-3)."""
+    with pytest.raises(WorkloadError, match=words):
+        workload_from_dict({"name": "x", "model": {"layers": 2, "hidden": 64, "heads": 4,
+                            "seq_len": 16}, "global_batch": 8, "parallel": parallel})  # fmt: skip
