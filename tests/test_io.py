@@ -48,3 +48,15 @@ def test_an_unknown_figure_format_names_the_file(tmp_path):
     with pytest.raises(CollsimError, match=r"cannot draw a '\.txt'.*v\.txt"):
         save_figure(fig, tmp_path / "v.txt")
     assert not (tmp_path / "v.txt").exists()
+
+
+def test_yaml_refuses_repeated_keys_but_keeps_merges():
+    """Plain YAML keeps the last of two equal keys (a second 'nodes:' silently overrode the
+    first); an anchor merged in and then overridden is legitimate and stays."""
+    import yaml
+
+    from collsim.io import yaml_load
+
+    assert yaml_load("b: &b {x: 1, y: 2}\nd:\n  <<: *b\n  y: 3\n")["d"] == {"x": 1, "y": 3}
+    with pytest.raises(yaml.YAMLError, match="duplicate key 'nodes'"):
+        yaml_load("nodes: 4\nnodes: 1\n")
