@@ -86,7 +86,9 @@ def figure_format(path: str | os.PathLike[str], field: str = "--plot") -> str:
     return fmt
 
 
-def save_figure(fig: Any, path: str | os.PathLike[str], *, dpi: int = 110) -> Path:
+def save_figure(
+    fig: Any, path: str | os.PathLike[str], *, dpi: int = 110, field: str = "--plot"
+) -> Path:
     """Render a matplotlib figure (format from the suffix, PNG by default), write it atomically
     and close it."""
     import matplotlib.pyplot as plt
@@ -94,7 +96,7 @@ def save_figure(fig: Any, path: str | os.PathLike[str], *, dpi: int = 110) -> Pa
     target = Path(path)
     buffer = io.BytesIO()
     try:
-        fmt = figure_format(path)
+        fmt = figure_format(path, field)
         fig.savefig(buffer, format=fmt, dpi=dpi, bbox_inches="tight")  # no label cut off
     finally:
         plt.close(fig)

@@ -13,7 +13,12 @@ from typing import Any
 
 from collsim.analysis.metrics import algbw_gbps, busbw_gbps
 from collsim.collectives.layout import RankLayout
-from collsim.collectives.registry import algorithms_for, build_schedule, needs_in_network
+from collsim.collectives.registry import (
+    MAX_CHANNELS,
+    algorithms_for,
+    build_schedule,
+    needs_in_network,
+)
 from collsim.collectives.schedule import Schedule
 from collsim.engine import SimResult, simulate
 from collsim.errors import ScheduleError
@@ -244,8 +249,9 @@ class WhatIf:
         """
         elem = dtype_bytes(dtype)
         proto = get_protocol(protocol).name
-        if channels < 1:
-            raise ScheduleError("must be at least 1", field="channels", value=channels)
+        if not 1 <= channels <= MAX_CHANNELS:
+            raise ScheduleError(f"must be from 1 to {MAX_CHANNELS} (NCCL's MAXCHANNELS)",
+                                field="channels", value=channels)  # fmt: skip
         if engine not in ENGINES:
             raise ScheduleError(
                 f"unknown engine (choose from {', '.join(ENGINES)})", field="engine", value=engine
@@ -268,7 +274,7 @@ class WhatIf:
         if algorithm != "auto" and needs_in_network(algorithm) and not self.has_in_network:
             raise ScheduleError(
                 f"needs in-network reduction, and {self.topology.name} has no switch with "
-                "in_network_reduction (NVLS/SHARP)",
+                "in_network_reduction (NVLS/SHARP) that every GPU reaches",
                 field="algorithm",
                 value=algorithm,
             )

@@ -27,6 +27,10 @@ def test_sizes_that_round_to_one_count_are_one_row():
     rows = w.sweep("all_reduce", "auto", [0, 1, 2, 4, 8], engine="analytic").points
     assert [r.size_bytes for r in rows] == [0, 4, 8]
     assert rows[0].time_s == 0 and rows[1].time_s > 0
+    # a requested size that rounds to no element is empty too, on every engine and model
+    for engine, model in (("des", "collsim"), ("analytic", "collsim"), ("analytic", "nccl")):
+        rows = w.sweep("all_gather", "ring", [8, 64], engine=engine, model=model).points
+        assert rows[0].count == 0 and rows[0].time_s == 0 and rows[1].time_s > 0
 
 
 def test_ring_all_reduce_inside_one_dgx_matches_the_closed_form():

@@ -221,7 +221,7 @@ def group_analytic_model(
     view.network = network
     view.fabric = TopologyFabric(network, gpus=gpus)
     view.layout = group_layout(topology, gpus)
-    view.has_in_network = any(d.in_network_reduction for d in topology.devices)
+    view.has_in_network = topology.reduces_for(gpus)
     view._models = {}
     model = AnalyticModel(view, params if params is not None else DEFAULT_PARAMS)
     model.nranks = len(gpus)

@@ -242,10 +242,11 @@ def memory_per_gpu(
     grads = sharded(grad_elem, 2)
     if layout.zero >= 3 and layout.dp > 1:
         # Sharded weights are gathered a layer at a time: the layer computing and the one
-        # prefetched are whole (TP-sharded) at once, and its gradients until reduce-scattered.
+        # prefetched (where there is a next) are whole (TP-sharded) at once, and its gradients
+        # until reduce-scattered; never more than the stage's unsharded weights.
         unit = params_per_gpu / max(1, stage_layers)
-        weights += 2 * unit * elem
-        grads += unit * grad_elem
+        weights = min(weights + min(2, stage_layers) * unit * elem, params_per_gpu * elem)
+        grads = min(grads + unit * grad_elem, params_per_gpu * grad_elem)
     optim = sharded(OPTIMIZER_STATE_BYTES[w.training.optimizer], 1)
     p, m, v = layout.pp, layout.m, layout.v
     if layout.schedule == "gpipe":

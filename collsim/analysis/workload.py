@@ -113,6 +113,13 @@ class ExpertsIn(Strict):
             raise ValueError(f"top_k ({top_k}) exceeds the experts' count ({count})")
         return top_k
 
+    @model_validator(mode="after")
+    def _default_top_k(self) -> ExpertsIn:  # a default skips the field check above
+        if self.top_k > self.count:
+            raise ValueError(f"top_k ({self.top_k}, the default) exceeds the experts' count "
+                             f"({self.count}): give top_k")  # fmt: skip
+        return self
+
 
 class TransformerIn(Strict):
     """A GPT-style decoder (Narayanan et al. 2021 notation: l, h, a, V, s)."""

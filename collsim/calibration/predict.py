@@ -281,7 +281,7 @@ class ScaledModel:
         t = p.base_latency_s + sc.base_latency_s + st.time_s(eff, sc.latency, sc.bandwidth)
         if floor:
             t = np.maximum(self.floor_s(collective), t)
-        return np.where(sizes == 0, 0.0, t)  # an empty call launches nothing
+        return np.where(eff == 0, 0.0, t)  # an empty call launches nothing
 
     def floor_s(self, collective: str) -> float:
         sc = self.scale

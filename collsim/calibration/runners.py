@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -32,7 +32,7 @@ from collsim import units
 from collsim.calibration._process import execute
 from collsim.calibration.nccltests import read_log
 from collsim.calibration.store import MANIFEST, ResultStore
-from collsim.errors import CalibrationError
+from collsim.errors import CalibrationError, CollsimError
 from collsim.io import atomic_write_text
 
 RUNNERS = ("nccl-tests", "torch")
@@ -116,9 +116,19 @@ class RunConfig:
                 raise CalibrationError(f"must be >= {least}", field=flag, value=value)
         if not self.timeout > 0:
             raise CalibrationError("must be > 0 seconds", field="--timeout", value=self.timeout)
+        try:  # the size range first: -f must be a finite number > 1
+            self.sizes()
+        except CollsimError as exc:
+            raise (exc if exc.field else exc.located(field="-b/-e/-f")) from None
         if self.runner == "torch" and self.backend == "nccl" and self.launcher in LOCAL:
-            import torch
-
+            try:
+                import torch
+            except ImportError:
+                raise CalibrationError(
+                    "torch is not installed (pip install 'collsim[calib]')",
+                    field="--runner",
+                    value=self.runner,
+                ) from None
             if not torch.cuda.is_available():
                 raise CalibrationError(
                     "the nccl backend needs CUDA GPUs, and this machine has none (gloo runs on "
@@ -334,17 +344,33 @@ def run(
     A SIGTERM (a batch system's time limit) ends the run like Ctrl-C: the launched commands are
     stopped and everything recorded so far stays.
     """
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _terminated)
+    with _directory_lock(cfg.out):
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, _terminated)
+            try:
+                return _run(cfg, steps, on_line, on_skip, notify)
+            finally:
+                signal.signal(signal.SIGTERM, previous)
+                _settle(cfg)
         try:
             return _run(cfg, steps, on_line, on_skip, notify)
         finally:
-            signal.signal(signal.SIGTERM, previous)
             _settle(cfg)
-    try:
-        return _run(cfg, steps, on_line, on_skip, notify)
-    finally:
-        _settle(cfg)
+
+
+@contextlib.contextmanager
+def _directory_lock(out: Path) -> Iterator[None]:
+    """One run per results directory at a time (a second would take the first's live output
+    for stale, and settle its logs under it): refused, not waited for."""
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / ".lock").open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CalibrationError(
+                "another calibrate run is writing to this directory", field="--out", value=str(out)
+            ) from None
+        yield  # closing the file releases the lock
 
 
 def _settle(cfg: RunConfig) -> None:
@@ -366,32 +392,8 @@ def _run(
     on_skip: Callable[[int], None],
     notify: Callable[[str], None],
 ) -> list[Path]:
-    cfg.out.mkdir(parents=True, exist_ok=True)
     run_dir = cfg.out / "run"
     run_dir.mkdir(exist_ok=True)
-    # one run per directory at a time: a second would take the first's output for stale
-    lock = (cfg.out / ".lock").open("a")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.close()
-        raise CalibrationError(
-            "another calibrate run is writing to this directory", field="--out", value=str(cfg.out)
-        ) from None
-    try:
-        return _run_locked(cfg, steps, on_line, on_skip, notify, run_dir)
-    finally:
-        lock.close()  # releases the lock
-
-
-def _run_locked(
-    cfg: RunConfig,
-    steps: list[Step],
-    on_line: Callable[[str], None],
-    on_skip: Callable[[int], None],
-    notify: Callable[[str], None],
-    run_dir: Path,
-) -> list[Path]:
     # settings that change what a number means: a resumed run must measure as the first did
     identity = {"runner": cfg.runner, "ranks": cfg.nprocs, "dtype": cfg.dtype,
                 "warmup": cfg.warmup, "iters": cfg.iters}  # fmt: skip

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from collsim.cli.base import CollsimGroup, cli, topology_options
+from collsim.cli.base import CollsimGroup, cli, refuse_overwriting_inputs, topology_options
 
 
 @cli.group(cls=CollsimGroup)
@@ -49,11 +49,14 @@ def topo_show(topology: str, nodes: int | None, gpus_per_node: int | None, as_js
 )
 def topo_draw(topology: str, nodes: int | None, gpus_per_node: int | None, output: str) -> None:
     """Draw a topology: servers boxed, layers from GPUs to core, link kinds coloured."""
+    from collsim.io import figure_format
     from collsim.report.topology_plot import draw_topology
     from collsim.topology.loader import load_topology
 
+    refuse_overwriting_inputs([topology], output=output)
+    figure_format(output, "--output")
     topo_ = load_topology(topology, nodes=nodes, gpus_per_node=gpus_per_node)
-    click.echo(f"wrote {draw_topology(topo_, output)}")
+    click.echo(f"# wrote {draw_topology(topo_, output)}")
 
 
 @topo.command("export")

@@ -217,7 +217,7 @@ class AnalyticModel:
         t = p.base_latency_s + st.time_s(scaled)
         if floor:
             t = np.maximum(self.floor_s(collective), t)
-        return np.where(sizes == 0, 0.0, t)  # an empty call launches nothing (as the engine)
+        return np.where(eff == 0, 0.0, t)  # an empty call launches nothing (as the engine)
 
     def floor_s(self, collective: str) -> float:
         """The host's cost to issue one call to one GPU (:meth:`ModelParams.floor_s`)."""

@@ -253,7 +253,7 @@ class NcclModel:
         self.topology = topology
         self.can_run = can_run
         self.nranks = topology.n_gpus
-        self.has_in_network = any(d.in_network_reduction for d in topology.devices)
+        self.has_in_network = topology.reduces_for_all_gpus
         self._inputs: dict[int, NcclInputs] = {}
 
     def inputs(self, channels: int) -> NcclInputs:
@@ -314,7 +314,8 @@ class NcclModel:
         if algo == NVLS_TREE and proto != "Simple":
             return np.full(np.shape(np.atleast_1d(sizes_bytes)), np.inf)
         nb = effective_bytes(collective, np.atleast_1d(sizes_bytes), elem_bytes, self.nranks)
-        return algo_time_us(inp, collective, algo, proto, nb.astype(np.int64)) * 1e-6
+        t = algo_time_us(inp, collective, algo, proto, nb.astype(np.int64)) * 1e-6
+        return np.where(nb == 0, 0.0, t)  # NCCL launches nothing for an empty call
 
 
 def with_channels(inp: NcclInputs, n_channels: int) -> NcclInputs:

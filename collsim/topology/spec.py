@@ -7,6 +7,7 @@ this. Bandwidths are bytes per second *per direction*; latencies are seconds.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 LINK_KINDS: tuple[str, ...] = (
@@ -163,17 +164,21 @@ class Topology:
 
     @property
     def reduces_for_all_gpus(self) -> bool:
-        """Whether some switch that reduces in the network (NVLS, SHARP) reaches every GPU over
-        forwarding devices (a node's NVSwitch reaches only that node's GPUs: GPUs do not
-        forward), i.e. whether an in-network all-reduce over all GPUs can run."""
+        """Whether an in-network all-reduce over all GPUs can run (:meth:`reduces_for`)."""
+        return self.reduces_for()
+
+    def reduces_for(self, gpus: Iterable[str] | None = None) -> bool:
+        """Whether some switch that reduces in the network (NVLS, SHARP) reaches each of
+        ``gpus`` (default: every GPU) over forwarding devices (a node's NVSwitch reaches only
+        that node's GPUs: GPUs do not forward)."""
         nbrs: dict[str, list[str]] = {}
         for link in self.links:
             nbrs.setdefault(link.a, []).append(link.b)
             nbrs.setdefault(link.b, []).append(link.a)
         by_name = {d.name: d for d in self.devices}
-        n = self.n_gpus
+        wanted = {d.name for d in self.devices if d.kind == "gpu"} if gpus is None else set(gpus)
         for start in (d.name for d in self.devices if d.in_network_reduction):
-            seen, todo, gpus = {start}, [start], 0
+            seen, todo, reached = {start}, [start], set()
             while todo:
                 for nxt in nbrs.get(todo.pop(), ()):
                     if nxt in seen:
@@ -181,10 +186,10 @@ class Topology:
                     seen.add(nxt)
                     dev = by_name[nxt]
                     if dev.kind == "gpu":
-                        gpus += 1
+                        reached.add(nxt)
                     elif dev.forwards:
                         todo.append(nxt)
-            if gpus == n:
+            if wanted <= reached:
                 return True
         return False
 
