@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import html
+import math
 import os
 import re
 from collections import defaultdict
@@ -30,6 +31,15 @@ MAX_GROUPS = 12
 """Plots per section at most (the first groups in the results' order)."""
 
 Block = tuple[Any, ...]
+
+
+def _omitted(groups: dict, what: str) -> list[Block]:
+    """A line saying how many cases a section leaves out (it plots the first MAX_GROUPS)."""
+    extra = len(groups) - MAX_GROUPS
+    if extra <= 0:
+        return []
+    return [("p", f"{extra} more {what} not plotted (the first {MAX_GROUPS} are; "
+                  "points.csv holds every case).")]  # fmt: skip
 
 
 def _f(row: dict[str, str], key: str) -> float | None:
@@ -108,14 +118,14 @@ def _bandwidth_section(coll_groups: dict, folder: Path) -> list[Block]:
         ax.set_title(_title(key), fontsize=10)
         ax.legend(fontsize=8)
         blocks.append(("img", _save(fig, folder, f"busbw-{_slug(key)}.png"), _title(key)))
-    return blocks
+    return blocks + _omitted(coll_groups, "cases")
 
 
 def _crossover_section(coll_groups: dict, folder: Path) -> list[Block]:
     blocks: list[Block] = [("h2", "Algorithm crossovers")]
     plt = _plt()
     table = []
-    for key, rows in list(coll_groups.items())[:MAX_GROUPS]:
+    for n, (key, rows) in enumerate(coll_groups.items()):  # the table: every case
         curves = {a: c for a, c in _curves(rows, "time_us").items() if a != "auto"}
         if len(curves) < 2:
             continue
@@ -137,6 +147,8 @@ def _crossover_section(coll_groups: dict, folder: Path) -> list[Block]:
                     }
                 )
                 start = i
+        if n >= MAX_GROUPS:  # plots: the first cases only (said below)
+            continue
         fig, ax = plt.subplots(figsize=(7, 4))
         for algo, (x, y) in curves.items():
             ratio = [t / best[s][0] for s, t in zip(x, y, strict=True) if s in best]
@@ -150,7 +162,11 @@ def _crossover_section(coll_groups: dict, folder: Path) -> list[Block]:
         blocks.append(("img", _save(fig, folder, f"crossover-{_slug(key)}.png"), _title(key)))
     if table:
         blocks.insert(1, ("table", table, ["case", "from", "to", "fastest"]))
-    return blocks if len(blocks) > 1 else []
+    return (
+        blocks + _omitted(coll_groups, "cases (the table lists them all)")
+        if len(blocks) > 1
+        else []
+    )
 
 
 def _link_section(coll_groups: dict, folder: Path) -> list[Block]:
@@ -173,7 +189,7 @@ def _link_section(coll_groups: dict, folder: Path) -> list[Block]:
         ax.set_title(_title(key), fontsize=10)
         ax.legend(fontsize=8)
         blocks.append(("img", _save(fig, folder, f"links-{_slug(key)}.png"), _title(key)))
-    return blocks if len(blocks) > 2 else []
+    return blocks + _omitted(coll_groups, "cases") if len(blocks) > 2 else []
 
 
 def _scaling_section(coll: list[dict[str, str]], steps: list[dict[str, str]], folder: Path):  # type: ignore[no-untyped-def]
@@ -236,6 +252,16 @@ def read_measured(path: str) -> list[dict[str, str]]:
     for col in need:
         if not rows or col not in rows[0]:
             raise CollsimError(f"needs a {col!r} column", file=path, field="--measured")
+    for line, row in enumerate(rows, start=2):  # a measurement that cannot be read is an error
+        for col, positive in (("size_bytes", False), ("time_us", True)):
+            text = (row.get(col) or "").strip()
+            try:
+                value = float(text)
+            except ValueError:
+                value = math.nan
+            if not math.isfinite(value) or value < 0 or (positive and value == 0):
+                what = "a positive number" if positive else "a number of bytes"
+                raise CollsimError(f"line {line}: not {what}", file=path, field=col, value=text)
     return rows
 
 

@@ -326,6 +326,7 @@ def _topologies(
     from collsim.topology.loader import load_topology, resolve
 
     out = []
+    named: dict[str, tuple[int, str]] = {}  # rows carry the topology's name: one file per name
     for i, name in enumerate(spec.topologies):
         try:
             path = str(resolve(_resolve_file(name, base)))
@@ -337,8 +338,16 @@ def _topologies(
             except CollsimError as exc:
                 where = f"nodes.{j}" if exc.field in ("--nodes", "--gpus-per-node") else None
                 raise _fail(
-                    f"{name}: {exc}", file, where or f"topologies.{i}", nodes if where else name
+                    f"{name}: {exc.message}",
+                    file,
+                    where or f"topologies.{i}",
+                    nodes if where else name,
                 ) from None
+            first, first_path = named.setdefault(topo.name, (i, path))
+            if first_path != path:
+                raise _fail(f"names its topology {topo.name!r}, as topologies.{first} does: "
+                            "results would be mixed up (rename one)", file,
+                            f"topologies.{i}", name)  # fmt: skip
             for k, scenario in enumerate(spec.faults):
                 faults = (scenario,) if isinstance(scenario, str) else tuple(scenario)
                 if not faults:

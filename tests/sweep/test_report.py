@@ -44,3 +44,25 @@ def test_report_of_nothing_is_a_clear_error(tmp_path, capsys):
         main(["report", str(tmp_path), "-o", str(tmp_path / "rep")])
     assert info.value.code == 2
     assert "points.csv" in capsys.readouterr().err
+
+
+def test_measured_rows_must_be_numbers_and_big_sweeps_say_what_is_not_plotted(
+    spec_file, tmp_path, capsys, monkeypatch
+):
+    """A negative or unreadable measured time used to be skipped without a word; a section
+    with more cases than it plots said nothing, and the crossover table held only those."""
+    from collsim.report import sweep_report
+
+    spec = load_spec(spec_file(engines=["analytic"], sizes=["1K", "4M"]))
+    run_sweep(spec, tmp_path / "res", jobs=1)
+    bad = tmp_path / "m.csv"
+    bad.write_text("collective,size_bytes,time_us\nall_reduce,1024,-5\n")
+    with pytest.raises(SystemExit) as info:
+        main(["report", str(tmp_path / "res"), "-o", str(tmp_path / "r1"), "--measured", str(bad)])
+    assert info.value.code == 2
+    assert "field 'time_us': line 2: not a positive number (value: '-5')" in capsys.readouterr().err
+    monkeypatch.setattr(sweep_report, "MAX_GROUPS", 1)
+    with pytest.raises(SystemExit):
+        main(["report", str(tmp_path / "res"), "-o", str(tmp_path / "r2")])
+    md = (tmp_path / "r2" / "report.md").read_text()
+    assert "more cases not plotted (the first 1 are" in md

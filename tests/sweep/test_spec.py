@@ -93,3 +93,16 @@ def test_all_algorithms_are_those_the_system_can_run():
 
     assert "in_network" not in algos(4)
     assert "in_network" in algos(1)
+
+
+def test_two_files_naming_one_topology_are_refused(tmp_path):
+    """Rows carry the topology's name: two files under one name were merged in the results."""
+    from collsim.sweep.spec import spec_from_dict
+    from collsim.topology.loader import resolve
+
+    text = resolve("dgx-h100").read_text()
+    (tmp_path / "a.yaml").write_text(text)
+    (tmp_path / "b.yaml").write_text(text.replace("400Gbps", "100Gbps"))
+    with pytest.raises(SweepError, match=r"as topologies\.0 does"):
+        spec_from_dict({"topologies": ["a.yaml", "b.yaml"], "collectives": ["all_reduce"],
+                        "sizes": ["1M"]}, base=tmp_path)  # fmt: skip
