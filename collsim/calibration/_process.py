@@ -89,6 +89,9 @@ def keep_interrupted(partial: Path) -> Path | None:
     so a rerun of the same command does not write over the rows it completed."""
     if not partial.exists():
         return None
+    if partial.stat().st_size == 0:  # nothing was measured: nothing to keep
+        partial.unlink()
+        return None
     k = 1
     while (kept := partial.with_name(f"{partial.stem}.interrupted-{k}.txt")).exists():
         k += 1

@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from collsim.calibration.nccltests import NcclTestsLog, read_log
-from collsim.errors import CalibrationError
+from collsim.errors import CalibrationError, CollsimError
+from collsim.topology.loader import read_yaml
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "nccl-tests"
 """The dataset in a source checkout (it is not installed with the package)."""
@@ -59,14 +58,12 @@ def load_index(directory: str | Path | None = None) -> list[DatasetEntry]:
     """The entries of ``directory/index.yaml`` (default: the bundled dataset)."""
     folder = Path(directory) if directory is not None else DATA_DIR
     index = folder / "index.yaml"
+    if not index.is_file():
+        raise CalibrationError("no index.yaml here", file=str(index))
     try:
-        doc: Any = yaml.safe_load(index.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CalibrationError(
-            f"cannot read the index: {exc.strerror or exc}", file=str(index)
-        ) from None
-    except yaml.YAMLError as exc:
-        raise CalibrationError(f"malformed YAML: {exc}", file=str(index)) from None
+        doc: Any = read_yaml(index)
+    except CollsimError as exc:
+        raise CalibrationError(exc.message, file=str(index)) from None
     items = doc.get("logs") if isinstance(doc, dict) else None
     if not isinstance(items, list):
         raise CalibrationError("expected a 'logs' list", file=str(index), field="logs")

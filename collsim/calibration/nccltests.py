@@ -196,6 +196,10 @@ def _build(
         # nccl-tests rounds each size down to whole elements of every rank: allow for that.
         if last + 16 * ranks < sec.last_size:
             notes.append(f"rows stop at {last} B, the run asked for {sec.last_size} B: cut short?")
+    sizes = [d.size for d in drafts if d.size > 0]
+    again = sorted({x for x in sizes if sizes.count(x) > 1})
+    if again:  # two pasted tables, or sizes that round to one count (alltoall with -i steps)
+        notes.append(f"sizes measured more than once: {', '.join(map(str, again[:5]))}")
     dtypes = sorted({d.dtype for d in drafts})
     redops = sorted({d.redop for d in drafts if d.redop})
     anomalies = check_rows(collective, ranks, drafts, sec.legacy)

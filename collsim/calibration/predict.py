@@ -35,6 +35,7 @@ from collsim.model.params import (
     p2p_ops,
 )
 from collsim.model.tuner import host_floor_s
+from collsim.report.tables import plural
 from collsim.topology.spec import Topology
 
 NCCL_ALGORITHMS: dict[str, tuple[str, ...]] = {
@@ -196,7 +197,8 @@ def topology_for_log(
     if base.n_gpus != log.ranks:
         raise CalibrationError(
             f"the log ran on {log.ranks} ranks ({log.nodes or '?'} nodes) but topology "
-            f"{base.name} has {base.n_gpus} GPUs ({base.nodes} nodes x {base.gpus_per_node}); "
+            f"{base.name} has {base.n_gpus} GPUs ({plural(base.nodes, 'node')} x "
+            f"{base.gpus_per_node}); "
             "pass --nodes / --gpus-per-node to size it",
             file=log.file,
             field="ranks",

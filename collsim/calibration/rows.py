@@ -156,12 +156,8 @@ def check_rows(collective: str, ranks: int, drafts: Iterable[Draft], legacy: boo
     """Anomalies of the rows: wrong results and numbers inconsistent with each other."""
     factor = bus_factor(collective, ranks)
     out: list[str] = []
-    seen: set[int] = set()
     for d in drafts:
         where = f"line {d.line}, size {d.size}" if d.line else f"size {d.size}"
-        if d.size in seen and d.size > 0:  # nccl-tests repeats only empty calls (0 B)
-            out.append(f"{where}: this size was measured already in this table")
-        seen.add(d.size)
         elem = DTYPES.get(d.dtype)
         if elem:
             expect = d.size // elem // (ranks if collective in ROUNDED_TO_RANKS else 1)

@@ -111,7 +111,8 @@ class Validation:
                     )
             out.append(f"# MAPE {100 * r.mape:.1f}%")
         out.append(
-            f"# overall MAPE {100 * self.mape:.1f}% (mean of {len(self.logs)} logs; median "
+            f"# overall MAPE {100 * self.mape:.1f}% (mean of {plural(len(self.logs), 'log')}; "
+            "median "
             f"{100 * self.median_mape:.1f}%)"
         )
         return "\n".join(out)

@@ -263,7 +263,9 @@ def fit_cmd(
     profile = fit_samples(samples)
     profile.save(output)
     doc = profile.doc
-    click.echo(f"# fitted {doc.topology.name} on {len(samples)} logs ({doc.provenance.method})")
+    click.echo(
+        f"# fitted {doc.topology.name} on {plural(len(samples), 'log')} ({doc.provenance.method})"
+    )
     for name, c in doc.link_classes.items():
         click.echo(
             f"#   {name}: bandwidth efficiency {c.bandwidth_efficiency:.3f}, "

@@ -9,6 +9,7 @@ import click
 from collsim.cli.base import cli, size_option
 from collsim.collectives.registry import COLLECTIVES
 from collsim.errors import CollsimError
+from collsim.report.tables import plural
 
 
 @cli.command()
@@ -61,7 +62,8 @@ def tune(
     topo = whatif.topology
     base = result.baseline
     click.echo(
-        f"# {collective} on {topo.name}: {topo.n_gpus} GPUs, {topo.nodes} node(s); model {model}; "
+        f"# {collective} on {topo.name}: {topo.n_gpus} GPUs, {plural(topo.nodes, 'node')}; "
+        f"model {model}; "
         f"speed-up vs {base.algorithm}/{base.protocol}/{base.channels}ch"
     )
     click.echo(

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from collsim.errors import CalibrationError
 from collsim.io import yaml_load
 from collsim.model.params import DEFAULT_PARAMS, HOST_P2P_OP_S, ModelParams, ProtocolParams
+from collsim.report.tables import plural
 from collsim.topology.spec import Topology, with_duplex
 
 CLASSES = ("nvlink", "pci", "net")
@@ -164,7 +165,7 @@ class Profile:
         ref = self.doc.topology
         if topology.name != ref.name:
             raise CalibrationError(
-                f"profile fitted for topology {ref.name} ({ref.nodes} nodes x "
+                f"profile fitted for topology {ref.name} ({plural(ref.nodes, 'node')} x "
                 f"{ref.gpus_per_node} GPUs) cannot be used with topology {topology.name}",
                 file=self.file,
                 field="topology.name",
@@ -292,7 +293,10 @@ def load_profile(path: str | Path) -> Profile:
     try:
         data = yaml_load(text)
     except yaml.YAMLError as exc:
-        raise CalibrationError(f"malformed YAML: {exc}".splitlines()[0], file=str(p)) from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise CalibrationError(f"malformed YAML{where}: {problem}", file=str(p)) from None
     return profile_from_dict(data, str(p))
 
 

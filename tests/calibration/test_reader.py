@@ -200,11 +200,11 @@ def test_non_positive_times_are_anomalies(write):
     assert any("size 4096 out-of-place: time 0 us" in a for a in anomalies)
 
 
-def test_a_repeated_size_is_an_anomaly(write):
-    """A row repeated (two tables pasted together) would count twice in a fit; nccl-tests itself
-    repeats only empty (0 B) calls."""
-    anomalies = read_log(write(standard_log([ROWS[0], ROWS[1], ROWS[1], ROWS[2]]))).anomalies
-    assert len(anomalies) == 1 and "size 2048: this size was measured already" in anomalies[0]
+def test_a_repeated_size_is_noted(write):
+    """A row repeated (two tables pasted together) counts twice in a fit: said, though not an
+    anomaly (an alltoall stepped with -i can round two sizes to one count)."""
+    log = read_log(write(standard_log([ROWS[0], ROWS[1], ROWS[1], ROWS[2]])))
+    assert not log.anomalies and "sizes measured more than once: 2048" in log.notes
 
 
 def test_inconsistent_numbers_are_anomalies(write):
