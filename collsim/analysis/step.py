@@ -93,7 +93,10 @@ class StepResult:
     peak_flops: float
     memory: Memory
     tokens_per_step: float
+    """Tokens per step for a transformer; samples for a generic job (``unit``)."""
     details: dict[str, Any] = field(default_factory=dict)
+    unit: str = "tokens"
+    """What ``tokens_per_step`` counts: ``tokens`` (transformers) or ``samples`` (generic jobs)."""
 
     @property
     def n_gpus(self) -> int:
@@ -129,6 +132,7 @@ class StepResult:
             "mfu": self.mfu,
             "hfu": self.hfu,
             "tokens_per_s": self.tokens_per_step / self.step_time_s,
+            "throughput_unit": self.unit,
             "breakdown": {k: self.breakdown[k] for k in BREAKDOWN_KEYS},
             "memory_gb_per_gpu": self.memory.total / 1e9,
             "memory": self.memory.as_json(),
@@ -285,6 +289,7 @@ class StepModel:
             memory=mem,
             tokens_per_step=tokens,
             details=details,
+            unit="tokens" if w.model.kind == "transformer" else "samples",
         )
 
     def layer_times(self, w: WorkloadIn, n_gpus: int | None = None) -> tuple[float, float]:

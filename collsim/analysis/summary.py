@@ -40,7 +40,7 @@ def step_report(r: StepResult, measured_s: float | None = None) -> str:
     lines.append(
         f"throughput: {r.tflops_per_gpu:.1f} TFLOP/s per GPU (model FLOPs), "
         f"MFU {100 * r.mfu:.1f}%, HFU {100 * r.hfu:.1f}%, "
-        f"{r.tokens_per_step / r.step_time_s:.4g} tokens/s"
+        f"{r.tokens_per_step / r.step_time_s:.4g} {r.unit}/s"
     )
     mem = r.memory
     verdict = "fits" if mem.fits else "DOES NOT FIT"

@@ -289,3 +289,10 @@ def test_contradictory_layouts_are_refused(parallel, words):
     with pytest.raises(WorkloadError, match=words):
         workload_from_dict({"name": "x", "model": {"layers": 2, "hidden": 64, "heads": 4,
                             "seq_len": 16}, "global_batch": 8, "parallel": parallel})  # fmt: skip
+
+
+def test_a_generic_job_counts_samples_not_tokens():
+    """resnet50's throughput was printed in tokens/s."""
+    result = CliRunner().invoke(cli, ["step", "-w", "resnet50", "-t", "dgx-a100", "--nodes", "1"])
+    line = next(x for x in result.output.splitlines() if x.startswith("throughput"))
+    assert line.endswith("samples/s")
