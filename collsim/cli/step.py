@@ -288,6 +288,14 @@ def scale(
         click.echo(f"# wrote {plot}")
     if json_file:
         data = curve.as_json() | {"workload": w.name, "topology": topo.name, "skipped": skipped}
+        from collsim.analysis.step import BREAKDOWN_KEYS
+
+        by_gpus = {r.n_gpus: r for r in results}  # what the printed table also shows
+        for point in data["points"]:
+            r = by_gpus.get(point["gpus"])
+            if r is not None:
+                point["layout"] = r.layout.label()
+                point["breakdown"] = {k: r.breakdown[k] for k in BREAKDOWN_KEYS}
         atomic_write_text(json_file, json.dumps(data, indent=2) + "\n")
         click.echo(f"# wrote {json_file}")
 

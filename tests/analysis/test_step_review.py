@@ -5,6 +5,7 @@ base, and bad measured or candidates files."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -296,3 +297,14 @@ def test_a_generic_job_counts_samples_not_tokens():
     result = CliRunner().invoke(cli, ["step", "-w", "resnet50", "-t", "dgx-a100", "--nodes", "1"])
     line = next(x for x in result.output.splitlines() if x.startswith("throughput"))
     assert line.endswith("samples/s")
+
+
+def test_scale_json_has_what_the_table_shows(tmp_path):
+    """scale --json held no layout or breakdown per point, unlike its printed table."""
+    out = tmp_path / "s.json"
+    result = CliRunner().invoke(cli, ["scale", "-w", "gpt-1.3b-ddp", "-t", "dgx-h100",
+                                      "--nodes", "1,2", "--json", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    points = json.loads(out.read_text())["points"]
+    assert [p["layout"] for p in points] == ["tp1-pp1-dp8-mb8", "tp1-pp1-dp16-mb8"]
+    assert all(p["breakdown"]["compute"] > 0 for p in points)
