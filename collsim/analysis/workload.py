@@ -97,6 +97,15 @@ Pos = Annotated[int, Field(ge=1)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
 
 
+def _divides(value: int | None, name: str, info: ValidationInfo, whole: str) -> int | None:
+    """``value`` (field ``name``) must divide the already validated field ``whole``; a field
+    validator's error names ``name`` and its value (a model validator's names only the model)."""
+    total = info.data.get(whole)
+    if value is not None and total is not None and total % value:
+        raise ValueError(f"{whole} ({total}) must be a multiple of {name} ({value})")
+    return value
+
+
 class ExpertsIn(Strict):
     """Mixture of experts: ``count`` experts, ``top_k`` per token, on every ``every``-th layer."""
 
@@ -140,18 +149,12 @@ class TransformerIn(Strict):
     @field_validator("heads")
     @classmethod
     def _heads_divide_hidden(cls, heads: int, info: ValidationInfo) -> int:
-        hidden = info.data.get("hidden")
-        if hidden is not None and hidden % heads:
-            raise ValueError(f"hidden ({hidden}) must be a multiple of heads ({heads})")
-        return heads
+        return _divides(heads, "heads", info, "hidden")
 
     @field_validator("kv_heads")
     @classmethod
     def _kv_heads_divide_heads(cls, kv: int | None, info: ValidationInfo) -> int | None:
-        heads = info.data.get("heads")
-        if kv is not None and heads is not None and heads % kv:
-            raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv})")
-        return kv
+        return _divides(kv, "kv_heads", info, "heads")
 
     @field_validator("experts")
     @classmethod
@@ -326,10 +329,7 @@ class WorkloadIn(Strict):
     @field_validator("micro_batch")
     @classmethod
     def _batch(cls, micro: int, info: ValidationInfo) -> int:
-        batch = info.data.get("global_batch")
-        if batch is not None and batch % micro:
-            raise ValueError(f"global_batch ({batch}) must be a multiple of micro_batch ({micro})")
-        return micro
+        return _divides(micro, "micro_batch", info, "global_batch")
 
     @property
     def grad_dtype(self) -> str:

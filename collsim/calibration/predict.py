@@ -33,6 +33,7 @@ from collsim.model.params import (
     HOST_P2P_OP_S,
     ModelParams,
     p2p_ops,
+    under_floor,
 )
 from collsim.model.tuner import host_floor_s
 from collsim.report.tables import plural
@@ -281,9 +282,8 @@ class ScaledModel:
             eff = eff / np.interp(np.log2(np.maximum(eff, 1.0)), xs, ys)
         p = self.model.params
         t = p.base_latency_s + sc.base_latency_s + st.time_s(eff, sc.latency, sc.bandwidth)
-        if floor:
-            t = np.maximum(self.floor_s(collective), t)
-        return np.where(eff == 0, 0.0, t)  # an empty call launches nothing
+        t = np.where(eff == 0, 0.0, t)  # an empty call launches nothing
+        return under_floor(t, self.floor_s(collective)) if floor else t
 
     def floor_s(self, collective: str) -> float:
         sc = self.scale
@@ -315,7 +315,7 @@ class HostThread:
 
     def predict(self, collective: str, *args: Any, floor: bool = True, **kwargs: Any) -> np.ndarray:
         t = self.model.predict(collective, *args, floor=False, **kwargs)
-        return np.where(t > 0, np.maximum(self.floor_s(collective), t), t) if floor else t
+        return under_floor(t, self.floor_s(collective)) if floor else t
 
 
 class Predictor:

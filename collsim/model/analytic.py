@@ -44,7 +44,7 @@ from collsim.model.exchange import (
     sendrecv,
 )
 from collsim.model.flows import FlowCosts
-from collsim.model.params import DEFAULT_PARAMS, ModelParams
+from collsim.model.params import DEFAULT_PARAMS, ModelParams, under_floor
 from collsim.model.rings import (
     Oracle,
     flat_ring,
@@ -214,10 +214,8 @@ class AnalyticModel:
         eff = effective_bytes(collective, sizes, elem_bytes, self.nranks)
         scaled = eff / self.params.size_factor(eff) if self.params.size_factors else eff
         p = self.params
-        t = p.base_latency_s + st.time_s(scaled)
-        if floor:
-            t = np.maximum(self.floor_s(collective), t)
-        return np.where(eff == 0, 0.0, t)  # an empty call launches nothing (as the engine)
+        t = np.where(eff == 0, 0.0, p.base_latency_s + st.time_s(scaled))  # empty: no launch
+        return under_floor(t, self.floor_s(collective)) if floor else t
 
     def floor_s(self, collective: str) -> float:
         """The host's cost to issue one call to one GPU (:meth:`ModelParams.floor_s`)."""

@@ -88,6 +88,13 @@ def p2p_ops(collective: str, nranks: int) -> int:
     return 0
 
 
+def under_floor(times_s: np.ndarray, floor_s: float) -> np.ndarray:
+    """Times of back-to-back calls: no call faster than the host's ``floor_s``, except empty
+    ones (time 0), for which NCCL launches nothing."""
+    t = np.asarray(times_s, dtype=np.float64)
+    return np.where(t > 0, np.maximum(floor_s, t), t)
+
+
 def _default_protocols() -> tuple[ProtocolParams, ...]:
     return tuple(ProtocolParams.of(p) for p in PROTOCOLS.values())
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from collsim.collectives.registry import default_algorithm
 from collsim.errors import ScheduleError
+from collsim.model.params import under_floor
 
 PROTOCOL_ORDER = ("Simple", "LL128", "LL")
 CHANNEL_OPTIONS = (1, 2, 4, 8)
@@ -172,8 +173,7 @@ class Tuner:
         # Rank on the time above the launch floor (every choice shares it), report with it.
         unfloored = np.vstack(rows)
         best = np.argmin(np.where(np.isfinite(unfloored), unfloored, np.inf), axis=0)
-        floored = np.maximum(host_floor_s(self.model, collective), unfloored)
-        times = np.where(unfloored > 0, floored, unfloored)  # an empty call launches nothing
+        times = under_floor(unfloored, host_floor_s(self.model, collective))
         base_algo = default_algorithm(collective)
         baseline = Choice(base_algo, "Simple", 1)
         try:

@@ -247,12 +247,12 @@ def spec_from_dict(data: Any, *, file: str | None = None, base: Path | None = No
         raise SweepError(
             err.message, file=file, field=err.field, value=err.value, has_value=err.has_value
         ) from None
+    _no_repeats(data, file, "")  # before any topology or workload is loaded
     if not spec.collectives and spec.steps is None:
         raise _fail("nothing to sweep: give 'collectives' (with 'sizes') and/or 'steps'", file, "")
     _check_collectives(spec, file)
     tasks = _collective_tasks(spec, file, base) + _step_tasks(spec, file, base)
     tasks.sort(key=Task.sort_key)
-    _no_repeats(data, file, "")
     keys = [t.key for t in tasks]
     if len(set(keys)) != len(keys):
         again = next(k for i, k in enumerate(keys) if k in keys[:i])
