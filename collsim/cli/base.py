@@ -79,7 +79,7 @@ def run_options(func: Callable[..., Any]) -> Callable[..., Any]:
             "-d", "--datatype", default="float", show_default=True, help="nccl-tests type."
         ),
         click.option(
-            "--channels", type=int, default=1, show_default=True, help="Parallel channels."
+            "--channels", type=int, default=1, show_default=True, help="Parallel channels (1-64)."
         ),
         click.option(
             "--protocol",
