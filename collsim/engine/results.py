@@ -134,13 +134,19 @@ class LinkStat(NamedTuple):
 
 
 def bottleneck_links(result: SimResult, top: int = 5) -> list[LinkStat]:
-    """The ``top`` links by utilization (ties broken by bytes carried), busiest first.
+    """The ``top`` links by utilization (ties broken by bytes carried, then by name), busiest
+    first.
 
-    Links that carried nothing are left out.
+    Links that carried nothing are left out. Utilizations equal to 1e-9 count as ties, so the
+    order of a topology file's links (which sets the order of floating-point sums) cannot
+    change which of two equally busy links is listed.
     """
     links = result.links
     used = np.flatnonzero(links.bytes > 0)
-    order = used[np.lexsort((-links.bytes[used], -links.utilization[used]))][: max(top, 0)]
+    names = np.array([links.name[i] for i in used], dtype=object)
+    util = np.round(links.utilization[used], 9)
+    carried = np.round(links.bytes[used], 0)
+    order = used[np.lexsort((names, -carried, -util))][: max(top, 0)]
     return [
         LinkStat(
             int(i),

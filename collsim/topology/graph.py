@@ -28,7 +28,13 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import dijkstra, maximum_flow
 
 from collsim.errors import TopologyError
-from collsim.topology.routing import DijkstraRouter, Graph, Route, ServerFabricRouter
+from collsim.topology.routing import (
+    DijkstraRouter,
+    Graph,
+    Route,
+    ServerFabricRouter,
+    name_key,
+)
 from collsim.topology.spec import Device, Topology
 
 
@@ -137,6 +143,7 @@ class Network:
             link_head=self.link_dst,
             cost=np.array([link_cost(b) for b in nominal], dtype=np.float64),
             n_vertices=self.n_vertices,
+            key=self._vertex_keys(),
         )
         self._generic = DijkstraRouter(self.graph)
         server = np.array([-1 if d.node is None else d.node for d in self.devices], dtype=np.int64)
@@ -147,6 +154,15 @@ class Network:
             else None
         )
         self._routes: dict[tuple[int, int], Route] = {}
+
+    def _vertex_keys(self) -> list[int]:
+        """Each routing vertex's ECMP key, from its device's name (an out-twin's differs)."""
+        keys = [name_key(d.name) for d in self.devices]
+        twins = [0] * (self.n_vertices - len(keys))
+        for i, d in enumerate(self.devices):
+            if self._out_vertex[i] != i:
+                twins[int(self._out_vertex[i]) - len(keys)] = name_key(d.name + "#out")
+        return keys + twins
 
     @cached_property
     def couplings(self) -> np.ndarray:

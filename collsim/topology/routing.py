@@ -10,12 +10,15 @@ Two routers give the same kind of answer (a :class:`Route` of directed link ids)
   which is also how real clusters behave. 16,384 ring routes take seconds, not minutes.
 
 ECMP: among equal-cost next hops a splitmix64 hash of (source, destination, hop) picks one, so
-routes are the same on every run and machine and flows still spread over parallel switches.
+routes are the same on every run and machine and flows still spread over parallel switches. The
+hash and the order of the candidates are taken from the devices' *names* (:func:`name_key`), not
+their positions in the topology file, so listing the same devices or links in another order gives
+the same routes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import hashlib
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -37,6 +40,24 @@ def mix(*values: int) -> int:
         h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK64
         h ^= h >> 31
     return h
+
+
+def name_key(name: str) -> int:
+    """A stable 64-bit key of a device name: what ECMP hashes and orders candidates by."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+
+
+def by_key(ids: np.ndarray, key: list[int]) -> np.ndarray:
+    """``ids`` (vertex ids) in the order of their name keys."""
+    return ids[np.argsort(np.array([key[i] for i in ids], dtype=np.uint64), kind="stable")]
+
+
+def _pick(candidates: list[int], keys: list[int], salt: tuple[int, ...]) -> int:
+    """One of several equal-cost ``candidates``, chosen by hash among them ordered by ``keys``."""
+    if len(candidates) == 1:
+        return candidates[0]
+    ordered = sorted(zip(keys, candidates, strict=True))
+    return ordered[mix(*salt) % len(ordered)][1]
 
 
 @dataclass(frozen=True)
@@ -65,6 +86,7 @@ class Graph:
     link_head: np.ndarray  # directed link -> head device
     cost: np.ndarray  # directed link -> integer routing cost (as float)
     n_vertices: int
+    key: list[int]  # vertex -> name_key of its device (an out-twin: of the name + "#out")
 
 
 def _csr(
@@ -89,8 +111,12 @@ def _walk(
     fwd: csr_matrix,
     link_of: np.ndarray,
     salt: tuple[int, int],
+    key: list[int],
+    ordered: bool = False,
 ) -> list[int]:
-    """Links from ``start`` to ``goal`` following equal-cost next hops (hashed choice)."""
+    """Links from ``start`` to ``goal`` following equal-cost next hops (hashed choice);
+    ``key`` gives each vertex of ``fwd`` its device's name key (``ordered``: the vertex ids
+    already follow the keys, so the candidates need no sorting)."""
     indptr, indices, data = fwd.indptr, fwd.indices, fwd.data
     hops: list[int] = []
     cur = start
@@ -100,7 +126,12 @@ def _walk(
         ok = np.flatnonzero(dist_to_goal[nbrs] + data[lo:hi] == dist_to_goal[cur])
         if len(ok) == 0:
             raise TopologyError("routing found no next hop", field="links")
-        pick = ok[0] if len(ok) == 1 else ok[mix(*salt, cur) % len(ok)]
+        if len(ok) == 1:
+            pick = int(ok[0])
+        elif ordered:
+            pick = int(ok[mix(*salt, key[cur]) % len(ok)])
+        else:
+            pick = _pick(ok.tolist(), [key[n] for n in nbrs[ok]], (*salt, key[cur]))
         hops.append(int(link_of[lo + pick]))
         cur = int(nbrs[pick])
     return hops
@@ -132,7 +163,8 @@ class DijkstraRouter:
         start = int(self.graph.out_vertex[src])
         if not np.isfinite(dist[start]):
             return None
-        return _walk(start, dst, dist, self.fwd, self.link_of, (src, dst))
+        key = self.graph.key
+        return _walk(start, dst, dist, self.fwd, self.link_of, (key[src], key[dst]), key)
 
 
 class ServerFabricRouter:
@@ -150,7 +182,8 @@ class ServerFabricRouter:
         self.server = server  # device -> server id, -1 for fabric devices
         tails_dev = self._device_of_vertex(graph.link_tail)
         tail_srv, head_srv = server[tails_dev], server[graph.link_head]
-        self.fabric_devices = np.flatnonzero(server < 0)
+        # Local ids in name-key order, so equal-cost candidates come out in that order.
+        self.fabric_devices = by_key(np.flatnonzero(server < 0), graph.key)
         self._fabric_local = np.full(graph.n_devices, -1, dtype=np.int64)
         self._fabric_local[self.fabric_devices] = np.arange(len(self.fabric_devices))
         fabric_links = np.flatnonzero((tail_srv < 0) & (head_srv < 0))
@@ -161,6 +194,7 @@ class ServerFabricRouter:
             graph.cost[fabric_links],
         )
         self._fab_link = fabric_links[order]
+        self._fab_key = [graph.key[d] for d in self.fabric_devices]
         self._fab_dist: np.ndarray | None = None
         self._between: dict[tuple[int, int], np.ndarray] = {}
         # Links of each server's region: inside the server, or between it and the fabric.
@@ -223,10 +257,12 @@ class ServerFabricRouter:
         best = total.min() if total.size else np.inf
         if not np.isfinite(best):
             return None
-        cand = np.argwhere(total == best)
-        i, j = cand[mix(src, dst, -1) % len(cand)]
+        key = self.graph.key
+        salt = (key[src], key[dst])
+        cand = np.argwhere(total == best)  # ports are in key order, so these are too
+        i, j = cand[mix(*salt, -1) % len(cand)]
         exit_dev, entry_dev = int(exits[i]), int(entries[j])
-        head = src_region.path_back(src, exit_dev, src_dist, (src, dst))
+        head = src_region.path_back(src, exit_dev, src_dist, salt)
         goal = self._fabric_local[entry_dev]
         middle = _walk(
             int(self._fabric_local[exit_dev]),
@@ -234,9 +270,11 @@ class ServerFabricRouter:
             fab[:, goal],
             self._fab_fwd,
             self._fab_link,
-            (src, dst),
+            salt,
+            self._fab_key,
+            ordered=True,
         )
-        tail = dst_region.path_forward(entry_dev, dst, dst_dist, (src, dst))
+        tail = dst_region.path_forward(entry_dev, dst, dst_dist, salt)
         return head + middle + tail
 
     def _from_source(self, src: int) -> tuple[_Region, np.ndarray]:
@@ -274,25 +312,29 @@ class _Region:
     def __init__(self, graph: Graph, links: np.ndarray, server: np.ndarray) -> None:
         self.graph = graph
         tails, heads = graph.link_tail[links], graph.link_head[links]
-        vertices = np.unique(np.concatenate([tails, heads]))
-        self.vertices = vertices  # sorted; a vertex's local id is its position here
+        ids = np.unique(np.concatenate([tails, heads]))
+        vertices = by_key(ids, graph.key)
+        self.vertices = vertices  # in name-key order; a vertex's local id is its position here
+        self._ids = ids  # sorted by id, to look up local ids
+        self._local = np.empty(len(ids), dtype=np.int64)
+        self._local[np.searchsorted(ids, vertices)] = np.arange(len(ids))
         self.fwd, order = _csr(
-            len(vertices),
-            np.searchsorted(vertices, tails),
-            np.searchsorted(vertices, heads),
-            graph.cost[links],
+            len(vertices), self.local(tails), self.local(heads), graph.cost[links]
         )
         self.link_of = links[order]
         self.rev = self.fwd.T.tocsr()
         self._rev_link = self._transpose_links()
         devices = vertices[vertices < graph.n_devices]
         self.ports = devices[server[devices] < 0]
-        """The fabric devices this server touches: where its traffic enters and leaves."""
+        """The fabric devices this server touches, where its traffic enters and leaves (in name-key
+        order, so a choice among them does not depend on the order of the topology file)."""
         self._dist_to: dict[int, np.ndarray] = {}
+        self.key = [graph.key[v] for v in vertices]
+        """The name key of each local vertex."""
 
     def local(self, vertices: np.ndarray | int) -> np.ndarray:
         """Local ids of graph vertices that belong to this region."""
-        return np.searchsorted(self.vertices, vertices)
+        return self._local[np.searchsorted(self._ids, vertices)]
 
     def _transpose_links(self) -> np.ndarray:
         """Link id of each stored entry of ``rev`` (the transpose of ``fwd``)."""
@@ -309,7 +351,9 @@ class _Region:
         start = self.local(self.graph.out_vertex[src])
         if not np.isfinite(dist[start]):
             return None
-        return _walk(int(start), int(self.local(dst)), dist, self.fwd, self.link_of, (src, dst))
+        key = self.graph.key
+        return _walk(int(start), int(self.local(dst)), dist, self.fwd, self.link_of,
+                     (key[src], key[dst]), self.key, ordered=True)  # fmt: skip
 
     @cached_property
     def _fwd_lists(self) -> tuple[list, list, list, list]:
@@ -328,7 +372,7 @@ class _Region:
         """Links from ``start_dev`` to ``dst`` along equal-cost next hops (as :func:`_walk`)."""
         start = int(self.local(self.graph.out_vertex[start_dev]))
         hops = _walk_lists(start, int(self.local(dst)), dist_to_dst.tolist(), self._fwd_lists,
-                           salt, lambda cur: cur)  # fmt: skip
+                           (*salt, 0), self.key)  # fmt: skip
         if hops is None:
             raise TopologyError("routing found no next hop", field="links")
         return hops
@@ -339,7 +383,7 @@ class _Region:
         """Links from ``src`` to ``goal_dev``, walking predecessors back from the goal."""
         start = int(self.local(self.graph.out_vertex[src]))
         hops = _walk_lists(int(self.local(goal_dev)), start, dist_from_src.tolist(),
-                           self._rev_lists, salt, lambda cur: -2 - cur)  # fmt: skip
+                           self._rev_lists, (*salt, 1), self.key)  # fmt: skip
         if hops is None:
             raise TopologyError("routing found no previous hop", field="links")
         hops.reverse()
@@ -351,11 +395,12 @@ def _walk_lists(
     goal: int,
     dist: list[float],
     csr: tuple[list, list, list, list],
-    salt: tuple[int, int],
-    tag: Callable[[int], int],
+    salt: tuple[int, ...],
+    key: list[int],
 ) -> list[int] | None:
-    """:func:`_walk` over Python lists (same choices): from ``start`` to ``goal`` through
-    neighbours ``n`` with ``dist[n] + cost == dist[cur]``, ties hashed with ``tag(cur)``."""
+    """:func:`_walk` over Python lists: from ``start`` to ``goal`` through neighbours ``n`` with
+    ``dist[n] + cost == dist[cur]``, ties hashed with the name key of ``cur`` (the ids follow the
+    keys, so the candidates are in key order)."""
     indptr, indices, data, link_of = csr
     hops: list[int] = []
     cur = start
@@ -365,7 +410,7 @@ def _walk_lists(
         ok = [k for k in range(lo, hi) if dist[indices[k]] + data[k] == here]
         if not ok:
             return None
-        k = ok[0] if len(ok) == 1 else ok[mix(*salt, tag(cur)) % len(ok)]
+        k = ok[mix(*salt, key[cur]) % len(ok)] if len(ok) > 1 else ok[0]
         hops.append(link_of[k])
         cur = indices[k]
     return hops
