@@ -7,10 +7,14 @@
   all-gather updated weights (the all-reduce's volume, ``2 (n-1)/n`` bytes per byte); stage 3 /
   FSDP all-gathers weights in the forward and again in the backward and reduce-scatters
   gradients (``3 (n-1)/n``: 1.5x), per micro-batch and per layer (per tensor with DeepSpeed),
-  exposed layer by layer: :mod:`collsim.analysis.zero3`.
-* Local SGD (communicate every ``k`` steps) divides the exposed time by ``k``; asynchronous
-  training hides it behind ``staleness`` steps of compute. Compression divides gradient bytes
-  by its ratio and costs ``2 x bytes / codec`` (encode + decode).
+  exposed layer by layer: :mod:`collsim.analysis.zero3`. Stage 2 keeps only its shard of the
+  gradients, so with gradient accumulation it reduce-scatters every micro-batch's (DeepSpeed).
+* Expert parallelism: expert gradients are reduced only among the ``dp / ep`` GPUs holding the
+  same experts (DeepSpeed-MoE's expert-data-parallel group), the rest over the whole DP group.
+* Local SGD (communicate every ``k`` steps) divides the exposed gradient communication by
+  ``k``; asynchronous training hides it behind ``staleness`` steps of compute. Neither applies
+  to ZeRO-3's weight all-gathers, which every forward and backward needs. Compression divides
+  gradient bytes by its ratio and costs ``2 x bytes / codec`` (encode + decode).
 * Stragglers: per-GPU compute multipliers (mean 1, coefficient of variation ``cv``, seeded);
   the synchronous step waits for the slowest GPU.
 """
@@ -66,43 +70,76 @@ def data_parallel(
     m: int,
     algo: str,
     tensors: list[list[float]] | None = None,
+    expert_params_gpu: float = 0.0,
 ) -> tuple[float, float, dict[str, Any]]:
     """Exposed data-parallel time, compression time and details (bytes moved per GPU).
-    ``tensors``: the parameter tensors per layer of the stage (ZeRO-3, :mod:`.zero3`)."""
+    ``tensors``: the parameter tensors per layer of the stage (ZeRO-3, :mod:`.zero3`);
+    ``expert_params_gpu``: the part of ``params_gpu`` that is experts (reduced over
+    ``groups.dp_expert``)."""
     detail: dict[str, Any] = {}
     if lay.dp <= 1:
         return 0.0, 0.0, {"dp_bytes_per_gpu": 0.0}
     tr = w.training
-    elem = DTYPE_BYTES[w.dtype]
-    grad_bytes = params_gpu * DTYPE_BYTES[w.grad_dtype]
-    weight_bytes = params_gpu * elem
     ratio = tr.compression.ratio
-    codec = 0.0
-    if ratio > 1:
-        codec = 2 * grad_bytes / (tr.compression.codec_gbps * 1e9)
-        grad_bytes /= ratio
-    n = lay.dp
-    share = (n - 1) / n
-    dp = groups.dp
+    codec = 2 * params_gpu * DTYPE_BYTES[w.grad_dtype] / (tr.compression.codec_gbps * 1e9)
+    codec = codec if ratio > 1 else 0.0
+    # ZeRO-3's weight all-gathers are needed by every pass, whatever the sync period.
+    gathers = gathered = 0.0
     if lay.zero >= 3:
-        exposed, detail = zero3(coll, w, lay, groups, tensors or [], crit, m, algo)
-        moved = m * share * (2 * weight_bytes + grad_bytes)
+        gathers, reduces, detail = zero3(coll, w, lay, groups, tensors or [], crit, m, algo)
+        share = (lay.dp - 1) / lay.dp
+        gathered = m * share * 2 * params_gpu * DTYPE_BYTES[w.value_dtype]
+        moved = m * share * params_gpu * DTYPE_BYTES[w.grad_dtype] / max(ratio, 1.0)
     else:
-        reduce = "all_reduce" if lay.zero == 0 else "reduce_scatter"
-        if tr.dp_overlap:
-            nb = max(1, math.ceil(grad_bytes / max(tr.bucket, 1)))
-            total = nb * coll(reduce, dp, grad_bytes / nb, algo)
-            exposed = overlapped_buckets(total, nb, crit["bwd"])
-        else:
-            exposed = coll(reduce, dp, grad_bytes, algo)
-        moved = share * grad_bytes * (2 if lay.zero == 0 else 1)
-        if lay.zero >= 1:
-            exposed += coll("all_gather", dp, weight_bytes, algo)
-            moved += share * weight_bytes
+        reduces, moved = 0.0, 0.0
+        parts = ((params_gpu - expert_params_gpu, groups.dp), (expert_params_gpu, groups.dp_expert))
+        for params, group in parts:
+            time_s, part_bytes = _reduce_and_gather(coll, w, lay, params, group, crit, m, algo)
+            reduces += time_s
+            moved += part_bytes
     if tr.sync.mode == "local_sgd":
-        exposed /= tr.sync.period
+        reduces /= tr.sync.period
         codec /= tr.sync.period
+        moved /= tr.sync.period
     elif tr.sync.mode == "async":
         hidden = tr.sync.staleness * m * crit["total"]
-        exposed = max(0.0, exposed - hidden)
-    return exposed, codec, {"dp_bytes_per_gpu": moved, **detail}
+        reduces = max(0.0, reduces - hidden)
+    return gathers + reduces, codec, {"dp_bytes_per_gpu": moved + gathered, **detail}
+
+
+def _reduce_and_gather(
+    coll: Callable[[str, list[str], float, str], float],
+    w: WorkloadIn,
+    lay: Layout,
+    params: float,
+    group: list[str],
+    crit: dict[str, float],
+    m: int,
+    algo: str,
+) -> tuple[float, float]:
+    """ZeRO 0-2 over ``group``: exposed time and bytes each GPU sends for ``params`` of it.
+
+    Stage 0 all-reduces the gradients once a step, in buckets that may overlap the last
+    backward. Stages 1-2 reduce-scatter them and all-gather the updated weights; stage 2 holds
+    only its shard of the gradients, so with ``m`` micro-batches it reduce-scatters each one's
+    (each overlapping its own backward)."""
+    n = len(group)
+    if n <= 1 or params <= 0:
+        return 0.0, 0.0
+    tr = w.training
+    grad_bytes = params * DTYPE_BYTES[w.grad_dtype] / max(tr.compression.ratio, 1.0)
+    share = (n - 1) / n
+    reduce = "all_reduce" if lay.zero == 0 else "reduce_scatter"
+    if tr.dp_overlap:
+        nb = max(1, math.ceil(grad_bytes / max(tr.bucket, 1)))
+        total = nb * coll(reduce, group, grad_bytes / nb, algo)
+        one = overlapped_buckets(total, nb, crit["bwd"])
+    else:
+        one = coll(reduce, group, grad_bytes, algo)
+    rounds = m if lay.zero == 2 else 1
+    exposed = rounds * one
+    moved = rounds * share * grad_bytes * (2 if lay.zero == 0 else 1)
+    if lay.zero >= 1:
+        exposed += coll("all_gather", group, params * DTYPE_BYTES[w.value_dtype], algo)
+        moved += share * params * DTYPE_BYTES[w.value_dtype]
+    return exposed, moved

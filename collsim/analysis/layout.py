@@ -154,6 +154,9 @@ class Groups:
     dp: list[str]
     ep: list[str]
     pp_pair: list[str]
+    dp_expert: list[str]
+    """The GPUs holding the same experts as rank 0 (every ep-th of its DP group): where expert
+    gradients are reduced (DeepSpeed-MoE's expert-data-parallel group)."""
 
 
 def place(layout: Layout, topology: Topology) -> Groups:
@@ -169,7 +172,8 @@ def place(layout: Layout, topology: Topology) -> Groups:
     dp = [names[layout.rank(0, j, 0)] for j in range(layout.dp)]
     ep = [names[layout.rank(0, j, 0)] for j in range(layout.ep)]
     pp = [names[layout.rank(0, 0, k)] for k in range(min(layout.pp, 2))]
-    return Groups(tp=tp, dp=dp, ep=ep, pp_pair=pp)
+    same_experts = [names[layout.rank(0, j, 0)] for j in range(0, layout.dp, layout.ep)]
+    return Groups(tp=tp, dp=dp, ep=ep, pp_pair=pp, dp_expert=same_experts)
 
 
 @dataclass(frozen=True)
@@ -230,7 +234,7 @@ def memory_per_gpu(
 
     ``expert_params_per_gpu`` (part of ``params_per_gpu``) are replicated over dp / ep GPUs only
     (each expert-parallel group holds every expert once), so ZeRO shards them that many ways."""
-    elem = DTYPE_BYTES[w.dtype]
+    elem = DTYPE_BYTES[w.value_dtype]
     grad_elem = DTYPE_BYTES[w.grad_dtype]
 
     def sharded(bytes_per_param: float, from_stage: int) -> float:
@@ -256,8 +260,8 @@ def memory_per_gpu(
     else:
         in_flight = stage_layers * min(p, m)
     acts = act_bytes_per_layer * layout.micro * in_flight
-    if w.recomputes != "none":  # the layer being recomputed holds its full activations
-        acts += full_act_bytes_per_layer * layout.micro
+    if w.recomputes != "none":  # the layer being recomputed regenerates what it did not keep
+        acts += (full_act_bytes_per_layer - act_bytes_per_layer) * layout.micro
     return Memory(
         weights=weights,
         gradients=grads,

@@ -190,6 +190,8 @@ def layouts(w: WorkloadIn, search: SearchIn) -> list[WorkloadIn]:
     seen: set[tuple[Any, ...]] = set()
     for combo in itertools.product(*axes.values()):
         c = dict(zip(axes, combo, strict=True))
+        if (c["schedule"] == "interleaved" and c["virtual_stages"] == 1) or c["pp"] == 1:
+            c["schedule"] = "1f1b"  # one virtual stage, or no pipeline: the same schedule
         if c["schedule"] != "interleaved":
             c["virtual_stages"] = 1
         key = tuple(c.values())
@@ -298,7 +300,9 @@ def plan(
                         goodput=None if fail is None else fail.expected_goodput,
                     )
                 )
-            found.sort(key=lambda o: o.result.step_time_s)
+            # The best layout of a cluster size is the one ranked first overall: by time to
+            # train with failures (goodput), not by the bare step time.
+            found.sort(key=lambda o: (o.expected_hours, o.expected_cost_usd))
             options.extend(found if keep == "all" else found[:1])
     options.sort(key=lambda o: (o.expected_hours, o.expected_cost_usd))
     mark_pareto(options)

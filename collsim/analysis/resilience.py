@@ -139,7 +139,7 @@ def default_checkpoint_bytes(w: WorkloadIn) -> float:
     from collsim.analysis.workload import DTYPE_BYTES
 
     params = total_params(w.model) if w.model.kind == "transformer" else w.model.params
-    return params * (DTYPE_BYTES[w.dtype] + OPTIMIZER_STATE_BYTES[w.training.optimizer])
+    return params * (DTYPE_BYTES[w.value_dtype] + OPTIMIZER_STATE_BYTES[w.training.optimizer])
 
 
 def dp_step_time(step_s: float, gpus: int, gpus_per_node: int, replica_gpus: int = 1):  # type: ignore[no-untyped-def]

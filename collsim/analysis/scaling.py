@@ -9,7 +9,7 @@ reported.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from collsim.analysis.amdahl import ScalingCurve, scaling_curve
 from collsim.analysis.step import StepModel, StepResult
@@ -18,9 +18,14 @@ from collsim.errors import CollsimError
 
 
 def scale_workload(
-    model: StepModel, w: WorkloadIn, node_counts: Sequence[int], mode: str = "strong"
+    model: StepModel,
+    w: WorkloadIn,
+    node_counts: Sequence[int],
+    mode: str = "strong",
+    model_at: Callable[[int], StepModel] | None = None,
 ) -> tuple[ScalingCurve, list[StepResult], list[str]]:
-    """Step results at each node count (on the first nodes of ``model``'s topology), the
+    """Step results at each node count (on the first nodes of ``model``'s topology, or on
+    ``model_at(nodes)``'s: a system of that size, e.g. with only the faults it holds), the
     scaling curve fitted to them, and why any count was skipped."""
     per_node = model.topology.gpus_per_node
     base_gpus: int | None = None  # weak scaling: the workload's batch is that of the first size
@@ -32,7 +37,7 @@ def scale_workload(
         if mode == "weak" and base_gpus is not None:
             wl = with_changes(wl, global_batch=max(1, w.global_batch * n // base_gpus))  # type: ignore[arg-type]
         try:
-            results.append(model.evaluate(wl, n))
+            results.append((model_at(nodes) if model_at else model).evaluate(wl, n))
         except WorkloadError as exc:
             skipped.append(f"{nodes} node(s): {exc.message}")
             continue

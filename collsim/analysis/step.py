@@ -194,7 +194,7 @@ class StepModel:
         peak = peak_flops(self.topology, w.dtype)
         flops_s = peak * eff
         mem_bw = self.topology.gpu.memory_bandwidth_bytes_per_s
-        elem = DTYPE_BYTES[w.dtype]
+        elem = DTYPE_BYTES[w.value_dtype]
         algo = w.training.algorithm
         b = lay.micro
         traffic = w.compute.elementwise_traffic
@@ -233,8 +233,9 @@ class StepModel:
         params_gpu = stages[fullest]["params"]
         tensors = stage_tensors(w, lay, fullest, ranges[fullest]) if lay.zero >= 3 else None
         dp_comm, compression, dp_detail = data_parallel(
-            self._coll, w, lay, groups, params_gpu, crit, m, algo, tensors
-        )
+            self._coll, w, lay, groups, params_gpu, crit, m, algo, tensors,
+            expert_params_gpu=stages[fullest]["expert_params"],
+        )  # fmt: skip
         local_params = sharded_params(lay, params_gpu, stages[fullest]["expert_params"], 1)
         optimizer = local_params * OPTIMIZER_BYTES[w.training.optimizer] / mem_bw
 
@@ -271,6 +272,8 @@ class StepModel:
             "bubble_fraction": bubble_fraction(p, m, v) if p > 1 else 0.0,
             "slowest_stage": slow,
             "stage_time_s": [float(x) for x in per_mb],
+            "params_per_gpu": params_gpu,  # the stage holding the most (experts: one GPU's)
+            "expert_params_per_gpu": stages[fullest]["expert_params"],
             "straggler_max_multiplier": mult,
             "sync": sync.mode,
             **dp_detail,
@@ -298,7 +301,7 @@ class StepModel:
         n = n_gpus if n_gpus is not None else self.topology.n_gpus
         lay = resolve_layout(w, n)
         eff = self._efficiency(w)
-        costs = self._layer_costs(w, lay, DTYPE_BYTES[w.dtype])
+        costs = self._layer_costs(w, lay, DTYPE_BYTES[w.value_dtype])
         one = self._stage(
             w, lay, place(lay, self.topology), costs[:1], -1, lay.micro,
             peak_flops(self.topology, w.dtype) * eff,

@@ -120,12 +120,13 @@ def layer_costs(
     fwd = 2 * s * h * (h + 2 * kv) + core + 2 * s * h * h + mlp
     # Korthikanti's 24 s b h (the TP-split activations) is 8 (attention) + 16 (4h MLP); 10 s b h
     # (layer-norm inputs, dropout masks) is not split by TP unless sequence parallelism is on.
-    split = 8 + (2 if m.gated_mlp else 1) * 4 * f / h
+    # An MoE layer's experts hold the MLP activations of every token routed to them: top_k
+    # copies of each, padded to the capacity factor.
+    split = 8 + (2 if m.gated_mlp else 1) * 4 * f / h * (top_k * cf)
     replicated = 10 / tp if sequence_parallel else 10
     scores = 0.0 if m.flash_attention else 5 * a * s / h
-    # Korthikanti's counts are for 16-bit activations: 32-bit ones take twice the bytes (FP8
-    # recipes keep activations in 16 bits outside the GEMMs).
-    width = max(elem_bytes, 2) / 2
+    # Korthikanti's counts are for 16-bit activations: 32-bit ones take twice the bytes.
+    width = elem_bytes / 2
     per_sbh = (replicated + split / tp + scores / tp) * width
     act = s * h * per_sbh
     if recompute == "full":

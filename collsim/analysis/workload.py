@@ -173,8 +173,11 @@ class GenericIn(Strict):
     params: Count
     layers: Pos = 1
     activation_bytes: Size = 0
+    """Bytes per sample sent between pipeline stages."""
     activation_memory_bytes: Size = 0
+    """Bytes per sample kept for the backward."""
     tp_bytes_per_layer: Size = 0
+    """Bytes per sample of one tensor-parallel all-reduce per layer."""
 
 
 class ParallelIn(Strict):
@@ -338,6 +341,14 @@ class WorkloadIn(Strict):
         "FP8 Formats for Deep Learning", arXiv:2209.05433, section 4)."""
         if self.training.grad_reduce_dtype:
             return self.training.grad_reduce_dtype
+        return "bf16" if self.dtype == "fp8" else self.dtype
+
+    @property
+    def value_dtype(self) -> str:
+        """The type weights and activations are held and exchanged in (memory, TP / EP / PP
+        messages, weight all-gathers): the training type, except that FP8 recipes cast to FP8
+        only inside the GEMMs and keep 16-bit weights and activations (Micikevicius et al. 2022,
+        section 4; NVIDIA Transformer Engine)."""
         return "bf16" if self.dtype == "fp8" else self.dtype
 
     @property

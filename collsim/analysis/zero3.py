@@ -31,6 +31,7 @@ slow at scale is not that volume but its shape:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -120,7 +121,7 @@ def layer_comm(
     """Time one layer's all-gathers (per tensor, or one flat unit with FSDP) and its gradient
     reduce-scatters on the data-parallel group ``dp``."""
     tr = w.training
-    elem = DTYPE_BYTES[w.dtype]
+    elem = DTYPE_BYTES[w.value_dtype]
     gelem = DTYPE_BYTES[w.grad_dtype] / tr.compression.ratio
     if w.parallel.fsdp:
         gathers = [sum(tensors) * elem]
@@ -161,13 +162,14 @@ def zero3(
     crit: dict[str, float],
     m: int,
     algo: str,
-) -> tuple[float, dict[str, Any]]:
-    """Exposed ZeRO-3 seconds of one step (``m`` micro-batches) and details. ``tensors``: the
-    stage's parameter tensors per layer; ``crit``: its per-micro-batch compute (``fwd``,
-    ``bwd``, ``layers``), spread evenly over its transformer layers."""
+) -> tuple[float, float, dict[str, Any]]:
+    """Exposed ZeRO-3 seconds of one step (``m`` micro-batches): the weight gathers' and what
+    the gradients' reduce-scatters add to them; and details. ``tensors``: the stage's parameter
+    tensors per layer; ``crit``: its per-micro-batch compute (``fwd``, ``bwd``, ``layers``),
+    spread evenly over its transformer layers."""
     n_layers = max(1.0, crit["layers"])
     fwd_l, bwd_l = crit["fwd"] / n_layers, crit["bwd"] / n_layers
-    exposed = total = 0.0
+    exposed = gathers = total = 0.0
     calls = 0
     cache: dict[tuple[float, ...], LayerComm] = {}
     for i, layer in enumerate(tensors):
@@ -178,9 +180,15 @@ def zero3(
         # The embeddings' pseudo-layer has no compute of its own to hide behind.
         f, b = (fwd_l, bwd_l) if i < crit["layers"] else (0.0, 0.0)
         exposed += exposed_per_layer(c, f, b, w.training.dp_overlap)
+        no_rs = dataclasses.replace(c, reduce_scatter=0.0, rs_copies=0.0)
+        gathers += exposed_per_layer(no_rs, f, b, w.training.dp_overlap)
         total += exposed_per_layer(c, 0.0, 0.0, False)
         calls += 2 * (1 if w.parallel.fsdp else len(layer))
-    return m * exposed, {
-        "zero3_comm_s": m * total,
-        "zero3_gathers_per_micro_batch": calls,
-    }
+    return (
+        m * gathers,
+        m * (exposed - gathers),
+        {
+            "zero3_comm_s": m * total,
+            "zero3_gathers_per_micro_batch": calls,
+        },
+    )
