@@ -68,9 +68,12 @@ def _follow(
             try:
                 line = lines.get(timeout=timeout)
             except queue.Empty:
+                first = last.split()[0] if last.split() else ""
+                where = (f"after the {first} B row: the size after it did not finish"
+                         if first.isdigit() else f"after '{last.strip()[:60]}'")  # fmt: skip
                 raise CalibrationError(
-                    f"{label}: no output for {timeout:g} s after '{last.strip()[:60]}': a hung "
-                    "collective? (stopped; completed results are kept, rerun to resume)",
+                    f"{label}: no output for {timeout:g} s {where}; a hung collective? "
+                    "(stopped; completed results are kept, rerun to resume)",
                     field="--timeout",
                     value=timeout,
                 ) from None

@@ -140,7 +140,9 @@ class _Problem:
     def __init__(self, samples: Sequence[Sample], classes: list[int], base: ModelParams) -> None:
         self.samples = samples
         self.classes = classes
-        self.base = base
+        # The fit owns the host's floor (x[3] per launch, HOST_P2P_OP_S per operation): a base
+        # that carries one already (an uncalibrated or fitted profile) would count it twice.
+        self.base = dataclasses.replace(base, launch_floor_s=0.0, p2p_op_s=0.0)
         self.split = 2 in classes and any(k in classes for k in (0, 1))
         # NVLink's lanes are per direction end to end; what falls short of full duplex is the host
         # side: PCIe root complexes, host-memory staging, NICs reading and writing GPU memory.
@@ -275,6 +277,15 @@ def fit_samples(
     samples = sorted(samples, key=lambda s: (-s.topology.n_gpus, s.name))
     classes = sorted({k for s in samples for k in classes_used(s.topology)})
     prob = _Problem(samples, classes, base)
+    rows = sum(int(s.sizes.size) for s in samples)
+    if rows <= len(prob.kinds):
+        raise CalibrationError(
+            f"{plural(rows, 'measured row')} cannot determine the fit's {len(prob.kinds)} "
+            f"parameters (any values would fit them exactly); measure more sizes, e.g. "
+            f"nccl-tests -b 8 -e 8G -f 2 (31 rows)",
+            field="LOGS",
+            value=[s.name for s in samples],
+        )
     # The floor starts at the smallest time measured (per launch: a thread driving g GPUs
     # issues g), the base at none: what both explain (only the smallest sizes) goes to the
     # host's launch floor, which carries over to collectives of other step counts unchanged

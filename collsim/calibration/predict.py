@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -206,6 +207,27 @@ def topology_for_log(
             value=log.ranks,
         )
     return base
+
+
+def _gpu_families(name: str) -> set[str]:
+    """Model numbers in a GPU's name (``A100``, ``H100``, ``MI300X``, ``4090``), not sizes."""
+    words = re.sub(r"[-_/]", " ", name.upper())
+    found = re.findall(r"\b[A-Z]{0,3}\d{3,4}[A-Z]{0,2}\b", words)
+    return {w for w in found if not w.endswith(("GB", "W"))}
+
+
+def gpu_mismatch(log: NcclTestsLog, topology: Topology) -> str | None:
+    """A note when the log's GPU is not the one the topology models (an A100 log predicted on
+    a DGX H100): the prediction is then of another system."""
+    if not log.gpu:
+        return None
+    theirs, ours = _gpu_families(log.gpu), _gpu_families(topology.gpu.model)
+    if theirs and ours and not theirs & ours:
+        return (
+            f"{Path(log.file).name} ran on {log.gpu}, but topology {topology.name} models "
+            f"{topology.gpu.model}: predicted for that system, not the measured one"
+        )
+    return None
 
 
 def measured_points(log: NcclTestsLog) -> tuple[np.ndarray, np.ndarray]:

@@ -145,13 +145,26 @@ class RunConfig:
         self.sizes()
 
 
-def failure_reason(err: str, status: int) -> str:
-    """The line of a failed command's stderr that says why: the benchmark's own message, else
-    the last line naming an error, else the last line with words (not a ruler of '=')."""
+_NCCL_TESTS_FAILURE = re.compile(
+    r"Test (NCCL|CUDA) failure|Test failure|NCCL WARN|Out of bounds values : [1-9]\d* FAILED"
+    r"|below the (minimum|expected) bandwidth|NCCL_TESTS_MIN_BW"
+)
+"""What nccl-tests prints (to stdout, with printf) when it fails: NCCLCHECK / CUDACHECK /
+TESTCHECK messages, NCCL's own warnings, and its summary of wrong results."""
+
+
+def failure_reason(err: str, status: int, out: str = "") -> str:
+    """The line that says why a command failed: the first failure nccl-tests printed (stdout),
+    else the benchmark's own message (stderr), else the last stderr line naming an error, else the
+    last stderr line with words (not a ruler of '=')."""
     lines = [e.strip() for e in err.splitlines() if e.strip()]
     ours = [e for e in lines if "collsim torchbench:" in e]
+    told = [e.strip() for e in (*err.splitlines(), *out.splitlines())
+            if _NCCL_TESTS_FAILURE.search(e)]  # fmt: skip
     named = [e for e in lines if re.search(r"Error|error:|Exception|No such|not found", e)]
     worded = [e for e in lines if re.search(r"[A-Za-z]{2}", e)]
+    if told:  # the first: what went wrong, before what it made fail after it
+        return told[0].lstrip("#. ")
     pick = ours or named or worded
     return pick[-1] if pick else f"exit status {status}"
 
@@ -200,15 +213,30 @@ def _launcher_prefix(cfg: RunConfig) -> list[str]:
     return []
 
 
+def _slurm_first_node() -> str | None:
+    """The first host of the Slurm allocation this runs in (``scontrol show hostnames``), if any."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    if not nodelist or shutil.which("scontrol") is None:
+        return None
+    try:
+        done = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                              text=True, timeout=30, check=False)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    hosts = done.stdout.split()
+    return hosts[0] if done.returncode == 0 and hosts else None
+
+
 def plan_commands(cfg: RunConfig) -> list[Step]:
-    """The command lines that perform ``cfg``, in order."""
+    """The command lines that perform ``cfg``, in order. Sizes are passed as whole byte
+    counts: nccl-tests reads ``1MB`` as 2**20 and refuses ``512B``, collsim reads 1e6 and 512."""
     cfg.validate()
     sizes = cfg.sizes()
     common = [
         "-b",
-        cfg.minbytes,
+        str(units.parse_size(cfg.minbytes)),
         "-e",
-        cfg.maxbytes,
+        str(units.parse_size(cfg.maxbytes)),
         "-f",
         f"{cfg.stepfactor:g}",
         "-w",
@@ -264,11 +292,17 @@ def plan_commands(cfg: RunConfig) -> list[Step]:
         return [Step(argv, None, points=points)]
     if cfg.nodes == 1:
         env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(cfg.master_port or 29500)}
-    elif "MASTER_ADDR" not in os.environ and cfg.launcher == "mpirun":
-        raise CalibrationError(
-            "set MASTER_ADDR (and MASTER_PORT) to the first node's address for a multi-node mpirun",
-            field="MASTER_ADDR",
-        )
+    elif "MASTER_ADDR" not in os.environ:
+        # Every rank must reach rank 0's rendezvous: under Slurm, its first node.
+        first = _slurm_first_node() if cfg.launcher == "srun" else None
+        if first is None:
+            raise CalibrationError(
+                f"set MASTER_ADDR (and MASTER_PORT) to the first node's address for a "
+                f"multi-node {cfg.launcher} run"
+                + (" (or run inside a Slurm allocation)" if cfg.launcher == "srun" else ""),
+                field="MASTER_ADDR",
+            )
+        env = {"MASTER_ADDR": first, "MASTER_PORT": str(cfg.master_port or 29500)}
     prefix = _launcher_prefix(cfg)
     if cfg.launcher == "mpirun":
         prefix[1:1] = ["-x", "MASTER_ADDR", "-x", "MASTER_PORT"]
@@ -395,8 +429,13 @@ def _run(
     run_dir = cfg.out / "run"
     run_dir.mkdir(exist_ok=True)
     # settings that change what a number means: a resumed run must measure as the first did
-    identity = {"runner": cfg.runner, "ranks": cfg.nprocs, "dtype": cfg.dtype,
-                "warmup": cfg.warmup, "iters": cfg.iters}  # fmt: skip
+    identity: dict[str, object] = {
+        "runner": cfg.runner, "ranks": cfg.nprocs, "nodes": cfg.nodes, "dtype": cfg.dtype,
+        "warmup": cfg.warmup, "iters": cfg.iters,
+    }  # fmt: skip
+    if cfg.runner == "nccl-tests":  # one log per collective covers the whole size range
+        identity["sizes"] = [units.parse_size(cfg.minbytes), units.parse_size(cfg.maxbytes),
+                             cfg.stepfactor]  # fmt: skip
     store = ResultStore(cfg.out, identity)
     for problem in store.problems():
         notify(f"warning: {problem}")
@@ -412,7 +451,7 @@ def _run(
         silence = cfg.timeout + (60.0 if cfg.runner == "torch" else 0.0)
         status, stdout, err = execute(step, run_dir, label, silence, on_line, notify)
         if status != 0:
-            detail = failure_reason(err, status)
+            detail = failure_reason(err, status, stdout)
             raise CalibrationError(
                 f"{label} failed: {detail} (output kept in {run_dir})",
                 field="exit status",
@@ -435,6 +474,8 @@ def _run(
                 collective=step.collective,
                 kind="nccl-tests log",
             )
+            for anomaly in log.anomalies:  # kept (it is what was measured), but said
+                notify(f"warning: {step.collective}: {anomaly}")
     logs = sorted((cfg.out / "logs").glob("*.txt"))
     _note_versions(cfg.out, logs)
     return logs

@@ -34,6 +34,7 @@ import argparse
 import datetime
 import os
 import platform
+import re
 import socket
 import sys
 import threading
@@ -130,14 +131,14 @@ class Watchdog:
 
 
 def hung(rank: int, what: str, seconds: float, detail: str = "") -> None:
-    """Report a collective that did not finish in time and end the process."""
-    extra = f" ({detail})" if detail else ""
-    print(
-        f"collsim torchbench: rank {rank}: {what} did not complete within {seconds:g} s "
-        f"(hung or failed collective){extra}; aborting",
-        file=sys.stderr,
-        flush=True,
-    )
+    """Report a collective that did not finish in time (or, with ``detail``, failed: the
+    backend's error) and end the process."""
+    if detail and not re.search(r"time(d)? ?out|timeout", detail, re.IGNORECASE):
+        why = f"failed: {detail}"
+    else:
+        extra = f" ({detail})" if detail else ""
+        why = f"did not complete within {seconds:g} s (hung or failed collective){extra}"
+    print(f"collsim torchbench: rank {rank}: {what} {why}; aborting", file=sys.stderr, flush=True)
     os._exit(HUNG_EXIT)
 
 
@@ -182,12 +183,28 @@ class Bench:
         ops = [d.P2POp(d.isend, send, (r + 1) % n), d.P2POp(d.irecv, recv, (r - 1) % n)]
         return (lambda: [w.wait() for w in d.batch_isend_irecv(ops)]), None
 
+    def expect(self, numel: int, value: int) -> Any:
+        """``value`` as this type holds it: integers wrap as the reduction's own sum does."""
+        torch = self.torch
+        return torch.full((numel,), value, dtype=torch.int64, device=self.device).to(self.dtype)
+
+    def mismatches(self, got: Any, want: Any, terms: int = 1) -> int:
+        """Elements of ``got`` that differ from ``want`` by more than rounding allows: a sum of
+        ``terms`` values in a floating type may round at each of its ``terms - 1`` additions
+        (relative error up to ``(terms - 1) eps``); integer types must match exactly."""
+        torch = self.torch
+        if not self.dtype.is_floating_point or terms <= 1:
+            return int((got != want).sum().item())
+        eps = torch.finfo(self.dtype).eps
+        tol = (terms - 1) * eps * want.double().abs()
+        return int(((got.double() - want.double()).abs() > tol).sum().item())
+
     def wrong(self, in_place: bool) -> int:
         """Run once on known inputs (rank r holds r+1) and count the wrong elements."""
         torch, d, n, r, per = self.torch, self.dist, self.n, self.rank, self.per
-        total = n * (n + 1) / 2
+        total = n * (n + 1) // 2
         if self.name in ("all_reduce", "broadcast", "reduce"):
-            buf = self.buf(per, r + 1)
+            buf = self.expect(per, r + 1)
             {
                 "all_reduce": d.all_reduce,
                 "broadcast": lambda b: d.broadcast(b, 0),
@@ -195,23 +212,24 @@ class Bench:
             }[self.name](buf)
             if self.name == "reduce" and r != 0:
                 return 0
-            got, want = buf, self.buf(per, total if self.name != "broadcast" else 1)
+            got, want = buf, self.expect(per, total if self.name != "broadcast" else 1)
+            return self.mismatches(got, want, n if self.name != "broadcast" else 1)
         elif self.name == "all_gather":
             out = self.buf(per * n)
-            inp = out[r * per : (r + 1) * per] if in_place else self.buf(per, r + 1)
-            inp.fill_(r + 1)
+            inp = out[r * per : (r + 1) * per] if in_place else self.expect(per, r + 1)
+            inp.copy_(self.expect(per, r + 1))
             (getattr(d, "all_gather_single", None) or d.all_gather_into_tensor)(out, inp)
             got = out
             want = torch.arange(1, n + 1, device=self.device).repeat_interleave(per).to(self.dtype)
         elif self.name == "reduce_scatter":
-            inp = self.buf(per * n, r + 1)
+            inp = self.expect(per * n, r + 1)
             out = inp[r * per : (r + 1) * per] if in_place else self.buf(per)
             (getattr(d, "reduce_scatter_single", None) or d.reduce_scatter_tensor)(out, inp)
-            got, want = out, self.buf(per, total)
+            return self.mismatches(out, self.expect(per, total), n)
         elif self.name == "alltoall":
             inp = (torch.arange(n, device=self.device).repeat_interleave(per) + r * n).to(
                 self.dtype
-            )
+            )  # int64 to a narrower type wraps, on both sides alike
             out = self.buf(per * n)
             d.all_to_all_single(out, inp)
             want = (torch.arange(n, device=self.device) * n + r).repeat_interleave(per)
@@ -219,13 +237,13 @@ class Bench:
         else:
             recv = self.buf(per)
             ops = [
-                d.P2POp(d.isend, self.buf(per, r + 1), (r + 1) % n),
+                d.P2POp(d.isend, self.expect(per, r + 1), (r + 1) % n),
                 d.P2POp(d.irecv, recv, (r - 1) % n),
             ]
             for w in d.batch_isend_irecv(ops):
                 w.wait()
-            got, want = recv, self.buf(per, (r - 1) % n + 1)
-        return int((got != want).sum().item())
+            got, want = recv, self.expect(per, (r - 1) % n + 1)
+        return self.mismatches(got, want)
 
 
 def _timed(

@@ -140,16 +140,22 @@ def run_cmd(
         return
     check_tools(cfg, steps)
     total = sum(s.points for s in steps)
-    with click.progressbar(
-        length=total, label=f"{runner} via {launcher}", file=None, show_pos=True
-    ) as bar:
-        logs = execute(
-            cfg,
-            steps,
-            on_line=lambda _line: bar.update(1),
-            on_skip=bar.update,
-            notify=lambda msg: click.echo(f"\n# {msg}", err=True),
-        )
+    try:
+        with click.progressbar(
+            length=total, label=f"{runner} via {launcher}", file=None, show_pos=True
+        ) as bar:
+            logs = execute(
+                cfg,
+                steps,
+                on_line=lambda _line: bar.update(1),
+                on_skip=bar.update,
+                notify=lambda msg: click.echo(f"\n# {msg}", err=True),
+            )
+    except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C, or a batch system's SIGTERM
+        how = "interrupted" if isinstance(stop, KeyboardInterrupt) else f"stopped ({stop.code})"
+        click.echo(f"\n# {how}: completed points are kept in {out}; run the same command "
+                   "again to resume", err=True)  # fmt: skip
+        raise
     for log in logs:
         click.echo(f"# wrote {log}")
 
@@ -259,7 +265,11 @@ def fit_cmd(
         for_fit=True,
     )  # fmt: skip
     from collsim.calibration.fit import fit_samples
+    from collsim.calibration.predict import gpu_mismatch
 
+    for s in samples:
+        if note := gpu_mismatch(s.log, s.topology):
+            click.echo(f"# note: {note}")
     profile = fit_samples(samples)
     profile.save(output)
     doc = profile.doc

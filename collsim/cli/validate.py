@@ -53,7 +53,7 @@ def validate(
     NCCL's latencies); with it, the fitted parameters. --model nccl uses NCCL's own tuning
     model instead.
     """
-    from collsim.calibration.predict import uncalibrated_params
+    from collsim.calibration.predict import gpu_mismatch, uncalibrated_params
     from collsim.calibration.session import load_samples
     from collsim.calibration.validate import plot_validation, validate_samples
     from collsim.errors import CollsimError
@@ -78,6 +78,7 @@ def validate(
             notes += [n for n in prof.check_topology(s.topology) if n not in notes]
         params = prof.params()
     result = validate_samples(samples, params, model=model)
+    notes += [n for s in samples if (n := gpu_mismatch(s.log, s.topology))]
     result.notes = notes
     for s in samples:
         result.notes += [f"{s.name}: {a}" for a in s.log.anomalies]

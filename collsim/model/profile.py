@@ -271,9 +271,12 @@ def profile_from_dict(data: Any, file: str | None = None) -> Profile:
         ) from None
     pts = [p for p in doc.size_efficiency]
     finite = all(math.isfinite(s) and math.isfinite(f) for s, f in pts)
-    if not finite or any(s <= 0 or not 0.01 <= f <= 10 for s, f in pts) or pts != sorted(pts):
+    sizes = [s for s, _ in pts]
+    ordered = sizes == sorted(sizes) and len(set(sizes)) == len(sizes)
+    if not finite or any(s <= 0 or not 0.01 <= f <= 10 for s, f in pts) or not ordered:
         raise CalibrationError(
-            "size_efficiency must be [size_bytes > 0, 0.01 <= factor <= 10] pairs sorted by size",
+            "size_efficiency must be [size_bytes > 0, 0.01 <= factor <= 10] pairs sorted by size, "
+            "one per size",
             file=file,
             field="size_efficiency",
             value=doc.size_efficiency,

@@ -38,6 +38,18 @@ FOOTER = """\
 """
 
 
+def alpha_beta_rows(n: int = 12, alpha_us: float = 20.0, gbps: float = 40.0) -> list[str]:
+    """``n`` all_reduce rows on 4 ranks from 1 KiB doubling, timed ``alpha + bytes / rate``."""
+    rows = []
+    for k in range(n):
+        size = 1024 << k
+        t = alpha_us + size / (gbps * 1e3)
+        alg = size / t / 1e3
+        cols = f"{t:8.2f} {alg:7.2f} {alg * 1.5:7.2f}      0"
+        rows.append(f"{size:12d}  {size // 4:12d}     float     sum      -1 {cols} {cols}")
+    return rows
+
+
 def standard_log(rows: list[str] | None = None, *, start: str = "all_reduce_perf") -> str:
     """A well-formed current-layout log (4 ranks on 2 hosts)."""
     body = "\n".join(ROWS if rows is None else rows)

@@ -27,7 +27,7 @@ from collsim.errors import CalibrationError
 from collsim.model.analytic import AnalyticModel
 from collsim.model.params import DEFAULT_PARAMS, HOST_LAUNCH_S, HOST_P2P_OP_S, p2p_ops
 from collsim.model.profile import load_profile
-from tests.calibration.conftest import ROWS, standard_log
+from tests.calibration.conftest import ROWS, alpha_beta_rows, standard_log
 
 LOGS = DATA_DIR / "logs"
 
@@ -155,7 +155,8 @@ def test_ring_log_is_predicted_with_the_ring(h100):
 
 
 def test_wrong_results_are_refused_for_fitting(write, tmp_path):
-    bad = [*ROWS[:2], ROWS[2][:-1] + "3"]  # last in-place #wrong = 3
+    rows = alpha_beta_rows()
+    bad = [*rows[:-1], rows[-1][:-1] + "3"]  # last in-place #wrong = 3
     path = write(standard_log(bad))
     out = tmp_path / "p.yaml"
     args = ["calibrate", "fit", str(path), "-t", "h100-4gpu-ib", "--gpus-per-node", "2",
@@ -275,8 +276,32 @@ def test_parameters_left_at_a_bound_are_reported():
     pushes the 1 MiB size efficiency to its bound, and says so."""
     samples = [s for s in dataset_samples() if s.name.startswith("rtx6000d-spcx-roce-2n")]
     prof = fit_samples(samples)
-    assert any(
-        b.startswith("size_efficiency@1048576 = 2 (upper") for b in prof.doc.provenance.at_bounds
-    )
+    (note,) = [b for b in prof.doc.provenance.at_bounds if b.startswith("size_efficiency@1048576")]
+    assert note.endswith("(upper bound)") and float(note.split()[2]) >= 1.99
     clean = fit_samples([s for s in dataset_samples() if s.name.startswith("h100-8gpu")][:1])
     assert clean.doc.provenance.at_bounds == []
+
+
+def test_a_base_with_its_own_host_floor_is_not_counted_twice():
+    """The fit owns the host's floor; a base that has one (the uncalibrated parameters: 5 us a
+    launch, 0.4 us a point-to-point operation) used to add it under the fitted one, so the
+    superbench all-to-all's plateau came out at twice its 16 operations' cost."""
+    (s,) = [s for s in dataset_samples() if s.log.file.endswith("superbench-alltoall-1.txt")]
+    prof = fit_samples([s], base=uncalibrated_params())
+    assert prof.params().p2p_op_s == pytest.approx(HOST_P2P_OP_S)
+    sizes, measured, pred, _ = Predictor(s.topology, prof.params()).predict_log(s.log)
+    floor = 8 * (prof.doc.launch_floor_us * 1e-6 + 16 * HOST_P2P_OP_S)
+    assert pred[sizes <= 4096] == pytest.approx(floor)
+    assert np.median(np.abs(pred[sizes <= 65536] / measured[sizes <= 65536] - 1)) < 0.1
+
+
+def test_too_few_rows_to_determine_the_fit_are_refused(write, tmp_path):
+    """Three rows and eight parameters: any values fit them exactly (an in-sample 0% that means
+    nothing), so the fit says so instead of writing a profile."""
+    out = tmp_path / "p.yaml"
+    args = ["calibrate", "fit", "-t", "h100-4gpu-ib", "--gpus-per-node", "2", "-o", str(out)]
+    few = CliRunner().invoke(cli, [*args, str(write(standard_log(ROWS)))])
+    assert few.exit_code == 2 and "3 measured rows cannot determine" in few.output
+    assert not out.exists()
+    enough = CliRunner().invoke(cli, [*args, str(write(standard_log(alpha_beta_rows()), "b.txt"))])
+    assert enough.exit_code == 0, enough.output

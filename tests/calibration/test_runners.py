@@ -57,9 +57,9 @@ def test_dry_run_mpirun_and_srun_commands(tmp_path):
     assert result.exit_code == 0
     assert result.output.splitlines() == [
         "mpirun -np 16 -npernode 8 --hostfile hosts -x NCCL_DEBUG=INFO /opt/nt/all_reduce_perf "
-        "-b 8 -e 8G -f 2 -w 5 -n 20 -d float -g 1 -c 1",
+        "-b 8 -e 8589934592 -f 2 -w 5 -n 20 -d float -g 1 -c 1",
         "mpirun -np 16 -npernode 8 --hostfile hosts -x NCCL_DEBUG=INFO /opt/nt/alltoall_perf "
-        "-b 8 -e 8G -f 2 -w 5 -n 20 -d float -g 1 -c 1",
+        "-b 8 -e 8589934592 -f 2 -w 5 -n 20 -d float -g 1 -c 1",
     ]
     result = _cli(
         "calibrate",
@@ -83,19 +83,20 @@ def test_dry_run_mpirun_and_srun_commands(tmp_path):
         "--dry-run",
     )
     assert result.output.strip() == (
-        "srun -N 2 -n 8 --ntasks-per-node 4 all_gather_perf -b 8 -e 128M -f 2 -w 2 -n 50 -d half "
+        "srun -N 2 -n 8 --ntasks-per-node 4 all_gather_perf -b 8 -e 134217728 -f 2 -w 2 -n 50 "
+        "-d half "
         "-g 1 -c 1"
     )
     result = _cli(
         "calibrate", "run", "--nprocs", "4", "-c", "all", "--out", str(tmp_path / "r"), "--dry-run"
     )
     lines = result.output.splitlines()
-    assert len(lines) == 7 and lines[0].startswith("all_reduce_perf -b 8 -e 128M")
+    assert len(lines) == 7 and lines[0].startswith("all_reduce_perf -b 8 -e 134217728")
     assert lines[0].endswith("-g 4 -c 1")  # local: one process drives all GPUs
     assert not (tmp_path / "r").exists()  # a dry run writes nothing
 
 
-def test_dry_run_torch_uses_loopback_only(tmp_path):
+def test_dry_run_torch_uses_loopback_only(tmp_path, monkeypatch):
     result = _cli(
         "calibrate",
         "run",
@@ -114,6 +115,7 @@ def test_dry_run_torch_uses_loopback_only(tmp_path):
     assert argv[argv.index("--master-addr") + 1] == "127.0.0.1"
     assert argv[argv.index("--nproc-per-node") + 1] == "4"
     assert "collsim.calibration.torchbench" in argv
+    monkeypatch.setenv("MASTER_ADDR", "node0")  # several nodes: the rendezvous is not loopback
     result = _cli(
         "calibrate",
         "run",
@@ -218,7 +220,7 @@ def test_failing_or_hung_binary_is_a_clear_error(tmp_path):
         ],
     )
     assert result.exit_code == 2
-    assert "all_gather: no output for 1 s after '# nThread 1 nGpus 2': a hung collective?" in (
+    assert "all_gather: no output for 1 s after '# nThread 1 nGpus 2'; a hung collective?" in (
         result.output
     )
     assert (out / "run" / "all_gather.partial").exists()  # what it printed is kept, not used
@@ -332,3 +334,57 @@ def test_one_run_per_directory_and_resumes_measure_alike(tmp_path):
     assert _cli(*args).exit_code == 0
     other = CliRunner().invoke(cli, [*args, "-n", "3"])
     assert other.exit_code == 2 and "iters=20" in other.output
+
+
+def test_nccl_tests_failures_printed_to_stdout_are_the_reason():
+    """nccl-tests prints its failures with printf (stdout), and its '#wrong' summary too."""
+    from collsim.calibration.runners import failure_reason
+
+    out = ("# nThread 1 nGpus 1\nvm: Test NCCL failure common.cu:1005 'unhandled system error "
+           "(run with NCCL_DEBUG=INFO for details) / Connection refused'\n .. vm pid 7: Test "
+           "failure common.cu:893\n")  # fmt: skip
+    assert failure_reason("", 1, out).startswith("vm: Test NCCL failure common.cu:1005")
+    wrong = "   8  2 float sum -1  10.0 0.00 0.00  3\n# Out of bounds values : 3 FAILED\n"
+    assert failure_reason("", 1, wrong) == "Out of bounds values : 3 FAILED"
+    assert failure_reason("", 1, "# Out of bounds values : 0 OK\n") == "exit status 1"
+
+
+def test_sizes_are_passed_to_nccl_tests_as_bytes(tmp_path):
+    """nccl-tests reads 1MB as 2**20 and refuses 512B; collsim reads 1e6 and 512 (and 1M as
+    2**20, as nccl-tests)."""
+    result = _cli("calibrate", "run", "--nprocs", "2", "-c", "all_reduce", "-b", "512B",
+                  "-e", "1MB", "--out", str(tmp_path / "r"), "--dry-run")  # fmt: skip
+    assert " -b 512 -e 1000000 " in result.output
+
+
+def test_multi_node_srun_finds_the_rendezvous_or_says_how(tmp_path, monkeypatch):
+    """Ranks on other nodes cannot reach 127.0.0.1: under Slurm the first node of the
+    allocation hosts the rendezvous; outside one, MASTER_ADDR must be set."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for name, body in (("srun", "exit 0"), ("scontrol", "echo gpu-017; echo gpu-018")):
+        (fake / name).write_text(f"#!/bin/sh\n{body}\n")
+        (fake / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:/usr/bin:/bin")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    monkeypatch.delenv("SLURM_NODELIST", raising=False)
+    args = ["calibrate", "run", "--runner", "torch", "--launcher", "srun", "--nodes", "2",
+            "--nprocs", "4", "--out", str(tmp_path / "r"), "--dry-run"]  # fmt: skip
+    outside = CliRunner().invoke(cli, args)
+    assert outside.exit_code == 2 and "MASTER_ADDR" in outside.output
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu-[017-018]")
+    inside = _cli(*args)
+    assert inside.exit_code == 0 and "MASTER_ADDR=gpu-017" in inside.output
+
+
+def test_a_rerun_with_other_nodes_or_sizes_is_refused(tmp_path):
+    """A finished collective's log covers its run's size range on its nodes: a rerun into the
+    same directory with other sizes or nodes must not take it as done."""
+    bins = _fake_binaries(tmp_path / "bin", f"cat {SAMPLE}\n", names=("all_reduce",))
+    out = tmp_path / "res"
+    args = ["calibrate", "run", "--nprocs", "8", "-c", "all_reduce", "--binary-dir", str(bins),
+            "--out", str(out)]  # fmt: skip
+    assert _cli(*args).exit_code == 0
+    wider = CliRunner().invoke(cli, [*args, "-e", "8G"])
+    assert wider.exit_code == 2 and "sizes" in wider.output and "another --out" in wider.output

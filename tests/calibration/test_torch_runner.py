@@ -105,7 +105,7 @@ def test_sigterm_stops_the_run_and_keeps_what_completed(tmp_path):
         "--out",
         str(out),
     ]  # sizes up to 1 GiB: still running when stopped
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     manifest = out / "manifest.json"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -113,8 +113,9 @@ def test_sigterm_stops_the_run_and_keeps_what_completed(tmp_path):
             break
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=30)
+    _, err = proc.communicate(timeout=30)
     assert proc.returncode != 0
+    assert "stopped (143): completed points are kept" in err and "to resume" in err
     launch = (out / "run" / "torchbench.partial").read_text()
     pids = {
         int(line.split("Pid")[1].split()[0])
@@ -153,3 +154,46 @@ def test_nccl_backend_without_gpus_is_refused_up_front(tmp_path):
                                       "nccl", "--nprocs", "2", "-c", "all_reduce", "-e", "1K",
                                       "--out", str(tmp_path / "r")])  # fmt: skip
     assert result.exit_code == 2 and "needs CUDA GPUs" in result.output
+
+
+def _bench(dtype: str, n: int):
+    """A Bench for ``n`` ranks without a process group: its expected values and comparison."""
+    import torch
+
+    from collsim.calibration.torchbench import TORCH_DTYPES, Bench
+
+    bench = object.__new__(Bench)
+    bench.torch, bench.device, bench.n = torch, torch.device("cpu"), n
+    bench.dtype = getattr(torch, TORCH_DTYPES[dtype])
+    return bench
+
+
+def test_checks_wrap_integers_and_allow_rounding_of_short_floats():
+    """int8 on 16 ranks: the sum 136 wraps to -120 as the collective's own sum does (building
+    the expected value raised an overflow, reported as a hung collective); a bfloat16 sum of 25
+    ranks' values rounds at its additions (324 for 325; 336 elements of a 24-rank run were
+    counted wrong, and the fit refused the run), while a wrong value is still caught."""
+    import torch
+
+    small = _bench("int8", 16)
+    want = small.expect(4, 16 * 17 // 2)
+    assert want.tolist() == [-120] * 4
+    assert small.mismatches(want.clone(), want, 16) == 0
+    assert small.mismatches(want + 1, want, 16) == 4
+    half = _bench("bfloat16", 25)
+    got = torch.zeros(1, dtype=torch.bfloat16)
+    for r in range(25):  # summed one rank at a time, rounding at each addition
+        got = got + torch.full((1,), r + 1, dtype=torch.bfloat16)
+    want = half.expect(1, 325)
+    assert got.item() == 324 and half.mismatches(got, want, 25) == 0
+    assert half.mismatches(torch.full((1,), 200, dtype=torch.bfloat16), want, 25) == 1
+
+
+def test_a_backend_error_is_not_called_a_hang():
+    code = (
+        "from collsim.calibration.torchbench import hung\n"
+        "hung(0, 'all_reduce of 64 B', 300, 'value cannot be converted to type int8_t')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert "all_reduce of 64 B failed: value cannot be converted" in done.stderr
+    assert "within" not in done.stderr
