@@ -263,6 +263,14 @@ class WhatIf:
             first.setdefault(element_count(collective, size, elem, self.topology.n_gpus), size)
         sizes = list(first.values())
         cost = self.cost_model(model)
+        if chunk_bytes is not None and engine == "analytic" and model != "collsim":
+            raise ScheduleError(
+                "NCCL's tuning model has no pipelining chunk; --chunk-bytes applies to the des "
+                "engine and to collsim's model",
+                field="chunk_bytes",
+                value=chunk_bytes,
+            )
+        extra = {"chunk_bytes": chunk_bytes} if chunk_bytes is not None else {}
         if algorithm == "auto":
             from collsim.model.tuner import tuned_algorithms
 
@@ -303,7 +311,7 @@ class WhatIf:
                 time_s = float(
                     cost.predict(
                         collective, name, [size], elem_bytes=elem, protocol=proto,
-                        channels=channels,
+                        channels=channels, **extra,
                     )[0]
                 )  # fmt: skip
             size_out = count * elem

@@ -95,20 +95,22 @@ def _emit_steps(
     rx: np.ndarray,
     reduce: bool,
     channel: int,
+    after0: np.ndarray | None = None,
 ) -> None:
     """Emit ring steps ``steps``; fill their ids into ``ids[s]`` (shape (S,R,m,P)).
 
     At step ``s`` position ``i`` sends block ``(i - s - shift) mod m`` to position ``i + 1``; it
     depends on the transfer that brought that block to ``i`` at step ``s - 1`` (``ready[i]`` at
     step 0) and on ``rx[i + 1]`` (the receiver's buffer being ready), and follows its own send of
-    step ``s - 1`` on the connection (``after``). Steps go in batches of at most ``_BATCH_OPS``
+    step ``s - 1`` on the connection (``after``; at step 0, ``after0[i]``: the send before this
+    ring's first on that connection, if any). Steps go in batches of at most ``_BATCH_OPS``
     transfers (at least one step), in order, so op ids are those of a single batch.
     """
     per_step = max(1, int(np.prod(blk.shape)))
     span = max(1, _BATCH_OPS // per_step)
     for lo in range(steps.start, steps.stop, span):
         sub = range(lo, min(lo + span, steps.stop))
-        _emit_batch(b, blk, sub, shift, ids, bufs, ready, rx, reduce, channel)
+        _emit_batch(b, blk, sub, shift, ids, bufs, ready, rx, reduce, channel, after0)
 
 
 def _emit_batch(
@@ -122,6 +124,7 @@ def _emit_batch(
     rx: np.ndarray,
     reduce: bool,
     channel: int,
+    after0: np.ndarray | None = None,
 ) -> None:
     """One batch of :func:`_emit_steps` (the steps of ``steps``, all earlier ones emitted)."""
     src_buf, src_tab, dst_buf, dst_tab = bufs
@@ -150,6 +153,8 @@ def _emit_batch(
     if steps.start > 0 or len(steps) > 1:
         lo = 1 if steps.start == 0 else 0
         own[lo:] = ids[steps.start + lo - 1 : steps.stop - 1]
+    if steps.start == 0 and after0 is not None:
+        own[0] = after0
     recv = np.roll(rx, -1, axis=1)[None, :, :, None, :]  # rx of position i + 1
     deps = cat_deps(shape, data, recv)
     src = np.broadcast_to(blk.ranks[None, :, :, None], shape)
@@ -225,11 +230,14 @@ def ring_all_gather(
     dst_buf: str,
     channel: int,
     ready: np.ndarray | None = None,
+    after: np.ndarray | None = None,
 ) -> np.ndarray:
     """Ring all-gather: owner ``j``'s block (``own_buf`` at ``src_off``) reaches every ``dst_buf``.
 
     When the owner's copy is elsewhere (all_gather's input), the owner also copies it locally, as
-    NCCL's copySend does. Returns per position every op that wrote into it, ``(R, m, k)``.
+    NCCL's copySend does. ``after[i]``: the send its first send follows on the connection (its
+    latency overlaps that send's bytes). Returns per position every op that wrote into it,
+    ``(R, m, k)``.
     """
     nr, m, npc = blk.shape
     ready = _ready(ready, nr, m)
@@ -257,11 +265,11 @@ def ring_all_gather(
         rx = no_deps(nr, m)
         if copy:
             first = (own_buf, blk.src_off, dst_buf, blk.dst_off)
-            _emit_steps(b, blk, range(1), 0, ids, first, ready, rx, False, channel)
+            _emit_steps(b, blk, range(1), 0, ids, first, ready, rx, False, channel, after)
             if ns > 1:
                 _emit_steps(b, blk, range(1, ns), 0, ids, relay, ready, rx, False, channel)
         else:
-            _emit_steps(b, blk, range(ns), 0, ids, relay, ready, rx, False, channel)
+            _emit_steps(b, blk, range(ns), 0, ids, relay, ready, rx, False, channel, after)
         received = np.roll(ids, 1, axis=2)  # (S, R, m, P): into position i at each step
         done.append(received.transpose(1, 2, 0, 3).reshape(nr, m, ns * npc))
     if not done:
@@ -284,16 +292,21 @@ def ring_all_reduce(
     like every other), and the all-gather's first step sends each owner's reduced block straight
     from there while the owner copies it into its own ``dst_buf`` on the side -- NCCL's
     recvReduceCopySend. So the critical path is ``2(n-1)`` transfers and nothing else, and the
-    time is exactly the textbook ``2(n-1)(a + S/(nB))`` when the network is the bottleneck.
+    time is exactly the textbook ``2(n-1)(a + S/(nB))`` when the network is the bottleneck. (The
+    side copy stays off that path while the GPU copies faster than ``1/(n-1)`` of the link rate,
+    as every real GPU does; the engine would show it on a system with slower memory, the
+    analytic model leaves it out.)
     """
     acc_blk = RingBlocks(blk.ranks, blk.count, blk.src_off, blk.src_off)
     rs = ring_reduce_scatter(
         b, acc_blk, acc_buf=acc_buf, dst_buf=acc_buf, channel=channel, ready=ready
     )
-    # The all-gather's first send from position i follows i's last reduce-scatter send (the hop
-    # into i + 1) on the same connection, besides the data that completes i's block.
-    ready_ag = np.concatenate([rs, np.roll(rs, -1, axis=1)], axis=-1) if rs.shape[1] > 1 else rs
-    ag = ring_all_gather(b, blk, own_buf=acc_buf, dst_buf=dst_buf, channel=channel, ready=ready_ag)
+    # The all-gather's first send from position i needs the data that completes i's block, and
+    # follows i's last reduce-scatter send (the hop into i + 1) on the same connection: its
+    # latency overlaps that send's bytes (``after``, as every other step; not a dependency).
+    follows = np.roll(rs, -1, axis=1) if rs.shape[1] > 1 else None
+    ag = ring_all_gather(b, blk, own_buf=acc_buf, dst_buf=dst_buf, channel=channel, ready=rs,
+                         after=follows)  # fmt: skip
     return np.concatenate([rs, ag], axis=-1)
 
 

@@ -10,7 +10,8 @@ operation that changes state at that time as one numpy batch:
    receive-reduces finishing) are popped from a heap of batches;
 3. finished operations decrement their successors' dependency counters (CSR successor lists,
    ``np.subtract.at``); operations whose counters reach zero start now: network transfers
-   after their latency, copies and reductions (serialised per GPU) for their local duration;
+   after their latency, copies and reductions (serialised per GPU: they share its memory) for
+   their local duration;
 4. link shares are recomputed once (max-min fairness) if any flow came or went, for the flows
    the change can affect only (:mod:`collsim.engine.incremental`).
 
@@ -305,29 +306,28 @@ class Replay:
             if now.any():
                 instant.append(self._start_flows(flows[now], t))
             self._push(at[~now], flows[~now], _FLOW_START)
-        copies = ready[cls == COPY]
-        if copies.size:
-            at = t + prep.local_s[copies]
-            now = at <= t
-            instant.append(copies[now])
-            self._push(at[~now], copies[~now], _DONE)
-        reductions = ready[cls == LOCAL_REDUCE]
-        if reductions.size:
-            instant.append(self._reduce(reductions, t))
+        local = ready[(cls == COPY) | (cls == LOCAL_REDUCE)]
+        if local.size:
+            instant.append(self._local(local, t))
         return np.concatenate(instant) if instant else _EMPTY
 
-    def _reduce(self, ops: np.ndarray, t: float) -> np.ndarray:
-        """Local reductions: one at a time per GPU, in op order; returns those ending at ``t``."""
+    def _local(self, ops: np.ndarray, t: float) -> np.ndarray:
+        """Local copies and reductions: one at a time per GPU (each takes its memory's whole
+        bandwidth), in op order; returns those ending at ``t``."""
         rank = self.hot.src[ops]
         duration = self.prep.local_s[ops]
         if np.unique(rank).shape[0] == ops.shape[0]:
             begin = np.maximum(t, self.gpu_free_s[rank])
             end = begin + duration
-        else:
+        else:  # several on one GPU: each starts when the one before it (in op order) ends
+            order = np.argsort(rank, kind="stable")
+            r, d = rank[order], duration[order]
+            first = np.r_[True, r[1:] != r[:-1]]
+            lead = np.maximum.accumulate(np.where(first, np.arange(r.shape[0]), 0))
+            before = np.cumsum(d) - d
+            start = np.maximum(t, self.gpu_free_s[r]) + before - before[lead]
             begin, end = np.empty(ops.shape[0]), np.empty(ops.shape[0])
-            for i in range(ops.shape[0]):
-                begin[i] = max(t, self.gpu_free_s[rank[i]])
-                end[i] = self.gpu_free_s[rank[i]] = begin[i] + duration[i]
+            begin[order], end[order] = start, start + d
         self.gpu_free_s[rank] = np.maximum(self.gpu_free_s[rank], end)
         self.start_s[ops] = begin
         now = end <= t

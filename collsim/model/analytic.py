@@ -26,6 +26,7 @@ elements, and for all_gather / reduce_scatter / alltoall a multiple of the rank 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -73,13 +74,21 @@ class Structure:
     """Chunk-pipelined families (trees, chains): per-chunk fill and step lines."""
 
     def time_s(
-        self, size_bytes: np.ndarray, latency: float = 1.0, bandwidth: float = 1.0
+        self,
+        size_bytes: np.ndarray,
+        latency: float = 1.0,
+        bandwidth: float = 1.0,
+        chunk_bytes: int | None = None,
     ) -> np.ndarray:
         """Time at each (effective) size; ``latency`` scales intercepts, ``bandwidth`` divides
-        slopes (a calibration profile's link-class factors)."""
+        slopes (a calibration profile's link-class factors); ``chunk_bytes`` overrides the
+        pipeline's chunk (its per-chunk lines hold for any chunk size)."""
         load = Lines(self.load_lines.a_s * latency, self.load_lines.b_s_per_byte / bandwidth)
         if self.pipeline is not None:
-            return np.maximum(self.pipeline.time_s(size_bytes, latency, bandwidth),
+            pipe = self.pipeline
+            if chunk_bytes is not None:
+                pipe = dataclasses.replace(pipe, chunk_bytes=int(chunk_bytes))
+            return np.maximum(pipe.time_s(size_bytes, latency, bandwidth),
                               evaluate(load, size_bytes))  # fmt: skip
         lines = Lines(self.lines.a_s * latency, self.lines.b_s_per_byte / bandwidth)
         return evaluate(lines, size_bytes)
@@ -204,9 +213,11 @@ class AnalyticModel:
         protocol: str = "Simple",
         channels: int = 1,
         floor: bool = True,
+        chunk_bytes: int | None = None,
     ) -> np.ndarray:
         """Predicted time (seconds) of ``collective`` by ``algorithm`` at each size (without the
-        launch floor if ``floor`` is false: what ranks algorithms below it)."""
+        launch floor if ``floor`` is false: what ranks algorithms below it); ``chunk_bytes``:
+        the pipelining chunk of trees and chains (default the schedules' own)."""
         sizes = np.atleast_1d(np.asarray(sizes_bytes))
         if sizes.size and (sizes.min() < 0):
             raise ScheduleError("sizes must not be negative", field="sizes", value=int(sizes.min()))
@@ -214,7 +225,7 @@ class AnalyticModel:
         eff = effective_bytes(collective, sizes, elem_bytes, self.nranks)
         scaled = eff / self.params.size_factor(eff) if self.params.size_factors else eff
         p = self.params
-        t = np.where(eff == 0, 0.0, p.base_latency_s + st.time_s(scaled))  # empty: no launch
+        t = np.where(eff == 0, 0.0, p.base_latency_s + st.time_s(scaled, chunk_bytes=chunk_bytes))
         return under_floor(t, self.floor_s(collective)) if floor else t
 
     def floor_s(self, collective: str) -> float:
