@@ -88,7 +88,9 @@ def run_options(func: Callable[..., Any]) -> Callable[..., Any]:
             show_default=True,
         ),
         click.option(
-            "--chunk-bytes", default=None, help="Pipelining chunk for tree/chain algorithms."
+            "--chunk-bytes",
+            default=None,
+            help="Pipelining chunk for tree/chain algorithms (default 512K, NCCL Simple's step).",
         ),
     ]
     for option in reversed(options):

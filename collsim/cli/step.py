@@ -16,7 +16,11 @@ from collsim.io import figure_format
 
 # Options the three commands share (one definition each).
 _WORKLOAD = click.option(
-    "--workload", "-w", required=True, metavar="NAME|PATH", help="Workload file."
+    "--workload",
+    "-w",
+    required=True,
+    metavar="NAME|PATH",
+    help="Workload file, or a bundled name (workloads/).",
 )
 _TOPOLOGY = click.option(
     "--topology", "-t", required=True, metavar="NAME|PATH", help="Catalog name or file."
@@ -86,15 +90,25 @@ def load_profile(path: str | None) -> tuple[Any, float | None]:
     return params, (float(eff) if eff is not None else None)
 
 
-def _setup(workload: str, topology: str, nodes: int | None, engine: str, profile: str | None):  # type: ignore[no-untyped-def]
+def _setup(  # type: ignore[no-untyped-def]
+    workload: str,
+    topology: str,
+    nodes: int | None,
+    engine: str,
+    profile: str | None,
+    faults: tuple[str, ...] | None = None,
+    quiet: bool = False,
+):
     from collsim.analysis.comm import make_timer
     from collsim.analysis.step import StepModel
     from collsim.analysis.workload import load_workload
     from collsim.topology.loader import load_topology
 
     w = load_workload(workload)
-    topo = load_topology(topology, nodes=nodes, faults=context_faults())
-    if topo.faults:
+    topo = load_topology(
+        topology, nodes=nodes, faults=context_faults() if faults is None else faults
+    )
+    if topo.faults and not quiet:
         click.echo(f"# faults: {'; '.join(topo.faults)}")
     params, eff = load_profile(profile)
     timed_on = topo
@@ -102,11 +116,11 @@ def _setup(workload: str, topology: str, nodes: int | None, engine: str, profile
         from collsim.model.profile import load_profile as read_fitted
 
         fitted = read_fitted(profile)  # type: ignore[arg-type]
-        for note in fitted.check_topology(topo):
+        for note in fitted.check_topology(topo) if not quiet else ():
             click.echo(f"# note: {note}")
         if engine == "des":  # the engine sees the calibrated links (the model its parameters)
             timed_on = fitted.apply_to_topology(topo)
-    elif params is not None and engine == "des":
+    elif params is not None and engine == "des" and not quiet:
         click.echo("# note: the des engine times the topology's own links; the profile's model "
                    "parameters steer only its algorithm choices")  # fmt: skip
     model = StepModel(topo, make_timer(engine, timed_on, params=params), eff)
@@ -181,7 +195,12 @@ def _elastic_step(model: Any, w: Any, result: Any, gpus_per_node: int):  # type:
 @_ENGINE
 @_PROFILE
 @_EFF
-@click.option("--measured", type=click.Path(dir_okay=False), help="CSV of measured step times.")
+@click.option(
+    "--measured",
+    type=click.Path(dir_okay=False),
+    help="Measured step times (seconds): a CSV with a step_time_s column, or one number per line; "
+    "their mean is compared with the prediction.",
+)
 @_JSON
 @fault_meta_option
 def step(
@@ -248,7 +267,11 @@ def step(
 @_ENGINE
 @_PROFILE
 @_EFF
-@click.option("--plot", type=click.Path(dir_okay=False), help="Write the scaling plot (PNG).")
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False),
+    help="Write the scaling plot (PNG or SVG, by suffix).",
+)
 @_JSON
 @fault_meta_option
 def scale(
@@ -281,13 +304,36 @@ def scale(
         raise CollsimError("node counts must be >= 1", field="--nodes", value=node_list)
     w, topo, model, _, _ = _setup(workload, topology, max(counts), engine, profile)
     model.force_efficiency = efficiency
-    curve, results, skipped = scale_workload(model, w, counts, mode)
+    faults = context_faults()
+
+    def model_at(nodes: int) -> Any:
+        """The system of ``nodes`` nodes with the faults whose target it has (a GPU of node 3
+        does not slow a 2-node point)."""
+        if not faults or nodes == max(counts):
+            return model
+        from collsim.topology.loader import load_topology
+
+        kept = []
+        for fault in faults:
+            try:
+                load_topology(topology, nodes=nodes, faults=(fault,))
+            except CollsimError:  # its target is beyond this size (checked at the largest)
+                click.echo(f"# note: {nodes} node(s): fault '{fault}' does not apply")
+                continue
+            kept.append(fault)
+        at = _setup(workload, topology, nodes, engine, profile, tuple(kept), quiet=True)[2]
+        at.force_efficiency = efficiency
+        return at
+
+    curve, results, skipped = scale_workload(model, w, counts, mode, model_at=model_at)
     click.echo(scaling_report(curve, results, skipped))
     if plot:
         plot_scaling(curve, plot, title=f"{w.name} on {topo.name} ({mode} scaling)")
         click.echo(f"# wrote {plot}")
     if json_file:
         data = curve.as_json() | {"workload": w.name, "topology": topo.name, "skipped": skipped}
+        if topo.faults:
+            data["faults"] = list(topo.faults)
         from collsim.analysis.step import BREAKDOWN_KEYS
 
         by_gpus = {r.n_gpus: r for r in results}  # what the printed table also shows
@@ -312,7 +358,9 @@ def scale(
 @click.option(
     "--top", type=click.IntRange(min=1), default=20, show_default=True, help="Rows to print."
 )
-@click.option("--plot", type=click.Path(dir_okay=False), help="Write the Pareto plot (PNG).")
+@click.option(
+    "--plot", type=click.Path(dir_okay=False), help="Write the Pareto plot (PNG or SVG, by suffix)."
+)
 @_JSON
 def plan(
     workload: str,

@@ -40,8 +40,8 @@ def tune(
     Every candidate is costed with the analytic model (--model collsim) or NCCL's own tuning
     model (--model nccl) at every size, as NCCL's tuner does; the speed-up is over the default
     algorithm (ring for all_reduce/all_gather/reduce_scatter) with Simple on one channel.
-    LL128 is a candidate only where NCCL enables it by default (NVLink, compute capability
-    7.0/8.0/9.0).
+    LL128 is a candidate only where NCCL enables it by default (NVLink-class links: NVLink,
+    xGMI, ICI; compute capability 7.0/8.0/9.0).
     """
     from collsim import units
     from collsim.io import atomic_write_text

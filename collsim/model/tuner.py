@@ -147,6 +147,15 @@ class Tuner:
         """Evaluate every candidate at every size and keep the fastest per size."""
         sizes = np.asarray(sizes_bytes, dtype=np.int64)
         algos = algorithms if algorithms is not None else self.model.candidates(collective)
+        from collsim.model.nccl import NcclModel
+
+        if not algos and isinstance(self.model, NcclModel):
+            raise ScheduleError(
+                f"NCCL's tuning model has no estimate for {collective} (NCCL runs it as "
+                "point-to-point sends, outside its tuner); use --model collsim",
+                field="model",
+                value="nccl",
+            )
         choices: list[Choice] = []
         rows: list[np.ndarray] = []
         first_error: ScheduleError | None = None

@@ -18,6 +18,7 @@ import html
 import math
 import os
 import re
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -299,10 +300,11 @@ def _measured_section(coll: list[dict[str, str]], measured: list[dict[str, str]]
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     errs = sorted(abs(p[1] - p[0]) / p[0] for p in pairs if p[0] > 0)
+    median = statistics.median(errs) if errs else 0.0
     blocks.append(("img", _save(fig, folder, "predicted-vs-measured.png"), "predicted vs measured"))
     if errs:
         blocks.append(("p", f"{len(pairs)} matched points; median |error| "
-                            f"{errs[len(errs) // 2]:.1%}, max {errs[-1]:.1%}."))  # fmt: skip
+                            f"{median:.1%}, max {errs[-1]:.1%}."))  # fmt: skip
     return blocks
 
 

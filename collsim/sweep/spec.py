@@ -4,7 +4,7 @@ A spec (``collsim sweep SPEC.yaml``)::
 
     name: h100-vs-b200            # optional, names the report
     topologies: [dgx-h100, hgx-b200]   # catalog names or files
-    nodes: [1, 2, 4, 8]           # optional; default: each topology's own node count
+    nodes: [2, 4, 8]              # optional; default: each topology's own node count
     collectives: [all_reduce, all_gather]
     algorithms: [all]             # all (every algorithm the system can run), auto (the tuner's
                                   # pick per size) or names; a name applies where it exists
@@ -16,10 +16,11 @@ A spec (``collsim sweep SPEC.yaml``)::
     channels: 1
     faults:                       # optional: what-if scenarios (docs/faults.md), each a list
       - []                        #   of --fault texts; [] is the healthy system (the default)
-      - [nic:n1.nic0:bw=0.25]
+      - [nic:n1.nic0:bw=0.25]     #   (a fault's target must exist at every node count)
     steps:                        # optional: training step times
       workloads: [gpt3-175b]
       layouts: [{tp: 8, pp: 8}, {tp: 8, pp: 16}]   # optional; default: each workload's own
+      efficiency: 0.5             # optional: GEMM efficiency (default: the workload's own)
 
 A point is one (topology, nodes, engine, collective, algorithm, size) or one (topology, nodes,
 engine, workload, layout). Points are grouped into tasks that share a topology (one ``WhatIf`` /

@@ -61,3 +61,13 @@ def test_doc_template_and_explicit_pair_are_the_same_system():
     a, b = loaded["pair-template"], loaded["pair-explicit"]
     assert sorted(a.devices, key=str) == sorted(b.devices, key=str)
     assert sorted(a.links, key=str) == sorted(b.links, key=str)
+
+
+def test_the_catalog_table_lists_every_system():
+    from pathlib import Path
+
+    from collsim.topology.loader import catalog_names
+
+    table = (Path(__file__).resolve().parents[2] / "topologies" / "README.md").read_text()
+    missing = [name for name in catalog_names() if f"| `{name}` |" not in table]
+    assert not missing, f"topologies/README.md lacks {missing}"
