@@ -290,7 +290,8 @@ def preamble(torch: Any, dist: Any, args: argparse.Namespace, name: str, device:
     lines += [f"# env {k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")]
     lines += [
         f"# Collective test starting: {name}_perf",
-        f"# nThread 1 nGpus 1 minBytes {args.sizes[0]} maxBytes {args.sizes[-1]} step: "
+        f"# nThread 1 nGpus 1 minBytes {args.sizes[0]} maxBytes {units.parse_size(args.maxbytes)} "
+        f"step: "
         f"{args.stepfactor:g}(factor) warmup iters: {args.warmup} iters: {args.iters} agg iters: 1 "
         f"validation: {int(args.check)} graph: 0",
         "#",

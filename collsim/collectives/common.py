@@ -68,10 +68,17 @@ class BuildSpec:
                 yield c, int(offs[c]), int(cnts[c])
 
     def chunks(self, offset: int, count: int, max_chunks: int = MAX_CHUNKS) -> np.ndarray:
-        """Pipeline chunk boundaries (K+1 absolute offsets) of ``count`` elements at ``offset``."""
+        """Pipeline chunk boundaries (K+1 absolute offsets) of ``count`` elements at ``offset``.
+
+        Whole ``chunk_bytes`` chunks and the remainder last, as NCCL cuts a buffer (so 64 bytes
+        more than one chunk adds a 64-byte chunk, not two half-size ones: time never falls as
+        the size grows); more than ``max_chunks`` of them: ``max_chunks`` equal, larger ones."""
         per_chunk = max(1, self.chunk_bytes // self.elem_bytes)
-        k = max(1, min(max_chunks, -(-count // per_chunk)))
-        return offset + split_bounds(count, k)
+        k = max(1, -(-count // per_chunk))
+        if k > max_chunks:
+            return offset + split_bounds(count, max_chunks)
+        bounds = np.minimum(np.arange(k + 1, dtype=np.int64) * per_chunk, count)
+        return offset + bounds
 
     def finish(self, builder: ScheduleBuilder, **meta: Any) -> Schedule:
         """Freeze ``builder`` into this request's Schedule."""

@@ -114,13 +114,28 @@ class Pipeline:
     def time_s(
         self, size_bytes: np.ndarray, latency: float = 1.0, bandwidth: float = 1.0
     ) -> np.ndarray:
-        """Time at each size; ``latency`` scales intercepts and ``bandwidth`` divides slopes."""
+        """Time at each size; ``latency`` scales intercepts and ``bandwidth`` divides slopes.
+
+        ``k`` chunks as ``BuildSpec.chunks`` cuts them: whole chunks and a remainder, the first
+        fills the pipeline and each later one adds a step at its own size; above ``max_chunks``,
+        that many equal ones. (``fill`` and ``step`` take the collective size whose chunk is
+        timed: a chunk of ``c`` bytes per stream is the chunk of a ``c x streams`` collective.)"""
         size = np.asarray(size_bytes, dtype=np.float64)
-        k = self.chunks(size)
-        x = size / k
+        per_stream = size / self.streams
+        whole = np.maximum(1.0, np.ceil(per_stream / self.chunk_bytes))
+        k = np.minimum(whole, self.max_chunks)
         fill = Lines(self.fill.a_s * latency, self.fill.b_s_per_byte / bandwidth)
         step = Lines(self.step.a_s * latency, self.step.b_s_per_byte / bandwidth)
-        return evaluate(fill, x) + (k - 1.0) * evaluate(step, x)
+        x = size / k
+        equal = evaluate(fill, x) + (k - 1.0) * evaluate(step, x)
+        c = float(self.chunk_bytes * self.streams)
+        rest = np.maximum(size - (whole - 1.0) * c, 0.0)
+        cut = (
+            evaluate(fill, np.full_like(size, c))
+            + np.maximum(whole - 2.0, 0.0) * evaluate(step, np.full_like(size, c))
+            + evaluate(step, rest)
+        )
+        return np.where((whole > self.max_chunks) | (whole <= 1.0), equal, cut)
 
 
 def tree_family(

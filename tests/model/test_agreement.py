@@ -1,10 +1,13 @@
 """The analytic model agrees with the discrete-event engine wherever nothing contends dynamically.
 
-Every catalog system x collective x algorithm it can run, at 1 KiB and 64 MiB (Simple, one
-channel): |model - engine| / engine <= 1%. The exceptions are listed, with their measured gaps,
-in ``agreement_exceptions.json`` (written by ``benchmarks/analytic_agreement.py``, explained in
-``reports/analytic_agreement.md``); each must be a case the engine had to replay with flows
-sharing links (dynamic contention), and must not drift more than 1% beyond its recorded gap.
+Every catalog system x collective x algorithm it can run, at 1 KiB, 4 MiB and 64 MiB (Simple,
+one channel): |model - engine| / engine <= 1%. The exceptions are listed, with their measured
+gaps, in ``agreement_exceptions.json`` (written by ``benchmarks/analytic_agreement.py``,
+explained in ``reports/analytic_agreement.md``), and must not drift more than 1% beyond their
+recorded gap. Each is either ``contended``, a case the engine had to replay with flows sharing
+links (dynamic contention), or a ``partly_filled`` pipeline: a tree or chain whose few chunks
+never keep two edges that share a link busy at once, where the model prices its steady state
+(every edge busy together).
 """
 
 import json
@@ -16,15 +19,16 @@ from collsim.errors import ScheduleError
 from collsim.topology.loader import catalog_names, load_topology
 from collsim.whatif import WhatIf
 
-SIZES = (1024, 64 << 20)
+SIZES = (1024, 4 << 20, 64 << 20)
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "alltoall",
                "sendrecv")  # fmt: skip
 SLOW = {("tpu-v4-torus", "direct")}
 """Engine cases too slow for the default run (many multi-hop flows finishing at different times);
 their large size runs under ``make test-slow``."""
-EXCEPTIONS: dict[str, float] = json.loads(
+RECORDED: dict[str, dict[str, float]] = json.loads(
     (Path(__file__).with_name("agreement_exceptions.json")).read_text()
 )
+EXCEPTIONS = {**RECORDED["contended"], **RECORDED["partly_filled"]}
 
 
 def _check(name: str, slow: bool) -> None:
@@ -47,7 +51,12 @@ def _check(name: str, slow: bool) -> None:
                 key = f"{name}/{coll}/{algo}/{size}"
                 if key in EXCEPTIONS:
                     path = (getattr(sim, "meta", None) or {}).get("engine_path", "replay")
-                    if path != "replay" or abs(gap) > abs(EXCEPTIONS[key]) + 0.01:
+                    kind_ok = (
+                        (path == "replay")
+                        if key in RECORDED["contended"]
+                        else (algo in ("tree", "chain") and size < SIZES[-1])
+                    )
+                    if not kind_ok or abs(gap) > abs(EXCEPTIONS[key]) + 0.01:
                         problems.append(f"{key}: gap {gap:+.2%} (recorded {EXCEPTIONS[key]:+.2%},"
                                         f" engine path {path})")  # fmt: skip
                 elif abs(gap) > 0.01:
