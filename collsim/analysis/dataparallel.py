@@ -71,11 +71,13 @@ def data_parallel(
     algo: str,
     tensors: list[list[float]] | None = None,
     expert_params_gpu: float = 0.0,
+    expert_tails: list[int] | None = None,
 ) -> tuple[float, float, dict[str, Any]]:
     """Exposed data-parallel time, compression time and details (bytes moved per GPU).
     ``tensors``: the parameter tensors per layer of the stage (ZeRO-3, :mod:`.zero3`);
     ``expert_params_gpu``: the part of ``params_gpu`` that is experts (reduced over
-    ``groups.dp_expert``)."""
+    ``groups.dp_expert``); ``expert_tails``: ZeRO-3's expert tensors per layer
+    (:func:`collsim.analysis.zero3.expert_tails`)."""
     detail: dict[str, Any] = {}
     if lay.dp <= 1:
         return 0.0, 0.0, {"dp_bytes_per_gpu": 0.0}
@@ -86,17 +88,23 @@ def data_parallel(
     # ZeRO-3's weight all-gathers are needed by every pass, whatever the sync period.
     gathers = gathered = 0.0
     if lay.zero >= 3:
-        gathers, reduces, detail = zero3(coll, w, lay, groups, tensors or [], crit, m, algo)
-        share = (lay.dp - 1) / lay.dp
-        gathered = m * share * 2 * params_gpu * DTYPE_BYTES[w.value_dtype]
-        moved = m * share * params_gpu * DTYPE_BYTES[w.grad_dtype] / max(ratio, 1.0)
+        gathers, reduces, detail = zero3(coll, w, lay, groups, tensors or [], crit, m, algo,
+                                         expert_tails)  # fmt: skip
+        # Bytes each GPU sends: dense parameters over all DP, experts' among their holders.
+        holders = len(groups.dp_expert)
+        spread = (params_gpu - expert_params_gpu) * (lay.dp - 1) / lay.dp
+        spread += expert_params_gpu * (holders - 1) / holders
+        gathered = m * 2 * spread * DTYPE_BYTES[w.value_dtype]
+        moved = m * spread * DTYPE_BYTES[w.grad_dtype] / max(ratio, 1.0)
     else:
-        reduces, moved = 0.0, 0.0
-        parts = ((params_gpu - expert_params_gpu, groups.dp), (expert_params_gpu, groups.dp_expert))
-        for params, group in parts:
-            time_s, part_bytes = _reduce_and_gather(coll, w, lay, params, group, crit, m, algo)
-            reduces += time_s
-            moved += part_bytes
+        # Dense gradients over the DP group, experts' over the GPUs holding the same experts;
+        # both are reduced in the same backward, so they share its window for overlap.
+        found = [_reduce_and_gather(coll, w, lay, params, group, m, algo)
+                 for params, group in ((params_gpu - expert_params_gpu, groups.dp),
+                                       (expert_params_gpu, groups.dp_expert))]  # fmt: skip
+        total, buckets, gathers, moved = (sum(x) for x in zip(*found, strict=True))
+        one = overlapped_buckets(total, int(buckets), crit["bwd"]) if tr.dp_overlap else total
+        reduces = (m if lay.zero == 2 else 1) * one + gathers
     if tr.sync.mode == "local_sgd":
         reduces /= tr.sync.period
         codec /= tr.sync.period
@@ -113,11 +121,12 @@ def _reduce_and_gather(
     lay: Layout,
     params: float,
     group: list[str],
-    crit: dict[str, float],
     m: int,
     algo: str,
-) -> tuple[float, float]:
-    """ZeRO 0-2 over ``group``: exposed time and bytes each GPU sends for ``params`` of it.
+) -> tuple[float, float, float, float]:
+    """ZeRO 0-2 over ``group`` for ``params`` of it: one backward's gradient reduction (seconds,
+    in buckets when it may overlap), its bucket count, the weight all-gather (seconds), and the
+    bytes each GPU sends in a step.
 
     Stage 0 all-reduces the gradients once a step, in buckets that may overlap the last
     backward. Stages 1-2 reduce-scatter them and all-gather the updated weights; stage 2 holds
@@ -125,21 +134,17 @@ def _reduce_and_gather(
     (each overlapping its own backward)."""
     n = len(group)
     if n <= 1 or params <= 0:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0
     tr = w.training
     grad_bytes = params * DTYPE_BYTES[w.grad_dtype] / max(tr.compression.ratio, 1.0)
     share = (n - 1) / n
     reduce = "all_reduce" if lay.zero == 0 else "reduce_scatter"
-    if tr.dp_overlap:
-        nb = max(1, math.ceil(grad_bytes / max(tr.bucket, 1)))
-        total = nb * coll(reduce, group, grad_bytes / nb, algo)
-        one = overlapped_buckets(total, nb, crit["bwd"])
-    else:
-        one = coll(reduce, group, grad_bytes, algo)
+    nb = max(1, math.ceil(grad_bytes / max(tr.bucket, 1))) if tr.dp_overlap else 1
+    total = nb * coll(reduce, group, grad_bytes / nb, algo)
     rounds = m if lay.zero == 2 else 1
-    exposed = rounds * one
     moved = rounds * share * grad_bytes * (2 if lay.zero == 0 else 1)
+    gather = 0.0
     if lay.zero >= 1:
-        exposed += coll("all_gather", group, params * DTYPE_BYTES[w.value_dtype], algo)
+        gather = coll("all_gather", group, params * DTYPE_BYTES[w.value_dtype], algo)
         moved += share * params * DTYPE_BYTES[w.value_dtype]
-    return exposed, moved
+    return total, float(nb), gather, moved

@@ -253,7 +253,7 @@ def memory_per_gpu(
         grads = min(grads + unit * grad_elem, params_per_gpu * grad_elem)
     optim = sharded(OPTIMIZER_STATE_BYTES[w.training.optimizer], 1)
     p, m, v = layout.pp, layout.m, layout.v
-    if layout.schedule == "gpipe":
+    if layout.schedule == "gpipe" and p > 1:  # without a pipeline, one micro-batch at a time
         in_flight = stage_layers * m
     elif v > 1:
         in_flight = stage_layers * p * (1 + (p - 1) / (p * v))

@@ -63,7 +63,7 @@ from collsim.analysis.transformer import (
     model_flops_per_sample,
 )
 from collsim.analysis.workload import DTYPE_BYTES, PEAK_KEY, WorkloadError, WorkloadIn
-from collsim.analysis.zero3 import stage_tensors
+from collsim.analysis.zero3 import expert_tails, stage_tensors
 from collsim.topology.spec import Topology
 
 DEFAULT_EFFICIENCY = 0.67
@@ -232,9 +232,10 @@ class StepModel:
         fullest = max(range(lay.pp), key=lambda i: stages[i]["params"])
         params_gpu = stages[fullest]["params"]
         tensors = stage_tensors(w, lay, fullest, ranges[fullest]) if lay.zero >= 3 else None
+        tails = expert_tails(w, lay, fullest, ranges[fullest]) if lay.zero >= 3 else None
         dp_comm, compression, dp_detail = data_parallel(
             self._coll, w, lay, groups, params_gpu, crit, m, algo, tensors,
-            expert_params_gpu=stages[fullest]["expert_params"],
+            expert_params_gpu=stages[fullest]["expert_params"], expert_tails=tails,
         )  # fmt: skip
         local_params = sharded_params(lay, params_gpu, stages[fullest]["expert_params"], 1)
         optimizer = local_params * OPTIMIZER_BYTES[w.training.optimizer] / mem_bw

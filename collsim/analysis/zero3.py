@@ -68,6 +68,19 @@ def transformer_tensors(w: WorkloadIn, tp: int, ep: int, moe: bool) -> list[floa
     return [float(x) / tp for x in out]
 
 
+def expert_tails(w: WorkloadIn, lay: Layout, index: int, layers: range) -> list[int]:
+    """Per layer of :func:`stage_tensors`, how many of its last tensors are experts' (the MLP of
+    an MoE layer): those are sharded, gathered and reduced among the GPUs holding the same
+    experts (DeepSpeed-MoE's expert-data-parallel group), the rest over all data parallelism."""
+    m = w.model
+    if m.kind == "generic":
+        return [0 for _ in layers]
+    mlp = 5 if m.gated_mlp else 4
+    tails = [mlp if is_moe_layer(m, i) and m.experts is not None else 0 for i in layers]
+    has_embed = index == 0 or (index == lay.pp - 1 and (lay.pp > 1 or not m.tied_embeddings))
+    return [*tails, 0] if has_embed else tails
+
+
 def stage_tensors(w: WorkloadIn, lay: Layout, index: int, layers: range) -> list[list[float]]:
     """Parameter tensors (elements per TP rank) of pipeline stage ``index``, one list per layer,
     with the embeddings as a layer of their own on the first / last stage."""
@@ -114,6 +127,11 @@ class LayerComm:
     rs_copies: float = 0.0
     """The same for the reduce-scatters (list inputs flattened)."""
 
+    def plus(self, other: LayerComm) -> LayerComm:
+        """Both groups' collectives of one layer (issued one after the other)."""
+        mine, theirs = dataclasses.astuple(self), dataclasses.astuple(other)
+        return LayerComm(*(a + b for a, b in zip(mine, theirs, strict=True)))
+
 
 def layer_comm(
     coll: Coll, dp: list[str], w: WorkloadIn, tensors: list[float], algo: str
@@ -121,6 +139,8 @@ def layer_comm(
     """Time one layer's all-gathers (per tensor, or one flat unit with FSDP) and its gradient
     reduce-scatters on the data-parallel group ``dp``."""
     tr = w.training
+    if not tensors:
+        return LayerComm(0.0, 0.0, 0.0)
     elem = DTYPE_BYTES[w.value_dtype]
     gelem = DTYPE_BYTES[w.grad_dtype] / tr.compression.ratio
     if w.parallel.fsdp:
@@ -162,20 +182,26 @@ def zero3(
     crit: dict[str, float],
     m: int,
     algo: str,
+    tails: list[int] | None = None,
 ) -> tuple[float, float, dict[str, Any]]:
     """Exposed ZeRO-3 seconds of one step (``m`` micro-batches): the weight gathers' and what
     the gradients' reduce-scatters add to them; and details. ``tensors``: the stage's parameter
-    tensors per layer; ``crit``: its per-micro-batch compute (``fwd``, ``bwd``, ``layers``),
-    spread evenly over its transformer layers."""
+    tensors per layer, the last ``tails[i]`` of layer ``i`` experts' (:func:`expert_tails`:
+    over ``groups.dp_expert``); ``crit``: its per-micro-batch compute (``fwd``, ``bwd``,
+    ``layers``), spread evenly over its transformer layers."""
     n_layers = max(1.0, crit["layers"])
     fwd_l, bwd_l = crit["fwd"] / n_layers, crit["bwd"] / n_layers
     exposed = gathers = total = 0.0
     calls = 0
     cache: dict[tuple[float, ...], LayerComm] = {}
     for i, layer in enumerate(tensors):
-        key = tuple(layer)
+        tail = tails[i] if tails else 0
+        key = (*layer, tail)
         if key not in cache:
-            cache[key] = layer_comm(coll, groups.dp, w, layer, algo)
+            dense, experts = layer[: len(layer) - tail], layer[len(layer) - tail :]
+            cache[key] = layer_comm(coll, groups.dp, w, dense, algo)
+            if experts and len(groups.dp_expert) > 1:
+                cache[key] = cache[key].plus(layer_comm(coll, groups.dp_expert, w, experts, algo))
         c = cache[key]
         # The embeddings' pseudo-layer has no compute of its own to hide behind.
         f, b = (fwd_l, bwd_l) if i < crit["layers"] else (0.0, 0.0)
@@ -183,7 +209,10 @@ def zero3(
         no_rs = dataclasses.replace(c, reduce_scatter=0.0, rs_copies=0.0)
         gathers += exposed_per_layer(no_rs, f, b, w.training.dp_overlap)
         total += exposed_per_layer(c, 0.0, 0.0, False)
-        calls += 2 * (1 if w.parallel.fsdp else len(layer))
+        parts = [layer[: len(layer) - tail]]
+        if tail and len(groups.dp_expert) > 1:
+            parts.append(layer[len(layer) - tail :])
+        calls += sum(2 * (1 if w.parallel.fsdp else len(p)) for p in parts if p)
     return (
         m * gathers,
         m * (exposed - gathers),

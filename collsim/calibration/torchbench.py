@@ -188,23 +188,37 @@ class Bench:
         torch = self.torch
         return torch.full((numel,), value, dtype=torch.int64, device=self.device).to(self.dtype)
 
-    def mismatches(self, got: Any, want: Any, terms: int = 1) -> int:
-        """Elements of ``got`` that differ from ``want`` by more than rounding allows: a sum of
-        ``terms`` values in a floating type may round at each of its ``terms - 1`` additions
-        (relative error up to ``(terms - 1) eps``); integer types must match exactly."""
+    def exact_below(self) -> float:
+        """Integers up to this are exact in the type (and so are sums that stay below it)."""
         torch = self.torch
-        if not self.dtype.is_floating_point or terms <= 1:
+        if not self.dtype.is_floating_point:
+            return float("inf")  # integer sums wrap, identically on both sides
+        return 2.0 / torch.finfo(self.dtype).eps  # 2 ** (mantissa bits + 1)
+
+    def addend(self, r: int) -> int:
+        """What rank ``r`` contributes to a checked sum: ``r + 1``, or 1 where the sum of
+        ``1..n`` would leave the type's exact integers (bf16 above 22 ranks) and ``n`` would not,
+        so the check stays exact and a missing rank is still caught."""
+        n = self.n
+        return r + 1 if n * (n + 1) // 2 <= self.exact_below() or n > self.exact_below() else 1
+
+    def mismatches(self, got: Any, want: Any, terms: int = 1) -> int:
+        """Elements of ``got`` that differ from ``want``: exactly, or, for a floating sum past the
+        type's exact integers, by more than its ``terms - 1`` additions may round (``(terms - 1)
+        u |want|``, ``u`` the unit roundoff)."""
+        torch = self.torch
+        if terms <= 1 or float(want.double().abs().max()) <= self.exact_below():
             return int((got != want).sum().item())
-        eps = torch.finfo(self.dtype).eps
-        tol = (terms - 1) * eps * want.double().abs()
+        tol = (terms - 1) * torch.finfo(self.dtype).eps / 2 * want.double().abs()
         return int(((got.double() - want.double()).abs() > tol).sum().item())
 
     def wrong(self, in_place: bool) -> int:
-        """Run once on known inputs (rank r holds r+1) and count the wrong elements."""
+        """Run once on known inputs (rank r holds :meth:`addend`, r+1 where exact) and count the
+        wrong elements."""
         torch, d, n, r, per = self.torch, self.dist, self.n, self.rank, self.per
-        total = n * (n + 1) // 2
+        total = sum(self.addend(k) for k in range(n))
         if self.name in ("all_reduce", "broadcast", "reduce"):
-            buf = self.expect(per, r + 1)
+            buf = self.expect(per, self.addend(r) if self.name != "broadcast" else r + 1)
             {
                 "all_reduce": d.all_reduce,
                 "broadcast": lambda b: d.broadcast(b, 0),
@@ -222,7 +236,7 @@ class Bench:
             got = out
             want = torch.arange(1, n + 1, device=self.device).repeat_interleave(per).to(self.dtype)
         elif self.name == "reduce_scatter":
-            inp = self.expect(per * n, r + 1)
+            inp = self.expect(per * n, self.addend(r))
             out = inp[r * per : (r + 1) * per] if in_place else self.buf(per)
             (getattr(d, "reduce_scatter_single", None) or d.reduce_scatter_tensor)(out, inp)
             return self.mismatches(out, self.expect(per, total), n)

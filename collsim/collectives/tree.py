@@ -259,10 +259,11 @@ def tree_broadcast(
     nk, n = off.shape[0], tree.parent.shape[0]
     ready = np.full((nk, 0), -1) if ready is None else np.asarray(ready).reshape(nk, -1)
     root = tree.root
-    if copy_root:
+    if copy_root:  # chunk by chunk, each after the one before (one GPU's memory copies them)
+        before = np.r_[-1, len(b) + np.arange(nk - 1)][:, None]
         self_copy(
-            b, np.full(nk, root), cnt[:, 0], src_buf, off[:, 0], "output", off[:, 0], ready,
-            channel,
+            b, np.full(nk, root), cnt[:, 0], src_buf, off[:, 0], "output", off[:, 0],
+            np.concatenate([ready, before], axis=1), channel,
         )  # fmt: skip
     down = np.full((nk, n), -1, dtype=np.int64)
     for d in range(1, len(tree.levels)):

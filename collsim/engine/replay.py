@@ -10,8 +10,8 @@ operation that changes state at that time as one numpy batch:
    receive-reduces finishing) are popped from a heap of batches;
 3. finished operations decrement their successors' dependency counters (CSR successor lists,
    ``np.subtract.at``); operations whose counters reach zero start now: network transfers
-   after their latency, copies and reductions (serialised per GPU: they share its memory) for
-   their local duration;
+   after their latency, copies and reductions (reductions serialised per GPU) for their local
+   duration (a schedule orders copies that must not overlap, e.g. a broadcast root's chunks);
 4. link shares are recomputed once (max-min fairness) if any flow came or went, for the flows
    the change can affect only (:mod:`collsim.engine.incremental`).
 
@@ -306,14 +306,19 @@ class Replay:
             if now.any():
                 instant.append(self._start_flows(flows[now], t))
             self._push(at[~now], flows[~now], _FLOW_START)
-        local = ready[(cls == COPY) | (cls == LOCAL_REDUCE)]
-        if local.size:
-            instant.append(self._local(local, t))
+        copies = ready[cls == COPY]
+        if copies.size:
+            at = t + prep.local_s[copies]
+            now = at <= t
+            instant.append(copies[now])
+            self._push(at[~now], copies[~now], _DONE)
+        reductions = ready[cls == LOCAL_REDUCE]
+        if reductions.size:
+            instant.append(self._reduce(reductions, t))
         return np.concatenate(instant) if instant else _EMPTY
 
-    def _local(self, ops: np.ndarray, t: float) -> np.ndarray:
-        """Local copies and reductions: one at a time per GPU (each takes its memory's whole
-        bandwidth), in op order; returns those ending at ``t``."""
+    def _reduce(self, ops: np.ndarray, t: float) -> np.ndarray:
+        """Local reductions: one at a time per GPU, in op order; returns those ending at ``t``."""
         rank = self.hot.src[ops]
         duration = self.prep.local_s[ops]
         if np.unique(rank).shape[0] == ops.shape[0]:

@@ -137,9 +137,9 @@ def bottleneck_links(result: SimResult, top: int = 5) -> list[LinkStat]:
     """The ``top`` links by utilization (ties broken by bytes carried, then by name), busiest
     first.
 
-    Links that carried nothing are left out. Utilizations equal to 1e-9 count as ties, so the
-    order of a topology file's links (which sets the order of floating-point sums) cannot
-    change which of two equally busy links is listed.
+    Links that carried nothing are left out. Utilizations are compared rounded to 9 decimals
+    (bytes to whole bytes), so the order of a topology file's links, which sets the order of
+    floating-point sums, does not change which of two equally busy links is listed first.
     """
     links = result.links
     used = np.flatnonzero(links.bytes > 0)

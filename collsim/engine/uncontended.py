@@ -17,8 +17,8 @@ reductions never wait for their GPU, and the replay reduces to longest paths ove
    ring has ~2046 levels): ``start = max(end of deps)``, ``end = start + ...``; with per-rank
    start times (:mod:`collsim.engine.skew`) the max also takes the op's release time.
 3. Verification: every flow's active interval ``[flow start, flow end)`` is checked against the
-   others on each directed link it crosses (:func:`_link_busy`), and local copies and reductions
-   against each other on their GPU (:func:`_reductions_overlap`). Sorted by start, a set of
+   others on each directed link it crosses (:func:`_link_busy`), and local reductions against
+   each other on their GPU (:func:`_reductions_overlap`). Sorted by start, a set of
    intervals is disjoint iff each starts no earlier than the previous one ends, so one pass over
    consecutive pairs suffices. Intervals closer than a fraction of the replay's 1e-12 batching
    window count as back to back (the replay handles them in one batch, ending one flow before
@@ -39,7 +39,7 @@ import numpy as np
 from collsim.collectives.schedule import Schedule, index_dtype
 from collsim.engine._csr import gather_rows, ptr_from_lengths
 from collsim.engine.fabric import Fabric
-from collsim.engine.prepare import CHUNK, COPY, IN_NETWORK, LOCAL_REDUCE, NET, Prepared, chunks
+from collsim.engine.prepare import CHUNK, IN_NETWORK, LOCAL_REDUCE, NET, Prepared, chunks
 from collsim.engine.results import SimResult
 from collsim.engine.summarize import Timeline, build_result
 from collsim.protocols import Protocol
@@ -295,12 +295,11 @@ def _link_busy(
 def _reductions_overlap(
     prep: Prepared, rank: np.ndarray, start_s: np.ndarray, end_s: np.ndarray
 ) -> bool:
-    """Whether two local copies or reductions would share a GPU's memory at once (the replay
-    serialises them).
+    """Whether two local reductions would share a GPU (the replay serialises them).
 
     Exact comparisons, and equal starts count as overlap: the replay's order between them
     (and so which one waits) is then not read off the times."""
-    ops = np.flatnonzero((prep.cls == LOCAL_REDUCE) | (prep.cls == COPY))
+    ops = np.flatnonzero(prep.cls == LOCAL_REDUCE)
     if ops.shape[0] < 2:
         return False
     ops = ops[np.argsort(start_s[ops], kind="stable")]

@@ -183,3 +183,58 @@ def test_scale_applies_a_fault_only_to_the_sizes_holding_its_target(tmp_path):
     assert f["faults"] == ["gpu:n1.gpu3:slow=1.5"]
     assert f["points"][0]["step_time_s"] == pytest.approx(h[0]["step_time_s"])
     assert f["points"][1]["step_time_s"] > 1.2 * h[1]["step_time_s"]
+
+
+def test_dense_and_expert_reductions_share_one_backward_window(node):
+    """Both are reduced during the same backward: together they cannot hide more than it lasts
+    (each claimed the whole window, and 1.375 s of reductions hid behind a 1 s backward)."""
+    from collsim.analysis.dataparallel import data_parallel
+    from collsim.analysis.layout import place, resolve_layout
+
+    w = workload_from_dict(gpt(model={**MOE}, global_batch=8, micro_batch=1,
+                               parallel={"tp": 1, "pp": 1, "ep": 4},
+                               training={"bucket": "1MB"}))  # fmt: skip
+    lay = resolve_layout(w, 8)
+    groups = place(lay, node)
+
+    def coll(name, group, size, algo):  # a ring all-reduce at 0.5 GB/s
+        return size / 0.5e9 * 2 * (len(group) - 1) / len(group)
+
+    crit = {"bwd": 1.0, "fwd": 0.5, "total": 1.5, "layers": 4.0}
+    params, experts = 0.25e9, 0.125e9  # 2 bytes each: 0.875 s dense (over 8) + 0.5 s (over 2)
+    exposed, _, _ = data_parallel(coll, w, lay, groups, params, crit, 1, "ring",
+                                  expert_params_gpu=experts)  # fmt: skip
+    assert exposed >= 0.875 + 0.5 - 1.0
+
+
+def test_zero3_gathers_experts_only_among_their_holders(node):
+    """ZeRO-3 with ep = dp: each expert lives on one GPU, so only the dense parameters are
+    gathered twice and reduce-scattered over the 8 (the experts' bytes were counted 7/8 over
+    all of them, and their collectives timed over the whole group)."""
+
+    def run(ep):
+        data = gpt(model={**MOE}, global_batch=8, micro_batch=1,
+                   training={"dp_overlap": False},
+                   parallel={"tp": 1, "pp": 1, "ep": ep, "zero": 3})  # fmt: skip
+        return _evaluate(node, data)
+
+    one_holder, two_holders = run(8), run(4)
+    for r, holders in ((one_holder, 1), (two_holders, 2)):
+        params = r.details["params_per_gpu"]
+        experts = r.details["expert_params_per_gpu"]
+        spread = (params - experts) * 7 / 8 + experts * (holders - 1) / holders
+        assert r.details["dp_bytes_per_gpu"] == pytest.approx(3 * 2 * spread)
+    assert one_holder.breakdown["dp_comm"] < two_holders.breakdown["dp_comm"]
+
+
+def test_gpipe_without_a_pipeline_holds_one_micro_batch(node):
+    """pp = 1: gradient accumulation runs each micro-batch's forward and backward in turn, so
+    GPipe and 1F1B are the same schedule (plan folds them) and hold the same activations."""
+
+    def run(schedule):
+        data = gpt(
+            global_batch=64, micro_batch=2, parallel={"tp": 1, "pp": 1, "schedule": schedule}
+        )
+        return _evaluate(node, data)
+
+    assert run("gpipe").memory.activations == pytest.approx(run("1f1b").memory.activations)

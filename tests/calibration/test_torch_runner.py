@@ -168,25 +168,23 @@ def _bench(dtype: str, n: int):
     return bench
 
 
-def test_checks_wrap_integers_and_allow_rounding_of_short_floats():
+def test_checks_wrap_integers_and_stay_exact_in_short_floats():
     """int8 on 16 ranks: the sum 136 wraps to -120 as the collective's own sum does (building
-    the expected value raised an overflow, reported as a hung collective); a bfloat16 sum of 25
-    ranks' values rounds at its additions (324 for 325; 336 elements of a 24-rank run were
-    counted wrong, and the fit refused the run), while a wrong value is still caught."""
-    import torch
-
+    the expected value raised an overflow, reported as a hung collective). bfloat16 holds the
+    integers to 256 exactly: up to 22 ranks (1 + ... + 22 = 253) each adds r + 1, beyond that
+    each adds 1, so the sum stays exact and one missing rank is caught (the sum of 1..24 rounded
+    at its additions: 336 elements of a 24-rank run were counted wrong and the fit refused it)."""
     small = _bench("int8", 16)
     want = small.expect(4, 16 * 17 // 2)
     assert want.tolist() == [-120] * 4
     assert small.mismatches(want.clone(), want, 16) == 0
     assert small.mismatches(want + 1, want, 16) == 4
-    half = _bench("bfloat16", 25)
-    got = torch.zeros(1, dtype=torch.bfloat16)
-    for r in range(25):  # summed one rank at a time, rounding at each addition
-        got = got + torch.full((1,), r + 1, dtype=torch.bfloat16)
-    want = half.expect(1, 325)
-    assert got.item() == 324 and half.mismatches(got, want, 25) == 0
-    assert half.mismatches(torch.full((1,), 200, dtype=torch.bfloat16), want, 25) == 1
+    for n, addends in ((22, list(range(1, 23))), (24, [1] * 24)):
+        bench = _bench("bfloat16", n)
+        assert [bench.addend(r) for r in range(n)] == addends
+        want = bench.expect(1, sum(addends))
+        assert bench.mismatches(want.clone(), want, n) == 0
+        assert bench.mismatches(bench.expect(1, sum(addends) - addends[0]), want, n) == 1
 
 
 def test_a_backend_error_is_not_called_a_hang():
