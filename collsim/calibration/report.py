@@ -23,6 +23,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ import numpy as np
 from collsim.calibration.fit import Sample, fit_samples
 from collsim.calibration.predict import env_from_notes, topology_for_log, uncalibrated_params
 from collsim.calibration.validate import Validation, compare, plot_validation, validate_samples
-from collsim.errors import ScheduleError
+from collsim.errors import CalibrationError, ScheduleError
 
 MODES = ("uncalibrated", "in_sample", "cross_collective", "cross_size", "cross_scale", "nccl",
          "alpha_beta")  # fmt: skip
@@ -172,6 +173,7 @@ class Report:
     validations: dict[str, Validation] = field(default_factory=dict)
     exact: set[str] = field(default_factory=set)  # logs whose catalog topology is exact
     seconds: float = 0.0
+    unfitted: dict[str, str] = field(default_factory=dict)  # what could not be fitted, and why
 
     def large_busbw_errors(self) -> dict[str, float]:
         """Uncalibrated mean |busbw error| over rows >= 256 MiB, per exact-fabric log."""
@@ -222,20 +224,31 @@ def build(samples: Sequence[Sample], exact: set[str] | None = None) -> Report:
     systems: dict[str, list[Sample]] = {}
     for s in samples:
         systems.setdefault(system_of(s.name), []).append(s)
+    def fit(what: str, group: list[Sample]) -> Any:
+        """The profile of ``group``, or None (noted) where its rows cannot determine one."""
+        try:
+            return fit_samples(group)
+        except CalibrationError as exc:
+            rep.unfitted[what] = exc.message
+            return None
+
     for name, group in systems.items():
-        prof = fit_samples(group)
+        prof = fit(f"{name} (in-sample)", group)
+        if prof is None:
+            continue
         rep.profiles[name] = prof
         rep.put("in_sample", validate_samples(group, prof.params()))
         ar = [s for s in group if s.log.collective == "all_reduce"]
         others = [s for s in group if s.log.collective != "all_reduce"]
-        if ar and others:
-            rep.put("cross_collective", validate_samples(others, fit_samples(ar).params()))
+        if ar and others and (on_ar := fit(f"{name} (all_reduce)", ar)) is not None:
+            rep.put("cross_collective", validate_samples(others, on_ar.params()))
         small = [subset(s, s.sizes <= SMALL_BYTES) for s in group]
         large = [subset(s, s.sizes > SMALL_BYTES) for s in group]
         pairs = [(a, b) for a, b in zip(small, large, strict=True) if b.sizes.size]
         if pairs and all(a.sizes.size >= 3 for a, _ in pairs):
-            fitted = fit_samples([a for a in small if a.sizes.size >= 3])
-            rep.put("cross_size", validate_samples([b for _, b in pairs], fitted.params()))
+            fitted = fit(f"{name} (<= 64 MiB)", [a for a in small if a.sizes.size >= 3])
+            if fitted is not None:
+                rep.put("cross_size", validate_samples([b for _, b in pairs], fitted.params()))
     by_topo: dict[str, list[Sample]] = {}
     for s in samples:
         by_topo.setdefault(s.topology.name, []).append(s)
@@ -245,7 +258,8 @@ def build(samples: Sequence[Sample], exact: set[str] | None = None) -> Report:
             continue
         fit_on = [s for s in group if s.log.ranks == scales[0]]
         targets = [s for s in group if s.log.ranks > scales[0]]
-        rep.put("cross_scale", validate_samples(targets, fit_samples(fit_on).params()))
+        if (few := fit(f"{group[0].topology.name} at {scales[0]} ranks", fit_on)) is not None:
+            rep.put("cross_scale", validate_samples(targets, few.params()))
     rep.seconds = time.perf_counter() - t0
     return rep
 
@@ -367,6 +381,9 @@ def markdown(rep: Report, plots: dict[str, str]) -> str:
                   f"issues N per call. On the {len(threaded)} systems measured that way down to "
                   f"small messages ({', '.join(threaded)}) the fitted floor is {lo:.1f}-{hi:.1f} "
                   "us per launch; the uncalibrated model takes 5 us."]  # fmt: skip
+    if rep.unfitted:
+        lines += ["", "Not fitted (their rows cannot determine a profile; those modes show --): "
+                  + "; ".join(f"{k}: {v}" for k, v in rep.unfitted.items()) + "."]
     lines += ["", "## Where the errors come from", "", *LIMITATIONS]
     lines += ["", "## Plots", ""]
     for title, path in plots.items():

@@ -60,3 +60,17 @@ def gpt(**changes: Any) -> dict[str, Any]:
         else:
             data[key] = value
     return data
+
+
+MOE = {"layers": 4, "hidden": 1024, "heads": 16, "vocab": 32000, "seq_len": 1024,
+       "experts": {"count": 8, "top_k": 2}}  # fmt: skip
+"""A small mixture-of-experts GPT: 8 experts, top-2 routing."""
+
+
+def evaluate(topo: Any, data: dict[str, Any], n: int | None = None) -> Any:
+    """The step model (analytic timer) on ``topo`` for the workload ``data``."""
+    from collsim.analysis.comm import make_timer
+    from collsim.analysis.step import StepModel
+    from collsim.analysis.workload import workload_from_dict
+
+    return StepModel(topo, make_timer("analytic", topo)).evaluate(workload_from_dict(data), n)

@@ -8,27 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from collsim.analysis.comm import make_timer
 from collsim.analysis.plan import CandidatesIn, layouts, plan
-from collsim.analysis.step import StepModel
 from collsim.analysis.transformer import layer_costs
 from collsim.analysis.workload import load_workload, workload_from_dict
 from collsim.topology.loader import load_topology
-from tests.analysis._step_fixtures import gpt
+from tests.analysis._step_fixtures import MOE, gpt
+from tests.analysis._step_fixtures import evaluate as _evaluate
 
 ROOT = Path(__file__).resolve().parents[2]
-
-MOE = {"layers": 4, "hidden": 1024, "heads": 16, "vocab": 32000, "seq_len": 1024,
-       "experts": {"count": 8, "top_k": 2}}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def node():
     return load_topology("dgx-h100", nodes=1)
-
-
-def _evaluate(topo, data, n=None):
-    return StepModel(topo, make_timer("analytic", topo)).evaluate(workload_from_dict(data), n)
 
 
 def test_expert_gradients_are_reduced_only_among_the_gpus_holding_those_experts(node):

@@ -19,19 +19,13 @@ from collsim.analysis.transformer import layer_costs
 from collsim.analysis.workload import WorkloadError, load_workload, workload_from_dict
 from collsim.cli import cli
 from collsim.topology.loader import load_topology
-from tests.analysis._step_fixtures import gpt
-
-MOE = {"layers": 4, "hidden": 1024, "heads": 16, "vocab": 32000, "seq_len": 1024,
-       "experts": {"count": 8, "top_k": 2}}  # fmt: skip
+from tests.analysis._step_fixtures import MOE, gpt
+from tests.analysis._step_fixtures import evaluate as _evaluate
 
 
 @pytest.fixture(scope="module")
 def dgx():
     return load_topology("dgx-h100", nodes=2)
-
-
-def _evaluate(topo, data, n=None):
-    return StepModel(topo, make_timer("analytic", topo)).evaluate(workload_from_dict(data), n)
 
 
 @pytest.mark.parametrize(
