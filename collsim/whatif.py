@@ -275,8 +275,9 @@ class WhatIf:
             from collsim.model.tuner import tuned_algorithms
 
             picks = tuned_algorithms(
-                cost, collective, list(sizes), elem_bytes=elem, protocol=proto, channels=channels
-            )
+                cost, collective, list(sizes), elem_bytes=elem, protocol=proto, channels=channels,
+                **extra,
+            )  # fmt: skip
         else:
             picks = [algorithm] * len(sizes)
         if algorithm != "auto" and needs_in_network(algorithm) and not self.has_in_network:

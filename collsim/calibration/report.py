@@ -23,8 +23,8 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -224,6 +224,7 @@ def build(samples: Sequence[Sample], exact: set[str] | None = None) -> Report:
     systems: dict[str, list[Sample]] = {}
     for s in samples:
         systems.setdefault(system_of(s.name), []).append(s)
+
     def fit(what: str, group: list[Sample]) -> Any:
         """The profile of ``group``, or None (noted) where its rows cannot determine one."""
         try:
@@ -382,8 +383,12 @@ def markdown(rep: Report, plots: dict[str, str]) -> str:
                   f"small messages ({', '.join(threaded)}) the fitted floor is {lo:.1f}-{hi:.1f} "
                   "us per launch; the uncalibrated model takes 5 us."]  # fmt: skip
     if rep.unfitted:
-        lines += ["", "Not fitted (their rows cannot determine a profile; those modes show --): "
-                  + "; ".join(f"{k}: {v}" for k, v in rep.unfitted.items()) + "."]
+        lines += [
+            "",
+            "Not fitted (their rows cannot determine a profile; those modes show --): "
+            + "; ".join(f"{k}: {v}" for k, v in rep.unfitted.items())
+            + ".",
+        ]
     lines += ["", "## Where the errors come from", "", *LIMITATIONS]
     lines += ["", "## Plots", ""]
     for title, path in plots.items():

@@ -124,10 +124,13 @@ class Tuner:
         protocols: tuple[str, ...] = PROTOCOL_ORDER,
         channels: tuple[int, ...] = CHANNEL_OPTIONS,
         defaults: bool = True,
+        chunk_bytes: int | None = None,
     ) -> None:
         self.model = model
         self.protocols = protocols
         self.channels = channels
+        self.extra = {"chunk_bytes": chunk_bytes} if chunk_bytes is not None else {}
+        """What else the model prices with (a pipelining chunk the user chose)."""
         self.defaults = defaults
         """Keep to what NCCL enables by default (the model's ``enabled``, e.g. LL128 only on
         NVLink systems); false where the user enabled protocols explicitly (``NCCL_PROTO``)."""
@@ -168,7 +171,7 @@ class Tuner:
                             continue
                         t = self.model.predict(
                             collective, algo, sizes, elem_bytes=elem_bytes, protocol=proto,
-                            channels=ch, floor=False,
+                            channels=ch, floor=False, **self.extra,
                         )  # fmt: skip
                     except ScheduleError as exc:  # e.g. in-network without a reachable switch
                         first_error = first_error or exc
@@ -228,9 +231,12 @@ def tuned_algorithms(
     elem_bytes: int,
     protocol: str,
     channels: int,
+    chunk_bytes: int | None = None,
 ) -> list[str]:
-    """The fastest algorithm per size with protocol and channels fixed (``simulate -a auto``;
-    the protocol is the user's, so it runs even where NCCL would not pick it by default)."""
-    tuner = Tuner(model, protocols=(protocol,), channels=(channels,), defaults=False)
+    """The fastest algorithm per size with protocol, channels (and chunk) fixed (``simulate -a
+    auto``; the protocol is the user's, so it runs even where NCCL would not pick it by
+    default)."""
+    tuner = Tuner(model, protocols=(protocol,), channels=(channels,), defaults=False,
+                  chunk_bytes=chunk_bytes)  # fmt: skip
     result = tuner.tune(collective, sizes_bytes, elem_bytes=elem_bytes)
     return [result.choice_at(i).algorithm for i in range(len(sizes_bytes))]
