@@ -13,7 +13,7 @@ operations, so the same values), and per-op passes run in chunks of :data:`CHUNK
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -63,6 +63,8 @@ class Prepared:
     succ_ptr: np.ndarray
     succ_idx: np.ndarray
     waiting: np.ndarray  # unmet dependencies per op (engines decrement their own copies)
+    in_network_traffic: dict[int, float] = field(default_factory=dict)
+    """op -> bytes each of its flows carries per payload byte (an NVSwitch: ``1 + 1/n``)."""
     release_s: np.ndarray | None = None  # earliest start per op (rank start times), if any
     after: np.ndarray | None = None  # the op a transfer's flow follows on its connection, or -1
     follow_ptr: np.ndarray | None = None  # CSR: the transfers following each op (``after``)
@@ -80,8 +82,16 @@ class Prepared:
         return self.count[ops].astype(np.float64) * self.elem_bytes
 
     def wire_bytes(self, ops: np.ndarray | slice) -> np.ndarray:
-        """Bytes the protocol puts on the wire for ``ops``."""
-        return self.protocol.wire_bytes(self.payload_bytes(ops))
+        """Bytes the protocol puts on the wire for ``ops`` (each flow of an in-network op)."""
+        wire = self.protocol.wire_bytes(self.payload_bytes(ops))
+        if self.in_network_traffic:
+            ids = np.arange(self.cls.shape[0])[ops] if isinstance(ops, slice) else np.asarray(ops)
+            if ids.ndim == 0:
+                return wire * self.in_network_traffic.get(int(ids), 1.0)
+            wire = np.array(wire, dtype=np.float64)
+            for i in np.flatnonzero(self.cls[ids] == IN_NETWORK):
+                wire[i] *= self.in_network_traffic.get(int(ids[i]), 1.0)
+        return wire
 
     def latency_s(self, ops: np.ndarray) -> np.ndarray:
         """Latency before the flows of ``ops`` start (0 for local operations)."""
@@ -248,6 +258,9 @@ def _routes(prep: Prepared, schedule: Schedule, fabric: Fabric, protocol: Protoc
         worst = int(link_kind[links].max()) if links.size else 0
         prep.in_network_latency_s[int(op)] = float(lat) + float(protocol.hop_latency(worst))
         prep.in_network[int(op)] = (nlinks, links)
+        traffic = getattr(fabric, "in_network_traffic", None)
+        if traffic is not None:
+            prep.in_network_traffic[int(op)] = float(traffic(srcs, dsts))
 
 
 def _distinct(values: np.ndarray) -> np.ndarray:

@@ -252,9 +252,11 @@ def in_network(costs: FlowCosts, n: int) -> Oracle:
     rates = max_min_rates(ptr, links, np.ones(ptr.size - 1), costs.capacity)
     worst = int(costs.link_kind[links].max()) if links.size else 0
     latency = float(lat) + float(costs.hop_s[worst])
-    np.add.at(costs.load_s_per_byte, links, costs.wire / costs.capacity[links])
+    traffic = getattr(fabric, "in_network_traffic", None)
+    per_byte = costs.wire * (float(traffic(ranks, ranks)) if traffic is not None else 1.0)
+    np.add.at(costs.load_s_per_byte, links, per_byte / costs.capacity[links])
     np.minimum.at(costs.load_lat_s, links, latency)
     finite = rates[np.isfinite(rates)]
-    spb = costs.wire / finite.min() if finite.size else 0.0
+    spb = per_byte / finite.min() if finite.size else 0.0
     line = Aff.const(latency, spb)
     return lambda s: line

@@ -80,6 +80,7 @@ def build_node(parts: Parts, n: int, node: NodeIn, gpus: int, gpu_forwards: bool
             node=n,
             latency_s=intra.switch_latency,
             in_network_reduction=intra.in_network_reduction,
+            in_network_efficiency=intra.in_network_efficiency,
         )
         for g in gpu_names:
             parts.link(g, sw, intra.link)  # type: ignore[arg-type]
@@ -295,6 +296,7 @@ def _switch(parts: Parts, name: str, fabric: FabricIn, tier: int) -> str:
         "switch",
         latency_s=fabric.switch_latency,
         in_network_reduction=fabric.in_network_reduction,
+        in_network_efficiency=fabric.in_network_efficiency,
         tier=tier,
     )
 

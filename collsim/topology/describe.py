@@ -158,6 +158,11 @@ def to_explicit_yaml(topo: Topology) -> str:
                 "index": d.index,
                 **({"latency": f"{d.latency_s!r}s"} if d.latency_s else {}),
                 **({"in_network_reduction": True} if d.in_network_reduction else {}),
+                **(
+                    {"in_network_efficiency": d.in_network_efficiency}
+                    if d.in_network_efficiency != 1.0
+                    else {}
+                ),
                 **({"tier": d.tier} if d.tier else {}),
                 **({"forwards": d.forwards} if d.forwards != (d.kind != "gpu") else {}),
             }

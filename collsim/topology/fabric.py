@@ -107,6 +107,24 @@ class TopologyFabric:
         down_ptr, down_links = _csr(downs)
         return up_ptr, up_links, down_ptr, down_links, latency
 
+    def in_network_traffic(self, srcs: np.ndarray, dsts: np.ndarray) -> float:
+        """Bytes each up and down flow of an in-network reduction carries per payload byte.
+
+        An NVSwitch (NVLS) reduces what the GPUs load from it and multicasts what they store:
+        each GPU loads its ``1/n`` share reduced and stores it back for every GPU, so each of
+        its links carries ``S (1 + 1/n)`` each way, not ``S`` (NCCL's NVLS all-reduce; Jeaugey,
+        nccl-tests PR 239: algbw = busbw x n/(n+1)); an InfiniBand SHARP tree moves ``S``. Both
+        divided by the switch's ``in_network_efficiency`` (the rate its reductions reach).
+        """
+        srcs_t = tuple(int(s) for s in srcs)
+        dsts_t = tuple(int(d) for d in dsts)
+        key = (srcs_t, dsts_t)
+        if key not in self._reducer:
+            self._reducer[key] = self._choose_reducer(srcs_t, dsts_t)
+        dev = self.network.devices[self._reducer[key]]
+        share = 1.0 + 1.0 / max(1, len(srcs_t)) if dev.kind == "nvswitch" else 1.0
+        return share / dev.in_network_efficiency
+
     def _choose_reducer(self, srcs: tuple[int, ...], dsts: tuple[int, ...]) -> int:
         net = self.network
         candidates = [i for i, d in enumerate(net.devices) if d.in_network_reduction]

@@ -258,6 +258,7 @@ def _from_explicit(spec: ExplicitIn, file: str | None) -> Topology:
                 index=index,
                 latency_s=dev.latency,
                 in_network_reduction=dev.in_network_reduction,
+                in_network_efficiency=dev.in_network_efficiency,
                 tier=dev.tier,
                 forwards=dev.forwards if dev.forwards is not None else dev.kind != "gpu",
             )

@@ -108,6 +108,7 @@ class IntraIn(Strict):
     pairs: list[tuple[int, int, int]] | None = None
     switch_latency: Time = 0.0
     in_network_reduction: bool = False
+    in_network_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
     p2p: bool = True
     pcie_switches: Annotated[int, Field(ge=1)] = 1
     sockets: Annotated[int, Field(ge=1)] = 1
@@ -141,6 +142,7 @@ class FabricIn(Strict):
     tiers: Literal[2, 3] = 2
     oversubscription: Annotated[float, Field(ge=1)] = 1.0
     in_network_reduction: bool = False
+    in_network_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
     dims: list[Annotated[int, Field(ge=1)]] | None = None
     attach: Literal["nic", "gpu"] = "nic"
     routers_per_group: Annotated[int, Field(ge=1)] = 8
@@ -192,6 +194,7 @@ class DeviceIn(Strict):
     index: Annotated[int, Field(ge=0)] | None = None
     latency: Time = 0.0
     in_network_reduction: bool = False
+    in_network_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
     tier: Annotated[int, Field(ge=0)] = 0
     forwards: bool | None = None
 

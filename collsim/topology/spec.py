@@ -68,6 +68,9 @@ class Device:
     """Forwarding latency added when a route passes through (switches)."""
     in_network_reduction: bool = False
     """Whether this switch can reduce data in flight (NVLS on NVSwitch, SHARP on IB switches)."""
+    in_network_efficiency: float = 1.0
+    """The fraction of its links' rate an in-flight reduction through it reaches (NVLS on Hopper
+    0.85, Blackwell 0.74: NCCL ``src/tuning/nvls.cc`` ``nvlsEfficiency``)."""
     tier: int = 0
     """Fabric tier of a network switch (1 = leaf, 2 = spine, 3 = core); 0 elsewhere."""
     forwards: bool = True
