@@ -1,8 +1,11 @@
 """All-to-all: block ``j`` of rank ``i``'s input lands in block ``i`` of rank ``j``'s output.
 
-* ``direct``: the pairwise exchange of MPICH / NCCL's grouped send-recv, shifted so that round
-  ``k`` pairs rank ``r`` with ``r + k`` (sending) and ``r - k`` (receiving); a rank's round ``k``
-  send waits for its round ``k - 1`` send and receive, the classic step-synchronous schedule.
+* ``direct``: NCCL's grouped send-recv (``ncclGroupStart``, a send and a receive per peer), in
+  NCCL's peer order (:func:`p2p_peers`: node by node, so that the rounds in flight together
+  spread over the NICs), and the rounds go on NCCL's ``C`` peer-to-peer channels: round ``k`` on
+  channel ``k mod C``, where it waits for that channel's previous round (send and receive), so
+  ``C`` rounds are in flight at once (``C = 1``: the classic step-synchronous pairwise exchange of
+  MPICH). Each round carries whole blocks.
 * ``hierarchical``: two-hop aggregation (as in the 2D all-to-all of Horovod/DeepEP-style MoE
   dispatch and of Sanders & Träff's hierarchical all-to-all): each rank first hands, inside its
   node, every block bound for another node to the *relay* -- the rank of its node with the
@@ -20,26 +23,50 @@ from collsim.collectives.common import BuildSpec, self_copy
 from collsim.collectives.schedule import Schedule, ScheduleBuilder
 
 
-def _pairwise(b: ScheduleBuilder, n: int, blk: int, lo: int, cnt: int, channel: int) -> None:
+def p2p_peers(n: int, per_node: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(send, recv)``, each ``(n, n)``: whom rank ``r`` sends to and receives from in round
+    ``t`` (round 0: itself). NCCL's peer-to-peer schedule (``src/init.cc``, p2pSchedule): nodes
+    ``delta = t // L`` apart, local ranks ``t mod L`` apart (``L`` ranks per node), so each
+    round pairs every node with one other node and every GPU with a GPU of another rail: the
+    rounds in flight together load every NIC alike. Nodes of unequal size: ``r + t``."""
     r = np.arange(n, dtype=np.int64)
-    self_copy(
-        b, r, cnt, "input", r * blk + lo, "output", r * blk + lo, np.full((n, 0), -1), channel
-    )
-    prev = None
+    t = np.arange(n, dtype=np.int64)[:, None]
+    if per_node < 1 or n % per_node:
+        return (r + t) % n, (r - t) % n
+    nodes = n // per_node
+    node, local = r // per_node, r % per_node
+    dn, dl = t // per_node, t % per_node
+    send = ((node + dn) % nodes) * per_node + (local + dl) % per_node
+    recv = ((node - dn) % nodes) * per_node + (local - dl) % per_node
+    return send, recv
+
+
+def _pairwise(b: ScheduleBuilder, n: int, per_node: int, blk: int, lanes: int) -> None:
+    """Rounds ``1..n-1`` of whole blocks in NCCL's peer order, round ``k`` on channel
+    ``k mod lanes`` after that channel's previous round (its send and its receive)."""
+    r = np.arange(n, dtype=np.int64)
+    send, _ = p2p_peers(n, per_node)
+    self_copy(b, r, blk, "input", r * blk, "output", r * blk, np.full((n, 0), -1), 0)
+    sent: dict[int, np.ndarray] = {}
     for k in range(1, n):
-        dst = (r + k) % n
-        # Wait for this rank's previous send and its previous receive (from r - k + 1).
-        deps = None if prev is None else np.stack([prev, prev[(r - k + 1) % n]], axis=1)
-        prev = b.transfers(
-            r, dst, cnt, "input", dst * blk + lo, "output", r * blk + lo, deps=deps, channel=channel
+        dst = send[k]
+        before = k - lanes  # the round this channel ran last: its send, and its receive
+        deps = None
+        if before >= 1:
+            into = np.empty(n, dtype=np.int64)
+            into[send[before]] = sent[before]  # the transfer of that round into each rank
+            deps = np.stack([sent[before], into], axis=1)
+        sent[k] = b.transfers(
+            r, dst, blk, "input", dst * blk, "output", r * blk, deps=deps, channel=k % lanes
         )
 
 
 def build_direct(spec: BuildSpec) -> Schedule:
-    """Pairwise-exchange all-to-all, ``n - 1`` shifted rounds per channel."""
+    """NCCL's grouped send-recv: ``n - 1`` rounds, ``channels`` of them in flight at once."""
     b = ScheduleBuilder()
-    for c, lo, cnt in spec.channel_pieces(spec.block):
-        _pairwise(b, spec.nranks, spec.block, lo, cnt, c)
+    if spec.block:
+        n = spec.nranks
+        _pairwise(b, n, spec.layout.ranks_per_node, spec.block, min(spec.channels, max(1, n - 1)))
     return spec.finish(b)
 
 
@@ -49,8 +76,8 @@ def build_hierarchical(spec: BuildSpec) -> Schedule:
     lpn, nn = lay.ranks_per_node, lay.nnodes
     if lpn == 1 or nn == 1:
         b = ScheduleBuilder()
-        for c, lo, cnt in spec.channel_pieces(blk):
-            _pairwise(b, n, blk, lo, cnt, c)
+        if blk:
+            _pairwise(b, n, lpn, blk, min(spec.channels, max(1, n - 1)))
         return spec.finish(b, fallback="direct")
     b = ScheduleBuilder()
     r = np.arange(n, dtype=np.int64)

@@ -199,7 +199,7 @@ class AnalyticModel:
             return rooted(costs, collective, algorithm, lay, channels)
         if collective == "alltoall":
             if algorithm == "direct":
-                return alltoall_direct(costs, n, channels)
+                return alltoall_direct(costs, n, channels, lay.ranks_per_node)
             return alltoall_hierarchical(costs, n, lay.ranks_per_node, channels)
         return sendrecv(costs, n, channels)
 

@@ -158,23 +158,39 @@ def direct(costs: FlowCosts, collective: str, n: int, channels: int) -> Oracle:
     return oracle
 
 
-def alltoall_direct(costs: FlowCosts, n: int, channels: int) -> Oracle:
-    """Pairwise all-to-all: ``n-1`` rounds ``r -> r+k``, each after the last send and receive."""
-    frac = 1.0 / (n * channels)
+def alltoall_direct(costs: FlowCosts, n: int, channels: int, per_node: int = 1) -> Oracle:
+    """NCCL's grouped send-recv (``alltoall.py``): ``n-1`` rounds of whole blocks in NCCL's peer
+    order (:func:`~collsim.collectives.alltoall.p2p_peers`), round ``k`` on channel ``k mod C``
+    after that channel's previous round (send and receive); the ``C`` rounds in flight at once
+    share links as one wave."""
+    from collsim.collectives.alltoall import p2p_peers
+
+    frac = 1.0 / n
+    lanes = min(channels, max(1, n - 1))
     r = np.arange(n)
-    rounds = []
-    for k in range(1, n):
-        wave = costs.wave(r, (r + k) % n, channels, load_bytes=frac * channels, size=1.0)
-        rounds.append(Aff(wave.lat_s, frac * wave.s_per_byte))
+    send, recv = p2p_peers(n, per_node)
+    rounds: dict[int, Aff] = {}
+    for first in range(1, n, lanes):
+        ks = list(range(first, min(first + lanes, n)))
+        src = np.tile(r, len(ks))
+        dst = np.concatenate([send[k] for k in ks])
+        wave = costs.wave(src, dst, 1, load_bytes=frac, size=1.0)
+        for i, k in enumerate(ks):
+            cut = slice(i * n, (i + 1) * n)
+            rounds[k] = Aff(wave.lat_s[cut], frac * wave.s_per_byte[cut])
     copy = Aff(np.zeros(n), frac / costs.copy_bytes_per_s)
 
     def oracle(s: float) -> Aff:
-        prev = None
-        for k, cost in enumerate(rounds, start=1):
-            start = Aff.zeros(n) if prev is None else prev.maximum(prev[(r - k + 1) % n], s)
-            prev = start + cost
-        ends = copy if prev is None else prev.maximum(copy, s)
-        return ends.max(s)
+        end: dict[int, Aff] = {}
+        for k in range(1, n):
+            before = k - lanes
+            start = (Aff.zeros(n) if before < 1
+                     else end[before].maximum(end[before][recv[before]], s))  # fmt: skip
+            end[k] = start + rounds[k]
+        done = copy
+        for k in range(max(1, n - lanes), n):  # each channel's last round
+            done = done.maximum(end[k], s)
+        return done.max(s)
 
     return oracle
 
@@ -183,7 +199,7 @@ def alltoall_hierarchical(costs: FlowCosts, n: int, per_node: int, channels: int
     """Intra-node hand-off to relays, then aggregated inter-node messages (``alltoall.py``)."""
     nn = -(-n // per_node)
     if per_node == 1 or nn == 1:
-        return alltoall_direct(costs, n, channels)
+        return alltoall_direct(costs, n, channels, per_node)
     frac = 1.0 / (n * channels)
     r = np.arange(n)
     node, local = r // per_node, r % per_node

@@ -49,6 +49,8 @@ def _check(name: str, slow: bool) -> None:
                 pred = float(model.predict(coll, algo, [size])[0])
                 gap = (pred - sim.time_s) / sim.time_s
                 key = f"{name}/{coll}/{algo}/{size}"
+                if abs(gap) <= 0.01:
+                    continue  # agrees (a recorded exception that no longer differs, too)
                 if key in EXCEPTIONS:
                     path = (getattr(sim, "meta", None) or {}).get("engine_path", "replay")
                     kind_ok = (
