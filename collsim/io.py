@@ -7,6 +7,7 @@ import io
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -129,3 +130,27 @@ def yaml_load(text: str) -> Any:
 
     _Unique.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
     return yaml.load(text, Loader=_Unique)
+
+
+@contextlib.contextmanager
+def directory_lock(
+    out: Path, what: str, flag: str, error: type[Exception] | None = None
+) -> Iterator[None]:
+    """One run per results directory at a time (a second would overwrite the first's records
+    or take its live output for stale): refused at once, not waited for. ``what`` names the
+    command in the error, ``flag`` its output option; ``error`` the error class (a
+    :class:`~collsim.errors.CollsimError`)."""
+    import fcntl
+
+    from collsim.errors import CollsimError
+
+    error = error or CollsimError
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / ".lock").open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise error(
+                f"another {what} is writing to this directory", field=flag, value=str(out)
+            ) from None
+        yield  # closing the file releases the lock

@@ -258,7 +258,8 @@ def _time_samples(
             rank_start_s=starts[row] if skewed else None,
             rank_slowdown=slow[row] if slowed else None,
         )  # fmt: skip
-        times[row] = res.time_s
+        # Every rank's call ends no earlier than it starts (an empty call: at its start).
+        times[row] = max(res.time_s, float(starts[row].max()) if skewed else 0.0)
         if progress is not None:
             progress(1)
     return times

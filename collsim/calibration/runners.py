@@ -11,7 +11,6 @@ longer than the timeout (a hung collective) with a message saying what it was ru
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import platform
@@ -33,7 +32,7 @@ from collsim.calibration._process import execute
 from collsim.calibration.nccltests import read_log
 from collsim.calibration.store import MANIFEST, ResultStore
 from collsim.errors import CalibrationError, CollsimError
-from collsim.io import atomic_write_text
+from collsim.io import atomic_write_text, directory_lock
 
 RUNNERS = ("nccl-tests", "torch")
 LAUNCHERS = ("local", "torchrun", "mpirun", "srun")
@@ -394,17 +393,9 @@ def run(
 
 @contextlib.contextmanager
 def _directory_lock(out: Path) -> Iterator[None]:
-    """One run per results directory at a time (a second would take the first's live output
-    for stale, and settle its logs under it): refused, not waited for."""
-    out.mkdir(parents=True, exist_ok=True)
-    with (out / ".lock").open("a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise CalibrationError(
-                "another calibrate run is writing to this directory", field="--out", value=str(out)
-            ) from None
-        yield  # closing the file releases the lock
+    """One run per results directory at a time (:func:`collsim.io.directory_lock`)."""
+    with directory_lock(out, "calibrate run", "--out", CalibrationError):
+        yield
 
 
 def _settle(cfg: RunConfig) -> None:

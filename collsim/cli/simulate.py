@@ -138,14 +138,21 @@ def simulate(
 
 @cli.command()
 @click.option("--topology", default="dgx-h100", show_default=True, help="Catalog name or file.")
-@click.option("--nodes", type=int, default=4, show_default=True, help="Number of nodes.")
-def demo(topology: str, nodes: int) -> None:
+@click.option(
+    "--nodes",
+    type=int,
+    default=None,
+    help="Number of nodes [default: 4 on dgx-h100, else the topology's own].",
+)
+def demo(topology: str, nodes: int | None) -> None:
     """The README's main command: ring vs tree all-reduce across sizes on a bundled system."""
     from collsim.report.nccl_table import bottleneck_table
     from collsim.topology.describe import describe, describe_text
     from collsim.topology.loader import load_topology
     from collsim.whatif import WhatIf
 
+    if nodes is None and topology == "dgx-h100":
+        nodes = 4
     topo_ = load_topology(topology, nodes=nodes)
     click.echo(describe_text(describe(topo_)))
     whatif = WhatIf(topo_)

@@ -26,6 +26,7 @@ from typing import Any
 
 from collsim.errors import CollsimError
 from collsim.io import atomic_write_text
+from collsim.report.tables import plural
 from collsim.units import format_size
 
 MAX_GROUPS = 12
@@ -76,7 +77,7 @@ def _groups(rows: Iterable[dict[str, str]], keys: tuple[str, ...]) -> dict[tuple
 
 def _title(key: tuple[str, ...]) -> str:
     topo, nodes, gpus, coll, engine = key
-    return f"{coll} on {topo} ({nodes} nodes, {gpus} GPUs), {engine}"
+    return f"{coll} on {topo} ({plural(int(nodes), 'node')}, {gpus} GPUs), {engine}"
 
 
 def _slug(key: tuple[str, ...]) -> str:
@@ -233,26 +234,39 @@ def _scaling_section(coll: list[dict[str, str]], steps: list[dict[str, str]], fo
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
         blocks.append(("img", _save(fig, folder, f"steps-{_slug(key)}.png"), key[0]))
-        best = min(rows, key=lambda r: _f(r, "step_time_s") or float("inf"))
+        fitting = [r for r in rows if r.get("fits_in_memory", "true").lower() != "false"]
+        if not fitting:
+            blocks.append(("p", f"{key[0]}: no layout fits in the GPUs' memory."))
+            continue
+        best = min(fitting, key=lambda r: _f(r, "step_time_s") or float("inf"))
         blocks.append(
-            ("p", f"{key[0]}: fastest {best['topology']} x {best['nodes']} nodes, layout "
-                  f"{best['layout_used']}: {float(best['step_time_s']):.4g} s per step, "
-                  f"MFU {float(best['mfu']):.1%}.")
+            ("p", f"{key[0]}: fastest {best['topology']} x {plural(int(best['nodes']), 'node')}, "
+                  f"layout {best['layout_used']}: {float(best['step_time_s']):.4g} s per step, "
+                  f"MFU {float(best['mfu']):.1%} (layouts that do not fit in memory left out).")
         )  # fmt: skip
     return blocks if len(blocks) > 1 else []
 
 
 def read_measured(path: str) -> list[dict[str, str]]:
-    """Measured times: a CSV with ``collective``, ``size_bytes`` and ``time_us`` columns."""
+    """Measured times: a CSV with ``collective``, ``size_bytes`` and ``time_us`` columns (and
+    optionally ``topology``, ``nodes``, ``algorithm``); a spreadsheet's byte-order mark and
+    spaces around values are fine."""
     try:
-        with open(path, newline="") as handle:
-            rows = list(csv.DictReader(handle))
+        with open(path, newline="", encoding="utf-8-sig") as handle:
+            reader = csv.DictReader(handle, skipinitialspace=True)
+            header = [(c or "").strip() for c in reader.fieldnames or []]
+            rows = [{(k or "").strip(): (v or "").strip() for k, v in row.items()}
+                    for row in reader]  # fmt: skip
     except OSError as exc:
         raise CollsimError(f"cannot read file: {exc.strerror}", file=path) from None
+    except UnicodeDecodeError:
+        raise CollsimError("not a UTF-8 text file", file=path, field="--measured") from None
     need = ("collective", "size_bytes", "time_us")
     for col in need:
-        if not rows or col not in rows[0]:
+        if col not in header:
             raise CollsimError(f"needs a {col!r} column", file=path, field="--measured")
+    if not rows:
+        raise CollsimError("no measured rows (only a header)", file=path, field="--measured")
     for line, row in enumerate(rows, start=2):  # a measurement that cannot be read is an error
         for col, positive in (("size_bytes", False), ("time_us", True)):
             text = (row.get(col) or "").strip()
@@ -266,21 +280,34 @@ def read_measured(path: str) -> list[dict[str, str]]:
     return rows
 
 
+def _same(a: str | None, b: str | None) -> bool:
+    """Two cells equal as numbers where both are (``1048576.0`` is ``1048576``), else as text."""
+    try:
+        return float(a or "") == float(b or "")
+    except ValueError:
+        return (a or "").strip() == (b or "").strip()
+
+
 def _measured_section(coll: list[dict[str, str]], measured: list[dict[str, str]], folder: Path):  # type: ignore[no-untyped-def]
+    """Each measured row against the predictions of its case: its collective and size, and its
+    topology, nodes and algorithm where given. A row that names no algorithm is compared with
+    the tuner's pick (``auto``) where the sweep ran several algorithms (an error over all of
+    them would not measure the model), and is left out if it has none."""
     optional = ("topology", "nodes", "algorithm")
     pairs = []
     for m in measured:
         t = _f(m, "time_us")
         if t is None:
             continue
-        for r in coll:
-            if r.get("error") or r["collective"] != m["collective"]:
-                continue
-            if r["size_bytes"] != m["size_bytes"] and r["bytes"] != m["size_bytes"]:
-                continue
-            if any(m.get(k) and m[k] != r[k] for k in optional):
-                continue
-            pairs.append((t, _f(r, "time_us"), r["algorithm"]))
+        found = [
+            r for r in coll
+            if not r.get("error") and r["collective"] == m["collective"]
+            and (_same(r["size_bytes"], m["size_bytes"]) or _same(r["bytes"], m["size_bytes"]))
+            and all(_same(m[k], r[k]) for k in optional if m.get(k))
+        ]  # fmt: skip
+        if not m.get("algorithm") and len({r["algorithm"] for r in found}) > 1:
+            found = [r for r in found if r["algorithm"] == "auto"]
+        pairs += [(t, _f(r, "time_us"), r["algorithm"]) for r in found]
     blocks: list[Block] = [("h2", "Predicted vs measured")]
     if not pairs:
         return [*blocks, ("p", "No measured point matches a predicted one.")]
@@ -382,12 +409,13 @@ def write_report(
         ("p", f"{len(rows)} points from {results}: {len(coll)} collective, {len(steps)} step "
               f"time; {len(errors)} could not be computed (their 'error' column says why)."),
     ]  # fmt: skip
+    measured_rows = read_measured(measured) if measured else None  # a bad file: before any plot
     blocks += _bandwidth_section(coll_groups, folder)
     blocks += _crossover_section(coll_groups, folder)
     blocks += _link_section(coll_groups, folder)
     blocks += _scaling_section(coll, steps, folder)
-    if measured:
-        blocks += _measured_section(coll, read_measured(measured), folder)
+    if measured_rows is not None:
+        blocks += _measured_section(coll, measured_rows, folder)
     md = atomic_write_text(folder / "report.md", _markdown(blocks))
     page = atomic_write_text(folder / "report.html", _html(blocks, f"Sweep report: {name}"))
     return [md, page]

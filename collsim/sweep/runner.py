@@ -18,6 +18,8 @@ Executors: ``local`` (a process pool over the machine's cores) and ``dask`` (a
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import signal
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collsim.errors import CollsimError
-from collsim.io import atomic_write_text
+from collsim.io import atomic_write_text, directory_lock
 from collsim.sweep.spec import SweepError, SweepSpec, Task
 from collsim.sweep.tasks import COLUMNS, run_task, to_csv
 
@@ -48,17 +50,45 @@ class SweepOutcome:
     problems: tuple[str, ...] = ()  # what an earlier, interrupted or damaged run left (not used)
 
 
+@functools.cache
+def code_version() -> str:
+    """A fingerprint of this collsim's source (every module's bytes): results of another build
+    are not mixed into a resumed sweep."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
+    from importlib import metadata
+
+    try:
+        version = metadata.version("collsim")
+    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        version = "source"
+    return f"{version}+{digest.hexdigest()[:12]}"
+
+
 def _store(root: Path):  # type: ignore[no-untyped-def]
     from collsim.calibration.store import ResultStore
 
+    ours = {"spec.json", POINTS, "parts", ".lock"}  # what a run writes before its first record
+    if (root.exists() and not (root / "manifest.json").exists()
+            and any(p.name not in ours for p in root.iterdir())):  # fmt: skip
+        raise SweepError(
+            "exists and is not a sweep results directory; use another -o", file=str(root)
+        )
     try:
         store = ResultStore(root, {"kind": "collsim-sweep"})
     except CollsimError as exc:
         raise SweepError(exc.message, file=exc.file, field="--output") from None
-    if root.exists() and not (root / "manifest.json").exists() and any(root.iterdir()):
+    theirs = (store.manifest.get("identity") or {}).get("collsim")
+    if theirs is not None and theirs != code_version() and store.manifest.get("points"):
         raise SweepError(
-            "exists and is not a sweep results directory; use another -o", file=str(root)
+            f"holds results of another collsim build ({theirs}; this is {code_version()}): "
+            "they would mix with this one's; use another -o, or delete it to start over",
+            file=str(root),
+            field="--output",
         )
+    store.manifest.setdefault("identity", {})["collsim"] = code_version()
     return store
 
 
@@ -163,6 +193,18 @@ def run_sweep(
     if executor == "dask" and not scheduler:
         raise SweepError("--executor dask needs --scheduler tcp://HOST:PORT", field="--scheduler")
     root = Path(output)
+    with directory_lock(root, "sweep", "--output", SweepError):
+        return _run(spec, root, executor, jobs, scheduler, progress)
+
+
+def _run(
+    spec: SweepSpec,
+    root: Path,
+    executor: str,
+    jobs: int | None,
+    scheduler: str | None,
+    progress: Callable[[int, int], None] | None,
+) -> SweepOutcome:
     store = _store(root)
     problems = tuple(store.problems())  # e.g. a truncated part: reported, then computed again
     store.clean()

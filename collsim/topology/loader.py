@@ -142,13 +142,18 @@ def topology_from_dict(
         if value is not None and value < 1:
             raise TopologyError("must be at least 1", field=flag, value=value)
     if isinstance(spec, ExplicitIn):
-        if nodes is not None or gpus_per_node is not None:
-            raise TopologyError(
-                "an explicit graph has a fixed size: --nodes/--gpus-per-node do not apply",
-                field="--nodes" if nodes is not None else "--gpus-per-node",
-                value=nodes if nodes is not None else gpus_per_node,
-            )
         topo = _from_explicit(spec, file)
+        # Its own size may be restated (a sweep or a log names it); another one cannot apply.
+        sizes = (("--nodes", nodes, topo.nodes), ("--gpus-per-node", gpus_per_node,
+                                                   topo.gpus_per_node))  # fmt: skip
+        for flag, value, own in sizes:
+            if value is not None and value != own:
+                raise TopologyError(
+                    f"an explicit graph has a fixed size ({topo.nodes} x {topo.gpus_per_node} "
+                    "GPUs): --nodes/--gpus-per-node cannot change it",
+                    field=flag,
+                    value=value,
+                )
     else:
         topo = _from_template(spec, nodes, gpus_per_node, file)
     check_connected(topo)

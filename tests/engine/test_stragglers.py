@@ -300,3 +300,14 @@ def test_cli_bad_input_exits_2(extra) -> None:
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
+
+
+def test_an_empty_call_ends_when_its_last_rank_enters() -> None:
+    """8 bytes of all_gather on 8 ranks round to nothing: each rank's call returns as it starts,
+    so the last one ends at the skew (it said 0, and -5 us after the last start)."""
+    study = run_stragglers(
+        load_topology("dgx-h100", nodes=1), "all_gather", "ring", [8], skew="one:5us", samples=3
+    )
+    (point,) = study.points
+    assert np.allclose(point.completion_s, 5e-6)
+    assert np.allclose(point.after_last_start_s, 0.0)

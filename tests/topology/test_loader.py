@@ -137,6 +137,8 @@ def test_explicit_graph_loads_and_rejects_overrides(tmp_path):
     assert topo.n_gpus == 2 and not topo.is_template
     with pytest.raises(TopologyError, match="fixed size"):
         load_topology(good, nodes=2)
+    # its own size may be restated (a sweep task names every topology's node count)
+    assert load_topology(good, nodes=topo.nodes, gpus_per_node=topo.gpus_per_node).n_gpus == 2
 
 
 def test_explicit_gpus_without_a_node_are_on_node_0(tmp_path):
