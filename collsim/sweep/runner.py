@@ -146,6 +146,23 @@ def _term_as_interrupt() -> Callable[[], None]:
 def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent terminates its workers
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """A worker ends when the sweep does, even if it is killed with SIGKILL (which leaves no
+    chance to terminate the pool): Linux's PR_SET_PDEATHSIG, elsewhere nothing."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
 
 
 def _dask(tasks: list[Task], scheduler: str) -> Iterator[tuple[str, str, int]]:

@@ -256,8 +256,12 @@ def spec_from_dict(data: Any, *, file: str | None = None, base: Path | None = No
     tasks.sort(key=Task.sort_key)
     keys = [t.key for t in tasks]
     if len(set(keys)) != len(keys):
-        again = next(k for i, k in enumerate(keys) if k in keys[:i])
-        raise _fail("the grid repeats a point", file, "", again)
+        again = next(t for i, t in enumerate(tasks) if t.key in keys[:i])
+        what = f"{again.topology} x {again.nodes}, {again.collective or again.workload}, "
+        raise _fail(
+            "the grid repeats a point (the same topology file under two names, or one fault "
+            "scenario spelled two ways)", file, "topologies/faults", what + again.engine,
+        )  # fmt: skip
     return SweepSpec(spec.name, file, spec.model_dump(mode="json"), tasks)
 
 
@@ -359,7 +363,9 @@ def _topologies(
                 except CollsimError as exc:
                     raise _fail(f"{name}: {exc.message}", file, f"faults.{k}", exc.value) from None
                 label = f"{topo.name} [{'; '.join(faulty.faults)}]"
-                out.append((label, path, faulty, faults))
+                # As applied (one spelling per fault: bw=.25 is bw=0.25), so a scenario written
+                # twice in two ways is one point, refused as a repeat.
+                out.append((label, path, faulty, tuple(faulty.faults)))
     return out
 
 

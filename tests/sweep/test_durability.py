@@ -178,3 +178,45 @@ def test_truncated_manifest_is_an_error_not_a_fresh_start(finished, spec_file):
     manifest.write_bytes(manifest.read_bytes()[:30])
     with pytest.raises(SweepError, match="unreadable manifest"):
         run_sweep(spec, res, jobs=1)
+
+
+def test_workers_end_with_a_killed_sweep(tmp_path):
+    """SIGKILL leaves the parent no chance to terminate its pool: the workers, blocked on their
+    queue, lived on as orphans until killed by hand. They now end with it."""
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(SLOW_SPEC))
+    proc = subprocess.Popen(
+        [*_collsim(), "sweep", str(spec_path), "-o", str(tmp_path / "res"), "-j", "2"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        workers: list[int] = []
+        while time.monotonic() < deadline and len(workers) < 2 and proc.poll() is None:
+            out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)],
+                                 capture_output=True, text=True, check=False)  # fmt: skip
+            workers = [int(p) for p in out.stdout.split()]
+            time.sleep(0.05)
+        if len(workers) < 2:
+            pytest.skip("the pool did not start in time")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        alive = workers
+        while alive and time.monotonic() < deadline:
+            alive = [p for p in alive if _alive(p)]
+            time.sleep(0.05)
+        assert not alive, f"workers {alive} outlived the sweep"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split()[2] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
