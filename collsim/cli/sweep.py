@@ -71,6 +71,8 @@ def sweep(
 
     if jobs is not None and jobs < 1:
         raise CollsimError("must be at least 1", field="--jobs", value=jobs)
+    if executor == "dask" and not scheduler and not dry_run:  # before loading the spec
+        raise CollsimError("--executor dask needs --scheduler tcp://HOST:PORT", field="--scheduler")
     spec = load_spec(spec_file)
     click.echo(f"# {spec.name}: {spec.n_points} points in {plural(len(spec.tasks), 'task')}")
     if dry_run:

@@ -92,6 +92,8 @@ class SizesIn(Strict):
                 )
         elif not self.values:
             raise ValueError("the list of sizes is empty")
+        elif self.min is not None or self.max is not None:
+            raise ValueError("give either min/max/factor or values, not both")
         return self
 
     def expand(self) -> list[int]:
