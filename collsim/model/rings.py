@@ -11,13 +11,10 @@ time), as the engine charges it) and ``g_i`` (a plain step): all-reduce ``m-1`` 
 plain last hop and the owner's reduction (serialised on its GPU over channels); all-gather
 ``m-1`` g-steps. On a uniform ring all-reduce is the textbook ``2(m-1)(alpha + S/(mB))``.
 
-Every edge's bandwidth is its max-min share among the edges that move with it: a ring's own
-edges (several through one NIC or PCIe switch split it), and the rings of a two-level phase's
-groups, which run in lockstep. Channels' rings drift apart in time (the engine shows it: a link
-two channels share is rarely busy with both at once at mid sizes), so across channels only the
-link-load bound (``flows.FlowCosts.load_lines``: every byte a link carries over the collective)
-applies; it is also what covers a ring mixing fast and slow edges, where blocks pile up in front
-of the slow link and the ring runs at its pace.
+Every edge's bandwidth is its max-min share among *all* ring edges of all channels (they all run
+at once: several ring edges through one NIC or PCIe switch split it). Where a ring mixes fast and
+slow edges, blocks pile up in front of the slow link and the ring runs at its pace; the link-load
+bound (``flows.FlowCosts.load_lines``) covers that regime.
 """
 
 from __future__ import annotations
@@ -104,31 +101,24 @@ def ring_phase(
     weight: int = 1,
     red_mult: int = 1,
     copy: bool = False,
-    apart: bool = False,
 ) -> Oracle:
     """Time of one ring phase over the rings ``rings`` (K, m), all running at once.
 
     ``frac``: payload bytes per transfer per collective byte. ``weight``: identical copies of
     every ring (channels on the same order). ``red_mult``: local reductions serialised on an
     owner's GPU (one per channel). ``copy``: the owner also copies its block locally (side work).
-    ``apart``: the rings are channels, which drift apart: each ring's edges share links among
-    themselves (they move step by step together), and with the other rings only in the
-    link-load bound; otherwise (groups of a two-level algorithm, in lockstep) all share.
     """
     rings = np.atleast_2d(np.asarray(rings, dtype=np.int64))
     k, m = rings.shape
     if m < 2:
         return lambda s: Aff.zeros(())
-    nxt = np.roll(rings, -1, axis=1)
+    src = rings.reshape(-1)
+    dst = np.roll(rings, -1, axis=1).reshape(-1)
     steps = _STEPS[mode] * (m - 1)
-    load = frac * steps * weight
-    if apart:
-        waves = [costs.wave(rings[i], nxt[i], weight, load_bytes=load) for i in range(k)]
-    else:
-        waves = [costs.wave(rings.reshape(-1), nxt.reshape(-1), weight, load_bytes=load)]
-    lat = np.concatenate([w.lat_s for w in waves]).reshape(k, m)
-    g_b = frac * np.concatenate([w.s_per_byte for w in waves]).reshape(k, m)
-    red_rate = costs.reduce_bytes_per_s[nxt]
+    wave = costs.wave(src, dst, weight, load_bytes=frac * steps * weight)
+    lat = wave.lat_s.reshape(k, m)
+    g_b = frac * wave.s_per_byte.reshape(k, m)
+    red_rate = costs.reduce_bytes_per_s[dst].reshape(k, m)
     r_b = np.maximum(g_b, frac / red_rate)
     own_red_b = red_mult * frac / costs.reduce_bytes_per_s[rings]  # reduction at the owner
     copy_b = frac / costs.copy_bytes_per_s[rings]
@@ -210,10 +200,10 @@ def flat_ring(costs: FlowCosts, collective: str, channels: int, layout: RankLayo
     orders = ring_orders(collective, n, channels, layout)
     frac = 1.0 / (n * channels)
     if collective == "all_reduce":
-        return ring_phase(costs, orders, frac, AR, copy=True, apart=True)
+        return ring_phase(costs, orders, frac, AR, copy=True)
     if collective == "reduce_scatter":
-        return ring_phase(costs, orders, frac, RS_OUT, red_mult=channels, apart=True)
-    return ring_phase(costs, orders, frac, AG, copy=True, apart=True)
+        return ring_phase(costs, orders, frac, RS_OUT, red_mult=channels)
+    return ring_phase(costs, orders, frac, AG, copy=True)
 
 
 def _nodes(n: int, per_node: int) -> tuple[np.ndarray, np.ndarray] | None:
