@@ -298,12 +298,17 @@ class ScaledModel:
         sizes = np.atleast_1d(np.asarray(sizes_bytes))
         eff = effective_bytes(collective, sizes, elem_bytes, self.nranks)
         sc = self.scale
+        stretch: np.ndarray | float = 1.0
         if sc.size_factors:
             xs = np.log2([p[0] for p in sc.size_factors])
             ys = np.array([p[1] for p in sc.size_factors])
-            eff = eff / np.interp(np.log2(np.maximum(eff, 1.0)), xs, ys)
+            stretch = 1.0 / np.interp(np.log2(np.maximum(eff, 1.0)), xs, ys)
         p = self.model.params
-        t = p.base_latency_s + sc.base_latency_s + st.time_s(eff, sc.latency, sc.bandwidth)
+        t = (
+            p.base_latency_s
+            + sc.base_latency_s
+            + st.time_s(eff, sc.latency, sc.bandwidth, stretch=stretch)
+        )
         t = np.where(eff == 0, 0.0, t)  # an empty call launches nothing
         return under_floor(t, self.floor_s(collective)) if floor else t
 

@@ -79,19 +79,23 @@ class Structure:
         latency: float = 1.0,
         bandwidth: float = 1.0,
         chunk_bytes: int | None = None,
+        stretch: np.ndarray | float = 1.0,
     ) -> np.ndarray:
         """Time at each (effective) size; ``latency`` scales intercepts, ``bandwidth`` divides
         slopes (a calibration profile's link-class factors); ``chunk_bytes`` overrides the
-        pipeline's chunk (its per-chunk lines hold for any chunk size)."""
+        pipeline's chunk (its per-chunk lines hold for any chunk size); ``stretch`` multiplies
+        each size's bytes (a profile's size efficiency, 1 / factor), while a pipeline still cuts
+        the true size into chunks."""
+        stretched = np.asarray(size_bytes, dtype=np.float64) * stretch
         load = Lines(self.load_lines.a_s * latency, self.load_lines.b_s_per_byte / bandwidth)
         if self.pipeline is not None:
             pipe = self.pipeline
             if chunk_bytes is not None:
                 pipe = dataclasses.replace(pipe, chunk_bytes=int(chunk_bytes))
-            return np.maximum(pipe.time_s(size_bytes, latency, bandwidth),
-                              evaluate(load, size_bytes))  # fmt: skip
+            return np.maximum(pipe.time_s(size_bytes, latency, bandwidth, stretch),
+                              evaluate(load, stretched))  # fmt: skip
         lines = Lines(self.lines.a_s * latency, self.lines.b_s_per_byte / bandwidth)
-        return evaluate(lines, size_bytes)
+        return evaluate(lines, stretched)
 
 
 def effective_bytes(
@@ -223,9 +227,13 @@ class AnalyticModel:
             raise ScheduleError("sizes must not be negative", field="sizes", value=int(sizes.min()))
         st = self.structure(collective, algorithm, protocol=protocol, channels=channels)
         eff = effective_bytes(collective, sizes, elem_bytes, self.nranks)
-        scaled = eff / self.params.size_factor(eff) if self.params.size_factors else eff
+        stretch = 1.0 / self.params.size_factor(eff) if self.params.size_factors else 1.0
         p = self.params
-        t = np.where(eff == 0, 0.0, p.base_latency_s + st.time_s(scaled, chunk_bytes=chunk_bytes))
+        t = np.where(
+            eff == 0,
+            0.0,
+            p.base_latency_s + st.time_s(eff, chunk_bytes=chunk_bytes, stretch=stretch),
+        )
         return under_floor(t, self.floor_s(collective)) if floor else t
 
     def floor_s(self, collective: str) -> float:

@@ -112,27 +112,34 @@ class Pipeline:
         return np.clip(np.ceil(per_stream / self.chunk_bytes), 1, self.max_chunks)
 
     def time_s(
-        self, size_bytes: np.ndarray, latency: float = 1.0, bandwidth: float = 1.0
+        self,
+        size_bytes: np.ndarray,
+        latency: float = 1.0,
+        bandwidth: float = 1.0,
+        stretch: np.ndarray | float = 1.0,
     ) -> np.ndarray:
         """Time at each size; ``latency`` scales intercepts and ``bandwidth`` divides slopes.
 
         ``k`` chunks as ``BuildSpec.chunks`` cuts them: whole chunks and a remainder, the first
         fills the pipeline and each later one adds a step at its own size; above ``max_chunks``,
         that many equal ones. (``fill`` and ``step`` take the collective size whose chunk is
-        timed: a chunk of ``c`` bytes per stream is the chunk of a ``c x streams`` collective.)"""
+        timed: a chunk of ``c`` bytes per stream is the chunk of a ``c x streams`` collective.)
+        ``stretch`` multiplies the bytes each chunk moves (a profile's size efficiency), not
+        where the buffer is cut."""
         size = np.asarray(size_bytes, dtype=np.float64)
         per_stream = size / self.streams
         whole = np.maximum(1.0, np.ceil(per_stream / self.chunk_bytes))
         k = np.minimum(whole, self.max_chunks)
         fill = Lines(self.fill.a_s * latency, self.fill.b_s_per_byte / bandwidth)
         step = Lines(self.step.a_s * latency, self.step.b_s_per_byte / bandwidth)
-        x = size / k
+        grow = np.broadcast_to(np.asarray(stretch, dtype=np.float64), size.shape)
+        x = size / k * grow
         equal = evaluate(fill, x) + (k - 1.0) * evaluate(step, x)
         c = float(self.chunk_bytes * self.streams)
-        rest = np.maximum(size - (whole - 1.0) * c, 0.0)
+        rest = np.maximum(size - (whole - 1.0) * c, 0.0) * grow
         cut = (
-            evaluate(fill, np.full_like(size, c))
-            + np.maximum(whole - 2.0, 0.0) * evaluate(step, np.full_like(size, c))
+            evaluate(fill, c * grow)
+            + np.maximum(whole - 2.0, 0.0) * evaluate(step, c * grow)
             + evaluate(step, rest)
         )
         return np.where((whole > self.max_chunks) | (whole <= 1.0), equal, cut)
