@@ -124,7 +124,15 @@ LIMITATIONS = (
     "all-to-all: a send and a receive per rank) on top of its launch, in the floor (superbench "
     "alltoall, whose small messages take 87 us where its collectives take 35: uncalibrated "
     "41.1% -> 9.5%, in-sample 37.7% -> 5.7%, cross-collective 41.6% -> 6.5%; cross-collective "
-    "median 12.3% -> 9.0%, uncalibrated median 29.0% -> 26.9%).",
+    "median 12.3% -> 9.0%, uncalibrated median 29.0% -> 26.9%); all-to-all runs as NCCL's "
+    "grouped send-recv, in NCCL's node-aware peer order with one round per channel in flight, "
+    "no longer step-synchronous (rtx6000d-spcx-roce alltoall uncalibrated 217% -> 44%, "
+    "in-sample 55% -> 21%, cross-collective 899% -> 251%); pipelines cut whole chunks and the "
+    "remainder last as NCCL does, and a profile's size efficiency stretches the bytes a chunk "
+    "moves rather than the size that is cut. With the day's other changes (ECMP by device "
+    "names, a ring all-reduce's halves joined without an extra latency, NVLS traffic): "
+    "uncalibrated mean 34.1% -> 30.6%, cross-collective mean 53.3% -> 25.0% and median 9.0% -> "
+    "8.6%, cross-size median 8.8% -> 8.6%.",
 )
 
 
