@@ -31,7 +31,9 @@ _BAR_MIN = 50
     default="none",
     show_default=True,
     help="Start delay per rank: none, uniform:MAX, exp:MEAN, lognormal:MEDIAN[,SIGMA], "
-    "one:DELAY[@RANK] (times: 50us, 1.2ms; bare numbers are us).",
+    "one:DELAY[@RANK] (times: 50us, 1.2ms; bare numbers are us). Each draw is shifted so its "
+    "earliest rank starts at 0 (only the spread matters): with exp:MEAN the latest rank starts "
+    "MEAN x (1/1 + ... + 1/(N-1)) after the first on average.",
 )
 @click.option(
     "--slowdown",

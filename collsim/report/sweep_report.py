@@ -394,8 +394,11 @@ def write_report(
     from collsim.sweep.runner import read_points
 
     rows = read_points(results)
+    if not rows:
+        raise CollsimError("no points in these results yet; run the sweep", file=str(results))
     name = "sweep"
-    spec = Path(results) / "spec.json"
+    where = Path(results)
+    spec = (where if where.is_dir() else where.parent) / "spec.json"  # points.csv given: beside it
     if spec.is_file():
         name = json.loads(spec.read_text()).get("name", name)
     folder = Path(output)

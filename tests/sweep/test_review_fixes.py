@@ -97,3 +97,18 @@ def test_measured_rows_match_as_users_write_them(spec_file, tmp_path):
         write_report(tmp_path / "res", tmp_path / "rep2", measured=str(header_only))
     assert not (tmp_path / "rep2" / "report.md").exists()
     assert not list((tmp_path / "rep2").glob("*.png"))  # refused before any plot
+
+
+def test_the_report_names_the_sweep_from_its_points_file_and_refuses_no_points(spec_file, tmp_path):
+    from collsim.errors import CollsimError
+
+    run_sweep(load_spec(spec_file(ONE)), tmp_path / "res", jobs=1)
+    write_report(tmp_path / "res" / "points.csv", tmp_path / "rep")
+    assert (tmp_path / "rep" / "report.md").read_text().startswith("# Sweep report: one")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "points.csv").write_text(
+        (tmp_path / "res" / "points.csv").read_text().split("\n")[0] + "\n"
+    )
+    with pytest.raises(CollsimError, match="no points"):
+        write_report(empty, tmp_path / "rep2")
