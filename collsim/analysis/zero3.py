@@ -196,12 +196,14 @@ def zero3(
     cache: dict[tuple[float, ...], LayerComm] = {}
     for i, layer in enumerate(tensors):
         tail = tails[i] if tails else 0
+        # Dense tensors over all DP; experts' among their holders (none to move if one holds them).
+        parts = [(groups.dp, layer[: len(layer) - tail])]
+        if tail and len(groups.dp_expert) > 1:
+            parts.append((groups.dp_expert, layer[len(layer) - tail :]))
         key = (*layer, tail)
         if key not in cache:
-            dense, experts = layer[: len(layer) - tail], layer[len(layer) - tail :]
-            cache[key] = layer_comm(coll, groups.dp, w, dense, algo)
-            if experts and len(groups.dp_expert) > 1:
-                cache[key] = cache[key].plus(layer_comm(coll, groups.dp_expert, w, experts, algo))
+            found = [layer_comm(coll, group, w, tensors_, algo) for group, tensors_ in parts]
+            cache[key] = found[0] if len(found) == 1 else found[0].plus(found[1])
         c = cache[key]
         # The embeddings' pseudo-layer has no compute of its own to hide behind.
         f, b = (fwd_l, bwd_l) if i < crit["layers"] else (0.0, 0.0)
@@ -209,10 +211,7 @@ def zero3(
         no_rs = dataclasses.replace(c, reduce_scatter=0.0, rs_copies=0.0)
         gathers += exposed_per_layer(no_rs, f, b, w.training.dp_overlap)
         total += exposed_per_layer(c, 0.0, 0.0, False)
-        parts = [layer[: len(layer) - tail]]
-        if tail and len(groups.dp_expert) > 1:
-            parts.append(layer[len(layer) - tail :])
-        calls += sum(2 * (1 if w.parallel.fsdp else len(p)) for p in parts if p)
+        calls += sum(2 * (1 if w.parallel.fsdp else len(p)) for _, p in parts if p)
     return (
         m * gathers,
         m * (exposed - gathers),

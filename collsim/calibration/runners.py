@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -377,7 +377,7 @@ def run(
     A SIGTERM (a batch system's time limit) ends the run like Ctrl-C: the launched commands are
     stopped and everything recorded so far stays.
     """
-    with _directory_lock(cfg.out):
+    with directory_lock(cfg.out, "calibrate run", "--out", CalibrationError):
         if threading.current_thread() is threading.main_thread():
             previous = signal.signal(signal.SIGTERM, _terminated)
             try:
@@ -392,12 +392,6 @@ def run(
 
 
 @contextlib.contextmanager
-def _directory_lock(out: Path) -> Iterator[None]:
-    """One run per results directory at a time (:func:`collsim.io.directory_lock`)."""
-    with directory_lock(out, "calibrate run", "--out", CalibrationError):
-        yield
-
-
 def _settle(cfg: RunConfig) -> None:
     """Bring every per-point log up to date with its recorded points (a stopped run may lag)."""
     if cfg.runner == "torch" and (cfg.out / MANIFEST).exists():

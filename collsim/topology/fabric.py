@@ -89,12 +89,7 @@ class TopologyFabric:
         The switch is the one with in-network reduction (NVLS NVSwitch, SHARP switch) whose
         farthest rank is nearest; routes to and from it follow the usual routing.
         """
-        srcs_t = tuple(int(s) for s in srcs)
-        dsts_t = tuple(int(d) for d in dsts)
-        key = (srcs_t, dsts_t)
-        if key not in self._reducer:
-            self._reducer[key] = self._choose_reducer(srcs_t, dsts_t)
-        switch = self._reducer[key]
+        srcs_t, dsts_t, switch = self._reducer_for(srcs, dsts)
         ups = [self.network.route_index(int(self._gpu_index[s]), switch) for s in srcs_t]
         downs = [self.network.route_index(switch, int(self._gpu_index[d])) for d in dsts_t]
         switch_latency = float(self.network.device_latency_s[switch])
@@ -116,14 +111,21 @@ class TopologyFabric:
         nccl-tests PR 239: algbw = busbw x n/(n+1)); an InfiniBand SHARP tree moves ``S``. Both
         divided by the switch's ``in_network_efficiency`` (the rate its reductions reach).
         """
+        srcs_t, _, switch = self._reducer_for(srcs, dsts)
+        dev = self.network.devices[switch]
+        share = 1.0 + 1.0 / max(1, len(srcs_t)) if dev.kind == "nvswitch" else 1.0
+        return share / dev.in_network_efficiency
+
+    def _reducer_for(
+        self, srcs: np.ndarray, dsts: np.ndarray
+    ) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+        """The ranks as tuples and the reducing switch they use (chosen once per group)."""
         srcs_t = tuple(int(s) for s in srcs)
         dsts_t = tuple(int(d) for d in dsts)
         key = (srcs_t, dsts_t)
         if key not in self._reducer:
             self._reducer[key] = self._choose_reducer(srcs_t, dsts_t)
-        dev = self.network.devices[self._reducer[key]]
-        share = 1.0 + 1.0 / max(1, len(srcs_t)) if dev.kind == "nvswitch" else 1.0
-        return share / dev.in_network_efficiency
+        return srcs_t, dsts_t, self._reducer[key]
 
     def _choose_reducer(self, srcs: tuple[int, ...], dsts: tuple[int, ...]) -> int:
         net = self.network
