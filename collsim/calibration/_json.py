@@ -6,7 +6,9 @@ devices x ``nthreads`` x ``ngpus``), ``results`` (``size``, ``count``, ``type``,
 ``root``,
 ``out_of_place``/``in_place`` objects with ``time``, ``alg_bw``, ``bus_bw``, ``nwrong``, either may
 be ``null``) and ``average_bus_bandwidth``/``out_of_bounds``. nccl-tests writes the file as it
-goes, so a killed run leaves it truncated: that is reported with the line where it stops.
+goes, so a killed run leaves it truncated: the results completed before the cut are read (and the
+cut is noted); a document cut before its first complete result is an error naming the line where
+it stops.
 """
 
 from __future__ import annotations
@@ -96,16 +98,55 @@ def _group(obj: Any, file: str, index: int) -> Any:
     return Group(*(Value(numbers[k], 5e-7) for k in values), Value(wrong_value))
 
 
+def _salvage(text: str) -> tuple[dict[str, Any], int] | None:
+    """A truncated document's header and its complete results (and how many), or None where
+    nothing before the cut is a complete result. nccl-tests writes ``results`` after the run's
+    ``args``/``env``/``config``, one object per size as each completes."""
+    key = text.find('"results"')
+    start = text.find("[", key) if key >= 0 else -1
+    if start < 0 or text[key + len('"results"') : start].strip() != ":":
+        return None
+    try:
+        head = json.loads(text[:start] + "[]}")
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(head, dict):
+        return None
+    decoder, pos, results = json.JSONDecoder(), start + 1, []
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        try:
+            obj, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            break
+        if not isinstance(obj, dict):
+            break
+        results.append(obj)
+    if not results:
+        return None
+    head["results"] = results
+    return head, len(results)
+
+
 def read(text: str, file: str) -> tuple[Facts, list[Draft]]:
-    """Facts and draft rows from a ``-J`` JSON document."""
+    """Facts and draft rows from a ``-J`` JSON document (a truncated one: what it completed)."""
+    cut: str | None = None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise CalibrationError(
-            f"malformed or truncated JSON: {exc.msg} (character {exc.pos} of {len(text)})",
-            file=file,
-            field=f"line {exc.lineno}",
-        ) from None
+        salvaged = _salvage(text)
+        if salvaged is None:
+            raise CalibrationError(
+                f"malformed or truncated JSON: {exc.msg} (character {exc.pos} of {len(text)})",
+                file=file,
+                field=f"line {exc.lineno}",
+            ) from None
+        doc, kept = salvaged
+        cut = (
+            f"the JSON stops at line {exc.lineno} ({exc.msg}): a run cut short? "
+            f"{kept} complete result(s) before it read"
+        )
     results = doc.get("results") if isinstance(doc, dict) else None
     if not isinstance(results, list) or not results:
         raise CalibrationError(
@@ -114,6 +155,8 @@ def read(text: str, file: str) -> tuple[Facts, list[Draft]]:
     config = doc.get("config") or {}
     devices = config.get("devices") or []
     facts = Facts(json=True, library_code=doc.get("nccl_version"))
+    if cut:
+        facts.notes.append(cut)
     args = doc.get("args") or []
     facts.collective = str(args[0]) if args else None
     facts.gpus_per_thread = int(config["ngpus"]) if config.get("ngpus") else None

@@ -80,7 +80,15 @@ LIMITATIONS = (
     "- *which algorithm NCCL ran*: collsim's tuner picks the fastest by its own physics; on two "
     "p4d nodes (NCCL 2.9.9, EFA) that is the tree (~93 GB/s busbw at 4 GiB) while the measured "
     "43.8 GB/s is what a ring gets there, whereas on h100-snellius-ib-2n (NCCL 2.22) the measured "
-    "156 GB/s is above any ring's NIC bound, i.e. NCCL ran its tree.",
+    "156 GB/s is above any ring's NIC bound, i.e. NCCL ran its tree. Tried: letting NCCL's own "
+    "tuning model (`--model nccl`, a transcription of v2.19-2.21) choose the algorithm and "
+    "collsim's physics time it. p4d, p4de, v100-aws and rtx6000d-roce all_reduce improved "
+    "(uncalibrated 64.8/66.8/49.9/35.1/26.0% -> 53.2/58.1/47.3/27.0/22.6%), but that model picks "
+    "the ring on h100-snellius-ib-2n where NCCL 2.22 ran the tree (its 2-node ring is priced at "
+    "the intra-node rate), so that log went 21.5% -> 29.3% and its all_reduce-only fit moved the "
+    "system's cross-collective logs 8% -> 17%: overall uncalibrated mean 30.6% -> 30.1%, "
+    "cross-collective median 8.6% -> 12.6%. The choice depends on the NCCL version and on its "
+    "topology search, which collsim does not reproduce; kept: collsim's fastest.",
     "- *unpublished intra-node topology*: rtx6000d-spcx-roce alltoall (PCIe switches and CPU "
     "links of the measured hosts are not published; the catalog's guess routes GPU pairs "
     "through the CPUs and comes out 2x slow).",

@@ -169,9 +169,18 @@ def test_json_output(write):
     assert (log.nccl_version, log.nccl_env) == ("2.26.2", {"NCCL_ALGO": "Ring"})
     assert log.rows[0].ip_time_us is None and not log.rows[0].has_in_place
     assert log.anomalies == () and log.gpus_per_thread == 2
-    truncated = json.dumps(doc, indent=1)[:-40]
+    # A killed run leaves the file cut short: what it completed is kept, and the cut is said.
+    second = dict(doc["results"][0], size=8192, count=512)
+    second["out_of_place"] = {"time": 81.92, "alg_bw": 0.1, "bus_bw": 0.075, "nwrong": 0.0}
+    text = json.dumps({**doc, "results": [doc["results"][0], second]}, indent=1)
+    cut = read_log(write(text[: text.index('"average_bus')], "cut1.json"))
+    assert [r.size_bytes for r in cut.rows] == [4096, 8192] and cut.ranks == 4
+    assert any("the JSON stops at line" in n and "2 complete result(s)" in n for n in cut.notes)
+    cut = read_log(write(text[: text.index('"size": 8192') + 30], "cut2.json"))
+    assert [r.size_bytes for r in cut.rows] == [4096]
+    assert any("1 complete result(s)" in n for n in cut.notes)
     with pytest.raises(CalibrationError, match=r"run2.json: field 'line \d+': malformed or trunc"):
-        read_log(write(truncated, "run2.json"))
+        read_log(write(text[: text.index('"size": 4096') + 5], "run2.json"))
     # nccl-tests writes booleans as strings: a failed out-of-bounds check is "false", not OK
     doc["out_of_bounds"] = {"count": 5, "okay": "false"}
     assert any("(FAILED)" in a for a in read_log(write(json.dumps(doc), "oob.json")).anomalies)
