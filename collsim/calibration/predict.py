@@ -132,9 +132,10 @@ def constraints(env: dict[str, str], collective: str) -> Constraints:
         names, neg = _env_list(env["NCCL_PROTO"])
         picked = tuple(p for p in PROTOCOLS if (p.lower() in names) != neg)
         protos = picked or PROTOCOLS
-    lo = _int_env(env, "NCCL_MIN_NCHANNELS", 1)
-    hi = _int_env(env, "NCCL_MAX_NCHANNELS", max(CHANNELS))
-    channels = tuple(c for c in CHANNELS if lo <= c <= hi) or (max(1, min(hi, max(CHANNELS))),)
+    lo = max(1, _int_env(env, "NCCL_MIN_NCHANNELS", 1))
+    hi = max(1, _int_env(env, "NCCL_MAX_NCHANNELS", max(max(CHANNELS), lo)))
+    # Where no usual count is allowed (NCCL_MIN_NCHANNELS=32, or 2..4), the most allowed.
+    channels = tuple(c for c in CHANNELS if lo <= c <= hi) or (max(lo, min(hi, max(CHANNELS))),)
     return Constraints(algos, protos, channels)
 
 

@@ -144,7 +144,33 @@ def test_nccl_settings_are_honoured():
         "in_network",
     )
     assert constraints({"NCCL_MAX_NCHANNELS": "4"}, "all_reduce").channels == (1,)
+    # a count above the usual ones is the one NCCL ran with (it was clamped to 8)
+    assert constraints({"NCCL_MIN_NCHANNELS": "32"}, "all_reduce").channels == (32,)
+    assert constraints({"NCCL_MIN_NCHANNELS": "2", "NCCL_MAX_NCHANNELS": "4"}, "x").channels == (4,)
     assert env_from_notes("labelled 'ring' (NCCL_ALGO=RING set)") == {"NCCL_ALGO": "RING"}
+
+
+def test_a_logs_own_nccl_settings_bind_its_prediction(write):
+    """A log that records NCCL_ALGO=Tree (NCCL INFO '... set by environment to') is predicted
+    with the tree by `collsim validate` and fitted with it: the log's settings used to be read
+    and printed but never applied."""
+    from collsim.calibration import read_log
+    from collsim.topology.loader import load_topology
+
+    rows = alpha_beta_rows(n=16)
+    info = "node1:1001:1001 [0] NCCL INFO NCCL_ALGO set by environment to Tree\n"
+    text = standard_log(rows).replace("NCCL version", info + "NCCL version")
+    path = write(text)
+    log = read_log(path)
+    assert log.nccl_env == {"NCCL_ALGO": "Tree"}
+    sample = Sample(log, load_topology("h100-4gpu-ib", nodes=2, gpus_per_node=2))
+    assert sample.env["NCCL_ALGO"] == "Tree"
+    v = validate_samples([sample], uncalibrated_params())
+    assert {p.choice.split("/")[0] for p in v.logs[0].points} == {"tree"}
+    out = CliRunner().invoke(cli, ["validate", str(path), "-t", "h100-4gpu-ib",
+                                   "--gpus-per-node", "2"])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    assert " tree/" in out.output and " ring/" not in out.output
 
 
 def test_ring_log_is_predicted_with_the_ring(h100):
