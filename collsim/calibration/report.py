@@ -100,7 +100,17 @@ LIMITATIONS = (
     "GPU), so the network's hops add to it at two nodes (predicted 27 us, measured 16-18 us); "
     "the two "
     "2-GPU rtx4090 runs disagree with each other 1.7x (busbw 2.2 vs 3.7 GB/s), so their fit "
-    "predicts the 4-GPU runs ~30% fast at large sizes.",
+    "predicts the 4-GPU runs ~30% fast at large sizes. Tried: a transfer's latency as the "
+    "larger of its route's datasheet latency and NCCL's per-hop latency, instead of their sum "
+    "(NCCL's figures were measured end to end, so the sum may count the wire twice). "
+    "Cross-scale went 27.7/25.6% -> 17.5/18.3% (mean/median), cross-size median 8.6% -> 7.5%, "
+    "uncalibrated median 26.9% -> 25.9%. But uncalibrated mean went 30.6% -> 31.2% (the EFA "
+    "and TCPX logs' small messages, p3dn 34% -> 48%) and the step-time report 4.7% -> 5.0% "
+    "mean: the ZeRO-3 runs' latency-bound rings over 768-2240 GPUs came out faster still. At "
+    "that scale published rings cost more per step than either rule gives (about 9.5 us per "
+    "step on 1024 H100s over RoCE, nccl-tests issue 322), while a 32-node tree of tiny "
+    "all-reduces costs less than the sum gives (63 us measured, 98 predicted; NCCL issue 652). "
+    "The sum was kept.",
     "",
     "Mechanisms fixed since the first report (each moved the numbers above): chain and tree "
     "broadcast/reduce now pipeline (every edge sends its chunks in order; superbench broadcast "
