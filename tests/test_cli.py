@@ -63,3 +63,15 @@ def test_an_unknown_plot_format_is_refused_before_any_work(tmp_path):
         result = CliRunner().invoke(cli, [*args, "--plot", str(tmp_path / "v.txt")])
         assert result.exit_code == 2
         assert result.output.startswith("collsim: error: field '--plot': cannot draw a '.txt'")
+
+
+def test_a_chunk_of_no_bytes_is_refused_before_any_arithmetic():
+    """`--chunk-bytes 0` printed numpy's divide-by-zero warnings before its error."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a RuntimeWarning would now be an exception
+        args = ["simulate", "all_reduce", "-t", "dgx-h100", "--chunk-bytes", "0"]
+        result = CliRunner().invoke(cli, [*args, "--engine", "analytic"])
+    assert result.exit_code == 2
+    assert "'--chunk-bytes'" in result.output and "at least one byte" in result.output

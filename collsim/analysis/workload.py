@@ -404,7 +404,7 @@ def workload_from_dict(data: Any, *, file: str | None = None) -> WorkloadIn:
     """Validate a parsed YAML document (errors: one line naming the field and value)."""
     if not isinstance(data, dict):
         raise WorkloadError(
-            "a workload file must be a mapping with 'name', 'model' and 'batch'",
+            "a workload file must be a mapping with 'name', 'model' and 'global_batch'",
             file=file,
             value=type(data).__name__,
         )

@@ -87,6 +87,9 @@ def simulate(
     except CollsimError as exc:
         raise (exc if exc.field else exc.located(field="-b/-e/-f")) from None
     chunk = size_option("--chunk-bytes", chunk_bytes) if chunk_bytes else None
+    if chunk is not None and chunk < 1:
+        raise CollsimError("a pipelining chunk must hold at least one byte",
+                           field="--chunk-bytes", value=chunk_bytes)  # fmt: skip
     if trace and engine != "des":
         raise CollsimError("a trace needs the discrete-event engine", field="--trace", value=engine)
     topo = load_topology(topology, nodes=nodes, gpus_per_node=gpus_per_node, faults=faults)

@@ -7,7 +7,7 @@ default). ``docs/topology-format.md`` documents every field with an example.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -75,10 +75,38 @@ def _duplex_within(value: float | None, info: ValidationInfo) -> float | None:
     return value
 
 
+def _takes_bool(annotation: object) -> bool:
+    """Whether a field's type takes true/false itself: ``bool`` (or ``Any``) anywhere in it, or
+    a nested model (which checks its own fields)."""
+    if annotation is bool or annotation is Any:
+        return True
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    return any(_takes_bool(a) for a in get_args(annotation))
+
+
+def _has_bool(value: object) -> bool:
+    """``value`` is true/false, or a list or mapping holding one directly."""
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, dict):
+        value = list(value.values())
+    return isinstance(value, list | tuple) and any(isinstance(v, bool) for v in value)
+
+
 class Strict(BaseModel):
-    """Base: unknown keys are errors, values are not coerced from the wrong type."""
+    """Base: unknown keys are errors, values are not coerced from the wrong type (pydantic's lax
+    mode would read ``gpus: true`` as 1)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value: object, info: ValidationInfo) -> object:
+        field = cls.model_fields.get(info.field_name or "")
+        if field is not None and _has_bool(value) and not _takes_bool(field.annotation):
+            raise ValueError("expected a number or a name, not true/false")
+        return value
 
 
 class GpuIn(Strict):
