@@ -29,7 +29,7 @@ from pathlib import Path
 
 from collsim.errors import CollsimError
 from collsim.io import atomic_write_text, directory_lock
-from collsim.sweep.spec import SweepError, SweepSpec, Task
+from collsim.sweep.spec import SweepError, SweepSpec, Task, load_spec
 from collsim.sweep.tasks import COLUMNS, run_task, to_csv
 
 EXECUTORS = ("local", "dask")
@@ -90,6 +90,28 @@ def _store(root: Path):  # type: ignore[no-untyped-def]
         )
     store.manifest.setdefault("identity", {})["collsim"] = code_version()
     return store
+
+
+def _other_spec(root: Path, spec: SweepSpec) -> tuple[str, ...]:
+    """A warning where ``root`` last ran another spec: its ``points.csv`` is about to become this
+    spec's (the other's finished tasks stay in ``parts/``, so rerunning it restores its table)."""
+    try:
+        before = json.loads((root / "spec.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ()
+    if before == spec.data:
+        return ()
+    try:  # a spec grown from that one (more sizes, nodes, ...) drops none of its rows
+        if {t.key for t in load_spec(root / "spec.json").tasks} <= {t.key for t in spec.tasks}:
+            return ()
+    except CollsimError:
+        pass
+    name = before.get("name", "?") if isinstance(before, dict) else "?"
+    return (
+        f"{root} held the results of another spec ({name!r}); points.csv now holds this one's. "
+        "Its finished tasks stay in parts/ (rerunning that spec restores its points.csv in "
+        "seconds); use another -o to keep both tables",
+    )
 
 
 def merge(root: Path, spec: SweepSpec, store=None) -> int:  # type: ignore[no-untyped-def]
@@ -225,6 +247,7 @@ def _run(
     store = _store(root)
     problems = tuple(store.problems())  # e.g. a truncated part: reported, then computed again
     store.clean()
+    problems += _other_spec(root, spec)
     atomic_write_text(root / "spec.json", json.dumps(spec.data, indent=1, sort_keys=True) + "\n")
     todo = [t for t in spec.tasks if not store.done(t.key)]
     reused = len(spec.tasks) - len(todo)

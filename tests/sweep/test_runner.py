@@ -115,3 +115,24 @@ def test_not_a_results_directory(spec_file, tmp_path):
     (tmp_path / "other" / "file.txt").write_text("x")
     with pytest.raises(SweepError, match="not a sweep results directory"):
         run_sweep(load_spec(spec_file()), tmp_path / "other", jobs=1)
+
+
+def test_another_spec_into_the_same_folder_warns(spec_file, tmp_path, capsys):
+    """Running another spec into a results folder used to replace its points.csv silently; now
+    it says so (the first spec's parts stay, so rerunning it restores its table). Growing a spec
+    (the same tasks and more) replaces nothing and stays quiet."""
+
+    def sweep(**changes: object) -> str:
+        with pytest.raises(SystemExit) as info:
+            main(["sweep", str(spec_file(**changes)), "-o", str(tmp_path / "res"), "-j", "1"])
+        assert info.value.code == 0
+        return capsys.readouterr().err
+
+    first = {"nodes": [1], "collectives": ["all_reduce"]}
+    assert "another spec" not in sweep(**first)
+    rows_first = (tmp_path / "res/points.csv").read_bytes()
+    assert "another spec" not in sweep(nodes=[1])  # grown: all_gather added
+    err = sweep(nodes=[2], collectives=["all_gather"], algorithms=["ring"], name="other")
+    assert "held the results of another spec ('small')" in err and "parts/" in err
+    sweep(**first)  # the first spec's table comes back from its parts
+    assert (tmp_path / "res/points.csv").read_bytes() == rows_first
