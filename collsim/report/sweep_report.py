@@ -29,8 +29,9 @@ from collsim.io import atomic_write_text
 from collsim.report.tables import plural
 from collsim.units import format_size
 
-MAX_GROUPS = 12
-"""Plots per section at most (the first groups in the results' order)."""
+MAX_GROUPS = 24
+"""Plots per section at most (the first groups: per collective, cluster sizes in turn, the systems
+of one size side by side)."""
 
 Block = tuple[Any, ...]
 
@@ -407,6 +408,13 @@ def write_report(
     steps = [r for r in rows if r["kind"] == "step"]
     errors = [r for r in rows if r.get("error")]
     coll_groups = _groups(coll, ("topology", "nodes", "gpus", "collective", "engine"))
+
+    # Systems of one size next to each other, so a capped section still compares them.
+    def by_size(key: tuple[str, ...]) -> tuple[Any, ...]:
+        topology, nodes, gpus, collective, engine = key
+        return collective, engine, _f({"gpus": gpus}, "gpus") or 0.0, topology, nodes
+
+    coll_groups = dict(sorted(coll_groups.items(), key=lambda kv: by_size(kv[0])))
     blocks: list[Block] = [
         ("h1", f"Sweep report: {name}"),
         ("p", f"{len(rows)} points from {results}: {len(coll)} collective, {len(steps)} step "
