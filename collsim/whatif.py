@@ -7,7 +7,7 @@ it on the engine and returns one :class:`Point` per size, as nccl-tests would pr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -240,12 +240,14 @@ class WhatIf:
         chunk_bytes: int | None = None,
         engine: str = "des",
         model: str = "collsim",
+        progress: Callable[[int, int], None] | None = None,
     ) -> Sweep:
         """nccl-tests-style rows for every size.
 
         ``algorithm="auto"``: the tuner (:mod:`collsim.model.tuner`, over ``model``'s
         predictions, with this protocol and channel count) picks each size's algorithm.
         ``engine``: ``des`` times it on the discrete-event engine, ``analytic`` with ``model``.
+        ``progress(done, total)`` is called as each size is timed.
         """
         elem = dtype_bytes(dtype)
         proto = get_protocol(protocol).name
@@ -299,7 +301,9 @@ class WhatIf:
             faults=self.topology.faults,
         )
         n = self.topology.n_gpus
-        for size, name in zip(sizes, picks, strict=True):
+        for i, (size, name) in enumerate(zip(sizes, picks, strict=True)):
+            if progress is not None:
+                progress(i, len(sizes))
             if engine == "des":
                 sim, sched = self.run(
                     collective, name, size, elem_bytes=elem, channels=channels, protocol=proto,
@@ -326,4 +330,6 @@ class WhatIf:
                     busbw_gbps=busbw_gbps(collective, n, size_out, time_s) if time_s > 0 else 0.0,
                 )
             )
+        if progress is not None:
+            progress(len(sizes), len(sizes))
         return result

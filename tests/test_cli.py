@@ -75,3 +75,23 @@ def test_a_chunk_of_no_bytes_is_refused_before_any_arithmetic():
         result = CliRunner().invoke(cli, [*args, "--engine", "analytic"])
     assert result.exit_code == 2
     assert "'--chunk-bytes'" in result.output and "at least one byte" in result.output
+
+
+def test_simulate_reports_progress_and_points_slow_engine_runs_at_the_analytic_one(monkeypatch):
+    """The engine can take minutes on a big system: the sweep reports each size as it is timed
+    (a bar on a terminal), and a run past SLOW_RUN_S ends with a hint at --engine analytic."""
+    from collsim.cli import simulate as sim_cli
+    from collsim.topology.loader import load_topology
+    from collsim.whatif import WhatIf
+
+    calls = []
+    WhatIf(load_topology("dgx-h100", nodes=1)).sweep(
+        "all_reduce", "ring", [1024, 4096, 16384], progress=lambda d, t: calls.append((d, t))
+    )
+    assert calls == [(0, 3), (1, 3), (2, 3), (3, 3)]
+    monkeypatch.setattr(sim_cli, "SLOW_RUN_S", 0.0)
+    args = ["simulate", "all_reduce", "-t", "dgx-h100", "--nodes", "1", "-b", "1K", "-e", "4K"]
+    out = CliRunner().invoke(cli, args)
+    assert out.exit_code == 0 and "--engine analytic estimates in milliseconds" in out.output
+    quick = CliRunner().invoke(cli, [*args, "--engine", "analytic"])
+    assert "--engine analytic estimates" not in quick.output

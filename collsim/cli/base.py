@@ -149,6 +149,32 @@ def size_option(flag: str, text: str) -> int:
         raise exc.located(field=flag) from None
 
 
+def show_progress() -> bool:
+    """A progress bar on a terminal only (quiet in CI and when stderr is a file or a pipe)."""
+    return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+class ProgressBar:
+    """tqdm over work items (``unit``): done, total and the rate, on stderr."""
+
+    def __init__(self, unit: str, desc: str) -> None:
+        self.unit, self.desc = unit, desc
+        self.bar: Any = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=done, unit=self.unit, desc=self.desc,
+                            file=sys.stderr, dynamic_ncols=True)  # fmt: skip
+        else:
+            self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     cli.main(args=argv, prog_name="collsim")

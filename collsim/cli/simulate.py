@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import json
+import time
 
 import click
 
-from collsim.cli.base import cli, fault_option, refuse_overwriting_inputs, run_options, size_option
+from collsim.cli.base import (
+    ProgressBar,
+    cli,
+    fault_option,
+    refuse_overwriting_inputs,
+    run_options,
+    show_progress,
+    size_option,
+)
 from collsim.collectives.registry import COLLECTIVES
 from collsim.errors import CollsimError
+
+SLOW_RUN_S = 30.0
+"""A discrete-event run longer than this ends with a hint at the analytic engine."""
 
 
 @cli.command()
@@ -115,17 +127,29 @@ def simulate(
             )
     else:
         whatif = WhatIf(topo)
-    sweep = whatif.sweep(
-        collective,
-        algorithm,
-        sizes,
-        dtype=datatype,
-        channels=channels,
-        protocol=protocol,
-        chunk_bytes=chunk,
-        engine=engine,
-        model=model,
-    )
+    bar = ProgressBar("size", "simulate") if engine == "des" and show_progress() else None
+    started = time.perf_counter()
+    try:
+        sweep = whatif.sweep(
+            collective,
+            algorithm,
+            sizes,
+            dtype=datatype,
+            channels=channels,
+            protocol=protocol,
+            chunk_bytes=chunk,
+            engine=engine,
+            model=model,
+            progress=bar,
+        )
+    finally:
+        if bar:
+            bar.close()
+    took = time.perf_counter() - started
+    if engine == "des" and took > SLOW_RUN_S:
+        click.echo(f"# note: the discrete-event engine took {took:.0f} s (every transfer and "
+                   "link share simulated); --engine analytic estimates in milliseconds",
+                   err=True)  # fmt: skip
     if engine == "analytic":
         click.echo(f"# analytic estimate (model {model}); no per-link detail")
     click.echo(sweep_table(sweep))

@@ -2,39 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import sys
-from typing import Any
 
 import click
 
-from collsim.cli.base import cli
+from collsim.cli.base import ProgressBar, cli, show_progress
 from collsim.report.tables import plural
-
-
-def _show_progress() -> bool:
-    """A progress bar on a terminal only (quiet in CI and when stderr is a file or a pipe)."""
-    return sys.stderr.isatty() and not os.environ.get("CI")
-
-
-class _Bar:
-    """tqdm over points: done, total and the rate."""
-
-    def __init__(self) -> None:
-        self.bar: Any = None
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.bar is None:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, initial=done, unit="pt", desc="sweep", file=sys.stderr,
-                            dynamic_ncols=True)  # fmt: skip
-        else:
-            self.bar.update(done - self.bar.n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 @cli.command()
@@ -77,7 +50,7 @@ def sweep(
     click.echo(f"# {spec.name}: {spec.n_points} points in {plural(len(spec.tasks), 'task')}")
     if dry_run:
         return
-    bar = _Bar() if _show_progress() else None
+    bar = ProgressBar("pt", "sweep") if show_progress() else None
     try:
         out = run_sweep(
             spec, output, executor=executor, jobs=jobs, scheduler=scheduler, progress=bar
