@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from collsim.errors import ScheduleError
 
 DEFAULT_RANKS_PER_NODE = 8
@@ -75,6 +77,13 @@ class RankLayout:
     def last_node_size(self) -> int:
         """Ranks on the last node (``ranks_per_node`` unless the last node is partial)."""
         return self.nranks - (self.nnodes - 1) * self.ranks_per_node
+
+    def local_cycle(self, channel: int) -> np.ndarray:
+        """A node's local indices in the cyclic order ``channel``'s ring and tree chain follow
+        inside it: its direct-link cycle (:attr:`local_rings`) on a mesh, else ``0..g-1``."""
+        if self.local_rings:
+            return np.asarray(self.local_rings[channel % len(self.local_rings)], dtype=np.int64)
+        return np.arange(self.ranks_per_node, dtype=np.int64)
 
     def node_of(self, rank: int) -> int:
         return rank // self.ranks_per_node

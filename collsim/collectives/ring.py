@@ -39,6 +39,7 @@ from collsim.collectives.common import (
     self_copy,
     split_even,
 )
+from collsim.collectives.layout import RankLayout
 from collsim.collectives.schedule import Schedule, ScheduleBuilder
 
 
@@ -313,6 +314,26 @@ def ring_all_reduce(
 # -- builders ---------------------------------------------------------------------------------
 
 
+def _mesh_walks(layout: RankLayout, channels: int) -> list[np.ndarray]:
+    """Per channel, the path through a mesh node: along the channel's direct-link cycle, entering
+    at local ``a = c * g // C`` (so entries take the GPUs, and their NICs, in turn) and leaving
+    at one of ``a``'s two neighbours on the cycle, the one fewer channels left through so far
+    (so exits spread over the GPUs too, as NCCL's ring search balances NICs; backwards on a
+    tie, as the rank-order rings)."""
+    g = layout.ranks_per_node
+    exits = np.zeros(g, dtype=np.int64)
+    walks = []
+    for c in range(channels):
+        a = (c * g // channels) % g
+        cycle = layout.local_cycle(c)
+        k = int(np.flatnonzero(cycle == a)[0])
+        back, fwd = int(cycle[(k + 1) % g]), int(cycle[(k - 1) % g])
+        step = -1 if exits[back] <= exits[fwd] else 1
+        exits[back if step == -1 else fwd] += 1
+        walks.append(cycle[(k + step * np.arange(g)) % g])
+    return walks
+
+
 def ring_order(spec: BuildSpec, channel: int) -> np.ndarray:
     """The ranks in ring order for ``channel``, shape ``(1, n)``.
 
@@ -323,10 +344,12 @@ def ring_order(spec: BuildSpec, channel: int) -> np.ndarray:
     stay on rails ``a`` and ``a + 1``, like NCCL's rings on rail-optimized clusters, and different
     channels use different NICs. (With an odd number of nodes the closing hop changes rail.)
     On one node whose GPUs form a mesh of direct links, channel ``c`` takes the layout's
-    ``local_rings[c]`` (other links for other channels, as NCCL's ring search on such nodes);
-    across nodes the rail alignment above matters more (the NICs are the bottleneck), so meshes
-    keep it there. Otherwise, inside one node and for a partial last node, the order is plain
-    rank order.
+    ``local_rings[c]`` (other links for other channels, as NCCL's ring search on such nodes).
+    Across nodes such a mesh keeps the pattern above along that cycle instead of along local
+    indices (:func:`_mesh_walks`), so every hop inside a node is a direct link (on a DGX-1's
+    hybrid cube-mesh, GPU 0 -> 7 would cross PCIe and the CPUs, as NCCL's rings never do) and
+    nodes still meet on the same two GPUs.
+    Otherwise, inside one node and for a partial last node, the order is plain rank order.
     """
     n, g = spec.nranks, spec.layout.ranks_per_node
     order = np.arange(n, dtype=np.int64)
@@ -336,8 +359,10 @@ def ring_order(spec: BuildSpec, channel: int) -> np.ndarray:
         return np.asarray(rings[channel % len(rings)], dtype=np.int64)[None, :]
     if g < 2 or full_nodes < 2:
         return order[None, :]
-    a = (channel * g // spec.channels) % g
-    even = (a - np.arange(g)) % g
+    even = _mesh_walks(spec.layout, spec.channels)[channel] if rings else None
+    if even is None:
+        a = (channel * g // spec.channels) % g
+        even = (a - np.arange(g)) % g
     odd = even[::-1]
     local = np.where((np.arange(full_nodes) % 2 == 0)[:, None], even[None, :], odd[None, :])
     order[: full_nodes * g] = (np.arange(full_nodes)[:, None] * g + local).ravel()

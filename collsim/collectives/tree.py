@@ -118,16 +118,23 @@ def nccl_tree_parents(
     chain that hangs off one *head* rank, and only heads talk across nodes. Channel ``c`` of
     ``C`` starts its chain at local index ``c * g // C`` (as :func:`~collsim.collectives.ring.
     ring_order` rotates its rings), so channels leave their nodes through different GPUs and so
-    different NICs. One rank per node gives NCCL's plain double binary tree; one node, a chain.
+    different NICs; the chain follows the channel's local cycle (direct links only on a mesh
+    such as the DGX-1's: :meth:`~collsim.collectives.layout.RankLayout.local_cycle`). One rank
+    per node gives NCCL's plain double binary tree; one node, a chain.
     """
     n, g = layout.nranks, layout.ranks_per_node
     nodes = layout.nnodes
     a = (channel * g // channels) % g
     heads = np.zeros(nodes, dtype=np.int64)
     chain = np.full(n, -1, dtype=np.int64)  # intra-node parents
+    cycle = layout.local_cycle(channel)
+    start = int(np.flatnonzero(cycle == a)[0])  # the chain hangs off local a: NICs in turn
     for m in range(nodes):
         size = layout.node_size(m)
-        order = m * g + (a + np.arange(size)) % size
+        if size == g:
+            order = m * g + cycle[(start + np.arange(g)) % g]
+        else:  # a partial last node: rank order
+            order = m * g + (a + np.arange(size)) % size
         heads[m] = order[0]
         chain[order[1:]] = order[:-1]
     trees = []
