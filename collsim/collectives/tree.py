@@ -146,15 +146,27 @@ def nccl_tree_parents(
     return trees[0], trees[1]
 
 
-def pipeline_chunk_cap(parents: list[np.ndarray], stages: int = 1, floor: int = MAX_CHUNKS) -> int:
+def pipeline_chunk_cap(
+    parents: list[np.ndarray],
+    stages: int = 1,
+    floor: int = MAX_CHUNKS,
+    budget: int | None = PIPELINE_BUDGET,
+) -> int:
     """How many chunks a pipeline over the trees ``parents`` may cut a buffer into: enough to fill
     its depth (``stages`` passes: 2 for reduce-then-broadcast) :data:`PIPELINE_FILL` times over,
-    within :data:`PIPELINE_BUDGET` transfers, never fewer than ``floor``. The schedule builders
-    and the analytic model (:mod:`collsim.model.trees`) both take it, so they agree."""
+    within ``budget`` transfers (the engine's :data:`PIPELINE_BUDGET`, bounding the schedule it
+    replays), never fewer than ``floor``. The schedule builders and the analytic model
+    (:mod:`collsim.model.trees`) both take it, so they agree; the model, whose cost does not grow
+    with the chunks, has no budget (``None``): over thousands of ranks, where the budget binds,
+    it cuts the buffer as NCCL does, finely enough to keep the fill small, and the engine's
+    coarser pipeline is slower."""
     trees = [Tree.from_parents(p) for p in parents]
     depth = stages * max(len(t.levels) - 1 for t in trees)
-    edges = stages * sum(int((np.asarray(p) >= 0).sum()) for p in parents)
-    return max(floor, min(PIPELINE_FILL * depth, PIPELINE_BUDGET // max(1, edges)))
+    want = PIPELINE_FILL * depth
+    if budget is not None:
+        edges = stages * sum(int((np.asarray(p) >= 0).sum()) for p in parents)
+        want = min(want, budget // max(1, edges))
+    return max(floor, want)
 
 
 def all_tree_parents(layout: RankLayout, channels: int) -> list[np.ndarray]:

@@ -268,7 +268,7 @@ def double_tree(costs: FlowCosts, layout: RankLayout, channels: int) -> Pipeline
     copies = [k for _, k in distinct.values()]
     oracles = tree_family(costs, parents, 0.5 / channels, up=True, down=True, copies=copies)
     cap = pipeline_chunk_cap(
-        all_tree_parents(layout, channels), stages=2, floor=max(1, MAX_CHUNKS // 2)
+        all_tree_parents(layout, channels), stages=2, floor=max(1, MAX_CHUNKS // 2), budget=None
     )
     return _pipeline(oracles, 2 * channels, cap)
 
@@ -293,4 +293,4 @@ def rooted(
     copies = [k for _, k in distinct.values()]
     bcast = collective == "broadcast"
     oracles = tree_family(costs, parents, 1.0 / channels, up=not bcast, down=bcast, copies=copies)
-    return _pipeline(oracles, channels, pipeline_chunk_cap(chains))
+    return _pipeline(oracles, channels, pipeline_chunk_cap(chains, budget=None))
