@@ -315,22 +315,29 @@ def ring_all_reduce(
 
 
 def _mesh_walks(layout: RankLayout, channels: int) -> list[np.ndarray]:
-    """Per channel, the path through a mesh node: along the channel's direct-link cycle, entering
-    at local ``a = c * g // C`` (so entries take the GPUs, and their NICs, in turn) and leaving
-    at one of ``a``'s two neighbours on the cycle, the one fewer channels left through so far
-    (so exits spread over the GPUs too, as NCCL's ring search balances NICs; backwards on a
-    tie, as the rank-order rings)."""
+    """Per channel, the path through a mesh node, entering at local ``a = c * g // C`` (so entries
+    take the GPUs, and their NICs, in turn): the rank-order path ``a, a-1, ..., a+1`` where its
+    hops are all direct links (a fully connected mesh), else a walk along one of the node's
+    direct-link cycles from ``a``, in either direction, choosing the one whose exit GPU fewer
+    channels left through so far (the channel's own cycle backwards first), so exits spread over
+    the GPUs and their NICs too, as NCCL's ring search balances them."""
     g = layout.ranks_per_node
+    rings = [np.asarray(r, dtype=np.int64) for r in layout.local_rings or ()]
+    steps = np.arange(g)
     exits = np.zeros(g, dtype=np.int64)
     walks = []
     for c in range(channels):
         a = (c * g // channels) % g
-        cycle = layout.local_cycle(c)
-        k = int(np.flatnonzero(cycle == a)[0])
-        back, fwd = int(cycle[(k + 1) % g]), int(cycle[(k - 1) % g])
-        step = -1 if exits[back] <= exits[fwd] else 1
-        exits[back if step == -1 else fwd] += 1
-        walks.append(cycle[(k + step * np.arange(g)) % g])
+        walk = (a - steps) % g
+        if not layout.direct(walk):
+            own = c % len(rings)
+            options = []
+            for cycle in [rings[own], *rings[:own], *rings[own + 1 :]]:
+                k = int(np.flatnonzero(cycle == a)[0])
+                options += [cycle[(k - steps) % g], cycle[(k + steps) % g]]
+            walk = min(options, key=lambda w: exits[w[-1]])  # the first of the least used
+        exits[walk[-1]] += 1
+        walks.append(walk)
     return walks
 
 

@@ -127,14 +127,14 @@ def nccl_tree_parents(
     a = (channel * g // channels) % g
     heads = np.zeros(nodes, dtype=np.int64)
     chain = np.full(n, -1, dtype=np.int64)  # intra-node parents
-    cycle = layout.local_cycle(channel)
-    start = int(np.flatnonzero(cycle == a)[0])  # the chain hangs off local a: NICs in turn
+    local = (a + np.arange(g)) % g  # hangs off local a: channels leave by the NICs in turn
+    if not layout.direct(local):  # a mesh where rank order skips a link: along a direct cycle
+        cycle = layout.local_cycle(channel)
+        local = cycle[(int(np.flatnonzero(cycle == a)[0]) + np.arange(g)) % g]
     for m in range(nodes):
         size = layout.node_size(m)
-        if size == g:
-            order = m * g + cycle[(start + np.arange(g)) % g]
-        else:  # a partial last node: rank order
-            order = m * g + (a + np.arange(size)) % size
+        # a partial last node: rank order
+        order = m * g + (local if size == g else (a + np.arange(size)) % size)
         heads[m] = order[0]
         chain[order[1:]] = order[:-1]
     trees = []
