@@ -1,0 +1,61 @@
+"""Rings and tree chains across nodes whose GPUs form a mesh of direct links (DGX-1, p3dn)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from collsim.collectives.common import DEFAULT_CHUNK_BYTES, BuildSpec
+from collsim.collectives.ring import ring_order
+from collsim.collectives.tree import nccl_tree_parents
+from collsim.topology.loader import load_topology
+from collsim.whatif import WhatIf
+
+
+def _rings(name: str, nodes: int, channels: int) -> tuple[WhatIf, list[np.ndarray]]:
+    whatif = WhatIf(load_topology(name, nodes=nodes))
+    n = whatif.topology.n_gpus
+    spec = BuildSpec(collective="all_reduce", algorithm="ring", nranks=n, count=n * channels,
+                     elem_bytes=4, layout=whatif.layout, channels=channels,
+                     chunk_bytes=DEFAULT_CHUNK_BYTES, root=0)  # fmt: skip
+    return whatif, [ring_order(spec, c).ravel() for c in range(channels)]
+
+
+def test_dgx1_rings_across_nodes_take_nvlink_only_and_balance_their_exits():
+    """On a DGX-1 the rank-order path 0, 7, 6, ... hops 0 -> 7 over PCIe and the CPUs (no NVLink
+    joins them), which capped every multi-node ring at a PCIe link's rate. Each node's part of
+    a ring now runs on NVLink, and the channels enter and leave the nodes through every GPU
+    equally often, so the NICs share the traffic evenly."""
+    whatif, rings = _rings("dgx1-v100", 2, 8)
+    layout = whatif.layout
+    entries, exits = np.zeros(8, int), np.zeros(8, int)
+    for order in rings:
+        for node in (order[:8], order[8:]):
+            assert layout.direct(node % 8)
+        entries[order[0] % 8] += 1
+        exits[order[7] % 8] += 1
+        assert order[8] % 8 == order[7] % 8  # the inter-node hop stays on one rail
+    assert list(entries) == [1] * 8 and list(exits) == [1] * 8
+    busbw = {}
+    for algo in ("ring", "tree"):
+        size = 1 << 30
+        t = float(whatif.cost_model().predict("all_reduce", algo, [size], channels=8)[0])
+        busbw[algo] = size / t / 1e9 * 2 * 15 / 16
+    # four 100G EDR NICs per node: 50 GB/s; the PCIe-bound rings gave 15.75 and 27 GB/s
+    assert busbw["ring"] == pytest.approx(50, rel=0.02)
+    assert busbw["tree"] > 45
+    for c in range(8):
+        for parents in nccl_tree_parents(layout, c, 8):
+            for child in range(16):  # every chain hop inside a node is an NVLink
+                p = parents[child]
+                if p >= 0 and p // 8 == child // 8:
+                    assert layout.direct(np.array([p % 8, child % 8]))
+
+
+def test_a_fully_connected_mesh_keeps_rank_order_rings():
+    """Four H100s all joined by NVLink: rank order is already direct, so rings keep entering at
+    local a and leaving at a + 1 (two channels per GPU, one per direction per NIC)."""
+    _, rings = _rings("h100-4gpu-ib", 2, 8)
+    for c, order in enumerate(rings):
+        a = c * 4 // 8
+        assert list(order[:4]) == [(a - i) % 4 for i in range(4)]
