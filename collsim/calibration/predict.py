@@ -401,7 +401,7 @@ class Predictor:
         from collsim.model.tuner import Tuner
 
         cons = constraints(env or {}, collective)
-        channels = (1,) if self.model_name == "nccl" else cons.channels
+        channels = cons.channels  # NCCL's per-channel caps need its channel count too
         # NCCL_PROTO naming LL128 enables it wherever it can run, past NCCL's defaults.
         forced = self.model_name == "collsim" and _asked_for_ll128(env or {})
         model = self.model if gpus_per_thread == 1 else HostThread(self.model, gpus_per_thread)

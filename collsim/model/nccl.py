@@ -221,8 +221,10 @@ def inputs_from_topology(topology: Topology, n_channels: int) -> NcclInputs:
     """Map a collsim topology onto NCCL's tuning inputs.
 
     * ``bwIntra`` = the GPU's intra-node bandwidth (its fattest route to another GPU of its node,
-      bottleneck capacity) / channels; ``bwInter`` = the network bandwidth per GPU (the NIC
-      bottleneck on its route off the node, divided among the GPUs sharing that NIC) / channels;
+      bottleneck capacity) / channels; ``bwInter`` = the node's network bandwidth (per GPU: the
+      NIC bottleneck on its route off the node, divided among the GPUs sharing that NIC; times
+      the GPUs of a node) / channels: NCCL's channels leave a node through different NICs, so
+      ``nChannels x bwInter`` is what all its NICs carry, as a ring's busbw across nodes is;
     * ``typeIntra`` NVLink when intra-node routes are NVLink/xGMI-class; compute capability from
       the GPU model (:func:`compute_capability`); Intel CPUs; ``latencyInter`` 0;
       ``sameChannels`` true; LL128 as NCCL enables it (NVLink and compute capability 70/80/90).
@@ -237,7 +239,9 @@ def inputs_from_topology(topology: Topology, n_channels: int) -> NcclInputs:
         comp_cap=cc,
         n_channels=n_channels,
         bw_intra_gbps=intra_bps / 1e9 / n_channels,
-        bw_inter_gbps=(inter_bps if inter_bps > 0 else intra_bps) / 1e9 / n_channels,
+        bw_inter_gbps=(inter_bps * topology.gpus_per_node if inter_bps > 0 else intra_bps)
+        / 1e9
+        / n_channels,
         intra_nvlink=nvlink,
         ll128_enabled=ll128_by_default(nvlink, cc),
     )

@@ -60,3 +60,25 @@ def test_nccl_model_rejects_algorithms_nccl_does_not_have():
     model = NcclModel(load_topology("dgx-h100", nodes=2))
     with pytest.raises(ScheduleError, match="no estimate"):
         model.predict("all_reduce", "rhd", [1024])
+
+
+def test_nccl_model_counts_every_nic_of_a_node_across_nodes():
+    """NCCL's channels leave a node through different NICs, so nChannels x bwInter is the
+    node's whole network bandwidth (8 x 400G on a DGX H100), as a ring's busbw across nodes is
+    measured (~370 GB/s). bwInter was one GPU's NIC / channels, which put NCCL's own ring at
+    50 GB/s on 16 nodes; and the validation baseline priced NCCL on one channel, so its
+    per-channel caps (tree, LL128) bound at one channel's worth."""
+    model = NcclModel(load_topology("dgx-h100", nodes=16))
+    size = 8 << 30
+    t = float(model.predict("all_reduce", "ring", [size], channels=8)[0])
+    busbw = size / t / 1e9 * 2 * 127 / 128
+    assert 300 < busbw <= 400
+    from collsim.calibration.predict import Predictor
+
+    pred = Predictor.wrap(model, "nccl")
+    t_pred, _ = pred.predict("all_reduce", np.array([size]))
+    assert float(t_pred[0]) == pytest.approx(t, rel=1e-9)
+    # the tree, capped per channel (perChMaxTreeBw), is priced on more than one channel
+    tree1 = float(model.predict("all_reduce", "tree", [size], channels=1)[0])
+    tree8 = float(model.predict("all_reduce", "tree", [size], channels=8)[0])
+    assert tree8 < tree1 / 4
