@@ -75,6 +75,9 @@ def test_a_chunk_of_no_bytes_is_refused_before_any_arithmetic():
         result = CliRunner().invoke(cli, [*args, "--engine", "analytic"])
     assert result.exit_code == 2
     assert "'--chunk-bytes'" in result.output and "at least one byte" in result.output
+    result = CliRunner().invoke(cli, ["stragglers", "all_reduce", "-t", "dgx-h100",
+                                      "--chunk-bytes", "0"])  # fmt: skip
+    assert result.exit_code == 2 and "'--chunk-bytes'" in result.output
 
 
 def test_simulate_reports_progress_and_points_slow_engine_runs_at_the_analytic_one(monkeypatch):

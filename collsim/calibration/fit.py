@@ -90,8 +90,9 @@ class Sample:
     def __post_init__(self) -> None:
         self.name = self.name or self.log.file.rsplit("/", 1)[-1]
         # The NCCL_* settings the log records (NCCL_ALGO=Ring, NCCL_MIN_NCHANNELS=32, ...) bind
-        # its prediction; ones given here (a dataset's notes, the caller) override them.
-        self.env = {**self.log.nccl_env, **self.env}
+        # its prediction, over ones given here (a dataset's notes, the caller): the log says what
+        # NCCL ran with, as Predictor.predict_log has it.
+        self.env = {**self.env, **self.log.nccl_env}
         self.sizes, self.measured_s = measured_points(self.log)
 
 

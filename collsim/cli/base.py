@@ -139,6 +139,17 @@ def cli() -> None:
     """collsim: what-if simulations of collective communication on GPU clusters."""
 
 
+def chunk_option(text: str | None) -> int | None:
+    """``--chunk-bytes``: a size of at least one byte, or None where not given."""
+    if not text:
+        return None
+    chunk = size_option("--chunk-bytes", text)
+    if chunk < 1:
+        raise CollsimError("a pipelining chunk must hold at least one byte",
+                           field="--chunk-bytes", value=text)  # fmt: skip
+    return chunk
+
+
 def size_option(flag: str, text: str) -> int:
     """Parse a size given to ``flag``; a bad one names the flag."""
     from collsim import units

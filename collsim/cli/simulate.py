@@ -9,6 +9,7 @@ import click
 
 from collsim.cli.base import (
     ProgressBar,
+    chunk_option,
     cli,
     fault_option,
     refuse_overwriting_inputs,
@@ -98,10 +99,7 @@ def simulate(
         )
     except CollsimError as exc:
         raise (exc if exc.field else exc.located(field="-b/-e/-f")) from None
-    chunk = size_option("--chunk-bytes", chunk_bytes) if chunk_bytes else None
-    if chunk is not None and chunk < 1:
-        raise CollsimError("a pipelining chunk must hold at least one byte",
-                           field="--chunk-bytes", value=chunk_bytes)  # fmt: skip
+    chunk = chunk_option(chunk_bytes)
     if trace and engine != "des":
         raise CollsimError("a trace needs the discrete-event engine", field="--trace", value=engine)
     topo = load_topology(topology, nodes=nodes, gpus_per_node=gpus_per_node, faults=faults)

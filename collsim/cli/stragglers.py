@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from collsim.cli.base import cli, run_options, size_option
+from collsim.cli.base import chunk_option, cli, run_options, size_option
 from collsim.collectives.registry import COLLECTIVES, default_algorithm
 from collsim.errors import CollsimError
 from collsim.report.tables import plural
@@ -91,7 +91,7 @@ def stragglers(
         sizes = units.size_range(lo, hi, stepfactor)
     except CollsimError as exc:
         raise (exc if exc.field else exc.located(field="-b/-e/-f")) from None
-    chunk = size_option("--chunk-bytes", chunk_bytes) if chunk_bytes else None
+    chunk = chunk_option(chunk_bytes)
     topo = load_topology(topology, nodes=nodes, gpus_per_node=gpus_per_node)
     algo = algorithm or default_algorithm(collective)
     bar = None

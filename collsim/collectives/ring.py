@@ -315,28 +315,29 @@ def ring_all_reduce(
 
 
 def _mesh_walks(layout: RankLayout, channels: int) -> list[np.ndarray]:
-    """Per channel, the path through a mesh node, entering at local ``a = c * g // C`` (so entries
-    take the GPUs, and their NICs, in turn): the rank-order path ``a, a-1, ..., a+1`` where its
-    hops are all direct links (a fully connected mesh), else a walk along one of the node's
-    direct-link cycles from ``a``, in either direction, choosing the one whose exit GPU fewer
-    channels left through so far (the channel's own cycle backwards first), so exits spread over
-    the GPUs and their NICs too, as NCCL's ring search balances them."""
+    """Per channel, the path through a mesh node: along one of the node's direct-link cycles
+    (``local_rings``), entering at local ``a = c * g // C`` (so entries take the GPUs, and their
+    NICs, in turn) and leaving at a neighbour of ``a`` on it, in either direction. Of those
+    walks it takes the one whose exit GPU fewer channels left through so far, then the one whose
+    busiest link fewer channels cross, then the channel's own cycle backwards: exits spread over
+    the GPUs and their NICs as entries do, and channels over the mesh's links, as NCCL's ring
+    search balances them."""
     g = layout.ranks_per_node
     rings = [np.asarray(r, dtype=np.int64) for r in layout.local_rings or ()]
     steps = np.arange(g)
     exits = np.zeros(g, dtype=np.int64)
+    crossing = np.zeros((g, g), dtype=np.int64)  # channels per directed link inside a node
     walks = []
     for c in range(channels):
         a = (c * g // channels) % g
-        walk = (a - steps) % g
-        if not layout.direct(walk):
-            own = c % len(rings)
-            options = []
-            for cycle in [rings[own], *rings[:own], *rings[own + 1 :]]:
-                k = int(np.flatnonzero(cycle == a)[0])
-                options += [cycle[(k - steps) % g], cycle[(k + steps) % g]]
-            walk = min(options, key=lambda w: exits[w[-1]])  # the first of the least used
+        own = c % len(rings)
+        options = []
+        for cycle in [rings[own], *rings[:own], *rings[own + 1 :]]:
+            k = int(np.flatnonzero(cycle == a)[0])
+            options += [cycle[(k - steps) % g], cycle[(k + steps) % g]]
+        walk = min(options, key=lambda w: (exits[w[-1]], crossing[w[:-1], w[1:]].max()))
         exits[walk[-1]] += 1
+        crossing[walk[:-1], walk[1:]] += 1
         walks.append(walk)
     return walks
 

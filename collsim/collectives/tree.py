@@ -127,10 +127,10 @@ def nccl_tree_parents(
     a = (channel * g // channels) % g
     heads = np.zeros(nodes, dtype=np.int64)
     chain = np.full(n, -1, dtype=np.int64)  # intra-node parents
-    local = (a + np.arange(g)) % g  # hangs off local a: channels leave by the NICs in turn
-    if not layout.direct(local):  # a mesh where rank order skips a link: along a direct cycle
-        cycle = layout.local_cycle(channel)
-        local = cycle[(int(np.flatnonzero(cycle == a)[0]) + np.arange(g)) % g]
+    # Hangs off local a (channels leave by the NICs in turn), along the channel's direct-link
+    # cycle on a mesh (rank order elsewhere).
+    cycle = layout.local_cycle(channel)
+    local = cycle[(int(np.flatnonzero(cycle == a)[0]) + np.arange(g)) % g]
     for m in range(nodes):
         size = layout.node_size(m)
         # a partial last node: rank order

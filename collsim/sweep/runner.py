@@ -18,6 +18,7 @@ Executors: ``local`` (a process pool over the machine's cores) and ``dask`` (a
 
 from __future__ import annotations
 
+import csv
 import functools
 import hashlib
 import json
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from collsim.errors import CollsimError
 from collsim.io import atomic_write_text, directory_lock
-from collsim.sweep.spec import SweepError, SweepSpec, Task, load_spec
+from collsim.sweep.spec import SweepError, SweepSpec, Task
 from collsim.sweep.tasks import COLUMNS, run_task, to_csv
 
 EXECUTORS = ("local", "dask")
@@ -92,25 +93,38 @@ def _store(root: Path):  # type: ignore[no-untyped-def]
     return store
 
 
-def _other_spec(root: Path, spec: SweepSpec) -> tuple[str, ...]:
-    """A warning where ``root`` last ran another spec: its ``points.csv`` is about to become this
-    spec's (the other's finished tasks stay in ``parts/``, so rerunning it restores its table)."""
+IDENTITY = (
+    "kind", "topology", "faults", "nodes", "gpus", "engine", "model", "collective", "algorithm",
+    "dtype", "protocol", "channels", "size_bytes", "workload", "layout",
+)  # fmt: skip
+"""The columns that say which point a row is (the rest are its results)."""
+
+
+def _points(root: Path) -> tuple[set[tuple[str, ...]], str]:
+    """The points ``root``'s ``points.csv`` holds (identities), and the name of the spec that
+    wrote it ("?" where unreadable)."""
     try:
-        before = json.loads((root / "spec.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        with open(root / POINTS, newline="", encoding="utf-8") as f:
+            ids = {tuple(row.get(k) or "" for k in IDENTITY) for row in csv.DictReader(f)}
+    except (OSError, csv.Error, UnicodeDecodeError):
+        ids = set()
+    try:
+        name = json.loads((root / "spec.json").read_text(encoding="utf-8")).get("name", "?")
+    except (OSError, ValueError, AttributeError):
+        name = "?"
+    return ids, str(name)
+
+
+def _dropped(root: Path, before: tuple[set[tuple[str, ...]], str]) -> tuple[str, ...]:
+    """A warning where ``points.csv`` lost points it held before this run: another spec ran into
+    this folder (its finished tasks stay in ``parts/``, so rerunning it restores its table)."""
+    lost = before[0] - _points(root)[0]
+    if not lost:
         return ()
-    if before == spec.data:
-        return ()
-    try:  # a spec grown from that one (more sizes, nodes, ...) drops none of its rows
-        if {t.key for t in load_spec(root / "spec.json").tasks} <= {t.key for t in spec.tasks}:
-            return ()
-    except CollsimError:
-        pass
-    name = before.get("name", "?") if isinstance(before, dict) else "?"
     return (
-        f"{root} held the results of another spec ({name!r}); points.csv now holds this one's. "
-        "Its finished tasks stay in parts/ (rerunning that spec restores its points.csv in "
-        "seconds); use another -o to keep both tables",
+        f"{len(lost)} point(s) of the results {root} held (spec {before[1]!r}) are not in this "
+        "spec's points.csv. Their tasks stay in parts/ (rerunning that spec restores its table "
+        "in seconds); use another -o to keep both tables",
     )
 
 
@@ -247,7 +261,7 @@ def _run(
     store = _store(root)
     problems = tuple(store.problems())  # e.g. a truncated part: reported, then computed again
     store.clean()
-    problems += _other_spec(root, spec)
+    before = _points(root)
     atomic_write_text(root / "spec.json", json.dumps(spec.data, indent=1, sort_keys=True) + "\n")
     todo = [t for t in spec.tasks if not store.done(t.key)]
     reused = len(spec.tasks) - len(todo)
@@ -278,6 +292,8 @@ def _run(
             runs.close()
         restore()
     points = merge(root, spec, store)
+    if not interrupted:  # an interrupted run's table is short of what it did not reach yet
+        problems += _dropped(root, before)
     return SweepOutcome(root, len(spec.tasks), points, reused, computed, computed_points,
                         interrupted, problems)  # fmt: skip
 

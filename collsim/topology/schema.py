@@ -86,12 +86,15 @@ def _takes_bool(annotation: object) -> bool:
 
 
 def _has_bool(value: object) -> bool:
-    """``value`` is true/false, or a list or mapping holding one directly."""
+    """``value`` is true/false, or a list (at any depth) or a mapping's values hold one (a mapping
+    inside a list is a nested model's, which checks its own fields)."""
     if isinstance(value, bool):
         return True
     if isinstance(value, dict):
-        value = list(value.values())
-    return isinstance(value, list | tuple) and any(isinstance(v, bool) for v in value)
+        return any(isinstance(v, bool) for v in value.values())
+    return isinstance(value, list | tuple) and any(
+        isinstance(v, bool | list | tuple) and _has_bool(v) for v in value
+    )
 
 
 class Strict(BaseModel):

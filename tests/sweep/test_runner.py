@@ -129,10 +129,12 @@ def test_another_spec_into_the_same_folder_warns(spec_file, tmp_path, capsys):
         return capsys.readouterr().err
 
     first = {"nodes": [1], "collectives": ["all_reduce"]}
-    assert "another spec" not in sweep(**first)
+    assert "not in this spec" not in sweep(**first)
     rows_first = (tmp_path / "res/points.csv").read_bytes()
-    assert "another spec" not in sweep(nodes=[1])  # grown: all_gather added
+    assert "not in this spec" not in sweep(nodes=[1])  # grown: all_gather added
+    grown = {"min": "1K", "max": "256M", "factor": 8}  # more sizes: new task keys, no row lost
+    assert "not in this spec" not in sweep(nodes=[1], sizes=grown)
     err = sweep(nodes=[2], collectives=["all_gather"], algorithms=["ring"], name="other")
-    assert "held the results of another spec ('small')" in err and "parts/" in err
+    assert "spec 'small') are not in this spec's points.csv" in err and "parts/" in err
     sweep(**first)  # the first spec's table comes back from its parts
     assert (tmp_path / "res/points.csv").read_bytes() == rows_first

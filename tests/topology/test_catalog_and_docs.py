@@ -71,3 +71,18 @@ def test_the_catalog_table_lists_every_system():
     table = (Path(__file__).resolve().parents[2] / "topologies" / "README.md").read_text()
     missing = [name for name in catalog_names() if f"| `{name}` |" not in table]
     assert not missing, f"topologies/README.md lacks {missing}"
+
+
+def test_true_false_inside_nested_lists_is_refused():
+    """`pairs: [[0, true, 2]]` was read as the pair (0, 1, 2): a boolean for a number is an
+    error at any depth of a list, while a nested model's own true/false fields stay valid."""
+    import pytest
+    from pydantic import ValidationError
+
+    from collsim.topology.schema import IntraIn
+
+    link = {"kind": "nvlink", "bandwidth": "50GB/s"}
+    with pytest.raises(ValidationError, match="not true/false"):
+        IntraIn(kind="mesh", link=link, pairs=[[0, True, 2]])
+    ok = IntraIn(kind="mesh", link=link, pairs=[[0, 1, 2]], in_network_reduction=True)
+    assert ok.pairs == [(0, 1, 2)] and ok.in_network_reduction
