@@ -157,7 +157,7 @@ def pipeline_chunk_cap(
     within ``budget`` transfers (the engine's :data:`PIPELINE_BUDGET`, bounding the schedule it
     replays), never fewer than ``floor``. The schedule builders and the analytic model
     (:mod:`collsim.model.trees`) both take it, so they agree; the model, whose cost does not grow
-    with the chunks, has no budget (``None``): over thousands of ranks, where the budget binds,
+    with the chunks, has no budget (``None``): from a few hundred ranks on, where the budget binds,
     it cuts the buffer as NCCL does, finely enough to keep the fill small, and the engine's
     coarser pipeline is slower."""
     trees = [Tree.from_parents(p) for p in parents]

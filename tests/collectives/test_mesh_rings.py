@@ -52,10 +52,26 @@ def test_dgx1_rings_across_nodes_take_nvlink_only_and_balance_their_exits():
                     assert layout.direct(np.array([p % 8, child % 8]))
 
 
-def test_a_fully_connected_mesh_keeps_rank_order_rings():
-    """Four H100s all joined by NVLink: rank order is already direct, so rings keep entering at
-    local a and leaving at a + 1 (two channels per GPU, one per direction per NIC)."""
-    _, rings = _rings("h100-4gpu-ib", 2, 8)
-    for c, order in enumerate(rings):
-        a = c * 4 // 8
-        assert list(order[:4]) == [(a - i) % 4 for i in range(4)]
+def _ring_busbw(whatif: WhatIf, channels: int) -> float:
+    n, size = whatif.topology.n_gpus, 1 << 30
+    t = float(whatif.cost_model().predict("all_gather", "ring", [size], channels=channels)[0])
+    return size / t / 1e9 * (n - 1) / n
+
+
+@pytest.mark.parametrize("name", ["h100-4gpu-ib", "mi300x"])
+def test_full_meshes_spread_rings_over_links_and_nics(name):
+    """On a fully connected mesh every walk is direct; the channels still have to spread over
+    the mesh's links (MI300X: one 64 GB/s xGMI link per pair, which rank-order rings all
+    crossed: 73 GB/s busbw at 8 channels on 2 nodes) and over the NICs (a first version left
+    two of a 4-GPU node's NICs idle: 50 GB/s). Entries and exits now cover every GPU equally
+    and busbw does not fall as channels are added."""
+    whatif, rings = _rings(name, 2, 16)
+    g = whatif.layout.ranks_per_node
+    exits = np.bincount([order[g - 1] % g for order in rings], minlength=g)
+    assert list(exits) == [16 // g] * g
+    bw = [_ring_busbw(whatif, c) for c in (4, 8, 16)]
+    assert bw[0] <= bw[1] * 1.001 and bw[1] <= bw[2] * 1.001
+    if name == "h100-4gpu-ib":  # 4 x 200G NICs per node bound it at every channel count
+        assert bw == pytest.approx([100, 100, 100], rel=0.01)
+    else:
+        assert bw[1] > 200
