@@ -273,6 +273,18 @@ class NcclModel:
             out = [a for a in out if self.can_run(collective, a)]
         return out
 
+    def no_estimate(self, collective: str) -> ScheduleError | None:
+        """Why this model prices none of ``collective``'s algorithms (None where it prices one):
+        NCCL runs all-to-all and send/receive as point-to-point sends, outside its tuner."""
+        if self.candidates(collective):
+            return None
+        return ScheduleError(
+            f"NCCL's tuning model has no estimate for {collective} (NCCL runs it as "
+            "point-to-point sends, outside its tuner); use --model collsim",
+            field="model",
+            value="nccl",
+        )
+
     def nccl_algorithm(self, collective: str, algorithm: str) -> str:
         algo = _ALGO_OF.get((collective, algorithm))
         if algo is None:

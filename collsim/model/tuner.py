@@ -88,7 +88,8 @@ class CostModel(Protocol):
     for a collective, and the time (seconds) of one (algorithm, protocol, channels) per size --
     with ``floor=False``, without the host's floor every choice shares (``floor_s``, a
     calibration's launch and point-to-point costs; 0 where absent), which is what ranks choices
-    below it."""
+    below it. A model may also say why it prices none of a collective's algorithms
+    (``no_estimate(collective)``: the error to raise, or None)."""
 
     nranks: int
 
@@ -150,15 +151,9 @@ class Tuner:
         """Evaluate every candidate at every size and keep the fastest per size."""
         sizes = np.asarray(sizes_bytes, dtype=np.int64)
         algos = algorithms if algorithms is not None else self.model.candidates(collective)
-        from collsim.model.nccl import NcclModel
-
-        if not algos and isinstance(self.model, NcclModel):
-            raise ScheduleError(
-                f"NCCL's tuning model has no estimate for {collective} (NCCL runs it as "
-                "point-to-point sends, outside its tuner); use --model collsim",
-                field="model",
-                value="nccl",
-            )
+        why = getattr(self.model, "no_estimate", None)
+        if not algos and why is not None and (error := why(collective)) is not None:
+            raise error  # e.g. NCCL's model, which prices no all-to-all
         choices: list[Choice] = []
         rows: list[np.ndarray] = []
         first_error: ScheduleError | None = None
