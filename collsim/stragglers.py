@@ -99,7 +99,12 @@ def _bad(what: str, spec: str, why: str) -> CollsimError:
 
 def _number(what: str, spec: str, text: str, *, time: bool) -> float:
     try:
-        value = units.parse_time(text) if time else float(text)
+        if not time:
+            value = float(text)
+        elif text.strip().startswith("-"):  # units reads times unsigned: say what is wrong
+            value = -units.parse_time(text.strip()[1:])
+        else:
+            value = units.parse_time(text)
     except (CollsimError, ValueError):
         raise _bad(what, spec, f"not a {'time' if time else 'number'}: {text!r}") from None
     if not np.isfinite(value):

@@ -311,3 +311,10 @@ def test_an_empty_call_ends_when_its_last_rank_enters() -> None:
     (point,) = study.points
     assert np.allclose(point.completion_s, 5e-6)
     assert np.allclose(point.after_last_start_s, 0.0)
+
+
+def test_a_negative_time_is_named_as_such() -> None:
+    """`exp:-5us` said "not a time" (times are parsed unsigned); it is a time, below zero."""
+    with pytest.raises(CollsimError, match=">= 0") as info:
+        parse_spec("skew", "exp:-5us")
+    assert info.value.field == "--skew" and "not a time" not in info.value.message
