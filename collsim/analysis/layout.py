@@ -106,12 +106,9 @@ def resolve_layout(w: WorkloadIn, n_gpus: int) -> Layout:
             field="parallel.pp",
             value=par.pp,
         )
-    if v > 1 and model.layers % (par.pp * v):
-        raise WorkloadError(
-            f"interleaving needs layers ({model.layers}) divisible by pp x virtual_stages",
-            field="parallel.virtual_stages",
-            value=v,
-        )
+    # Layers that do not divide evenly go one more to some stages (stage_layer_counts), with or
+    # without interleaving: Megatron-Core's uneven pipeline split, Llama 3 405B's 126 layers on
+    # 16 interleaved stages (Dubey et al. 2024, section 3.3.2); the slowest stage sets the pace.
     if model.kind == "transformer" and model.heads % par.tp:
         raise WorkloadError(
             f"tp must divide the {model.heads} attention heads", field="parallel.tp", value=par.tp

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 from collsim.errors import CollsimError, TopologyError
 from collsim.io import yaml_load
 from collsim.topology.builders import Parts, build_fabric, build_node, fabric_shape
-from collsim.topology.schema import ExplicitIn, GpuIn, TemplateIn
+from collsim.topology.schema import ExplicitIn, FabricIn, GpuIn, TemplateIn
 from collsim.topology.spec import Device, GpuModel, Link, SharedCapacity, Topology
 
 CATALOG_DIR = Path(
@@ -191,16 +191,33 @@ def _from_template(
 ) -> Topology:
     n_nodes = nodes if nodes is not None else spec.nodes
     gpus = gpus_per_node if gpus_per_node is not None else spec.node.gpus
-    parts = Parts()
-    gpu_forwards = spec.fabric.kind in ("torus", "ring") and spec.fabric.attach == "gpu"
-    nics_by_node = [build_node(parts, n, spec.node, gpus, gpu_forwards) for n in range(n_nodes)]
-    gpus_by_node = [[f"n{n}.gpu{i}" for i in range(gpus)] for n in range(n_nodes)]
-    build_fabric(
-        parts, spec.fabric, nics_by_node, gpus_by_node, spec.node.nics and spec.node.nics.link
-    )
-    fabric_words = spec.fabric.kind
-    if spec.fabric.kind == "fat_tree":
-        fabric_words = f"fat_tree/{spec.fabric.tiers}-tier"
+    fabric = spec.fabric
+
+    def build(fabric: FabricIn) -> Parts:
+        parts = Parts()
+        gpu_forwards = fabric.kind in ("torus", "ring") and fabric.attach == "gpu"
+        nics_by_node = [build_node(parts, n, spec.node, gpus, gpu_forwards) for n in range(n_nodes)]
+        gpus_by_node = [[f"n{n}.gpu{i}" for i in range(gpus)] for n in range(n_nodes)]
+        nic_link = spec.node.nics and spec.node.nics.link
+        build_fabric(parts, fabric, nics_by_node, gpus_by_node, nic_link)
+        return parts
+
+    try:
+        parts = build(fabric)
+    except TopologyError as exc:
+        # Scaled past what its 2-tier fabric holds (--nodes), a cluster gets the third tier such
+        # clusters are built with (e.g. the DGX SuperPOD's core layer), said in the fabric words.
+        if not (exc.field == "fabric.tiers" and nodes is not None and nodes != spec.nodes):
+            raise
+        fabric = fabric.model_copy(update={"tiers": 3})
+        parts = build(fabric)
+    fabric_words = fabric.kind
+    if fabric.kind in ("fat_tree", "rail_optimized") and fabric.tiers != spec.fabric.tiers:
+        fabric_words += (
+            f"/{fabric.tiers}-tier (the file's {spec.fabric.tiers} tiers hold fewer nodes)"
+        )
+    elif fabric.kind == "fat_tree":
+        fabric_words = f"fat_tree/{fabric.tiers}-tier"
         if spec.fabric.oversubscription != 1:
             fabric_words += f" {spec.fabric.oversubscription:g}:1"
     nic = spec.node.nics
@@ -221,7 +238,9 @@ def _from_template(
         source_file=file,
         is_template=True,
         default_nodes=spec.nodes,
-        grid_dims=tuple(fabric_shape(spec.fabric, n_nodes * gpus)) if gpu_forwards else (),
+        grid_dims=tuple(fabric_shape(spec.fabric, n_nodes * gpus))
+        if spec.fabric.kind in ("torus", "ring") and spec.fabric.attach == "gpu"
+        else (),
         sources=_sources(spec),
     )
 

@@ -302,3 +302,18 @@ def test_scale_json_has_what_the_table_shows(tmp_path):
     points = json.loads(out.read_text())["points"]
     assert [p["layout"] for p in points] == ["tp1-pp1-dp8-mb8", "tp1-pp1-dp16-mb8"]
     assert all(p["breakdown"]["compute"] > 0 for p in points)
+
+
+def test_interleaving_takes_layers_that_do_not_divide_evenly(dgx):
+    """Llama 3 405B runs 126 layers on 16 interleaved stages; collsim refused any layer count
+    not divisible by pp x virtual_stages. Stages now take one layer more or less, and the
+    slowest sets the pace: 30 layers on 4 stages (8, 8, 7, 7) take as long per micro-batch as
+    32 (8 each) less a little bubble, and longer than 28 (7 each)."""
+
+    def step(layers: int) -> float:
+        par = {"pp": 4, "schedule": "interleaved", "virtual_stages": 2}
+        w = gpt(model={"layers": layers}, global_batch=16, micro_batch=1, parallel=par)
+        return _evaluate(dgx, w, 4).step_time_s
+
+    t28, t30, t32 = step(28), step(30), step(32)
+    assert t28 < t30 <= t32

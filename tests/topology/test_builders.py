@@ -164,3 +164,18 @@ def test_shared_nics_hang_off_a_pcie_switch():
     assert net.injection_bandwidth_bytes_per_s() == pytest.approx(4 * 12.5e9 / 8)
     # Inside the node NVLink wins over the PCIe switch the two GPUs share.
     assert net.route("n0.gpu0", "n0.gpu1").devices[1] == "n0.nvswitch"
+
+
+def test_scaling_past_a_two_tier_fabric_adds_the_third_tier():
+    """`--nodes` beyond what the file's 2-tier fat tree holds (radix 4: 4 leaves of 2) used to be
+    an error, so a catalog DGX H100 could not be sized to 1024 nodes; such clusters are built with
+    a third tier, and the fabric words say so. The file's own size is still checked as written."""
+    from collsim.errors import TopologyError
+
+    doc = endpoints_only(4, {"kind": "fat_tree", "radix": 4})
+    assert topology_from_dict(doc).nodes == 4
+    big = topology_from_dict(doc, nodes=12)
+    assert big.nodes == 12 and "3-tier (the file's 2 tiers hold fewer nodes)" in big.inter_fabric
+    assert any(d.tier == 3 for d in big.devices)
+    with pytest.raises(TopologyError, match="2-tier fat-tree of radix 4 holds at most 4"):
+        topology_from_dict({**doc, "nodes": 12})
