@@ -8,7 +8,9 @@ Per micro-batch and pipeline stage (one GPU's view; ``b`` sequences, TP size ``t
 * tensor parallelism: 2 all-reduces of ``b s h`` elements in the forward and 2 in the backward
   per layer (Shoeybi et al. 2019, arXiv:1909.08053, Fig. 4), reduce-scatter + all-gather pairs
   with sequence parallelism (Korthikanti et al. 2022, section 4.2.2); full recomputation repeats
-  the forward's; not overlapped (Megatron-LM does not overlap them);
+  the forward's; not overlapped (the Megatron-LM of those papers does not overlap them), unless
+  ``parallel.tp_overlap`` (Transformer Engine / NeMo userbuffers chunk them behind the GEMMs
+  around them): then only what outlasts the stage's compute per micro-batch is exposed;
 * pipeline (Narayanan et al. 2021, section 2.2): with ``m`` micro-batches, ``p`` stages and ``v``
   virtual stages, ``m x max(stage) + (p-1)/v x mean(stage)``: the bubble fraction
   ``(p-1)/(m+p-1)`` for GPipe and 1F1B, ``/v`` interleaved; each micro-batch sends ``b s h``
@@ -395,6 +397,8 @@ class StepModel:
                 ep += tp_calls * self._coll("alltoall", groups.ep, c.moe_tokens_bytes * b, algo)
         experts = sum(c.expert_params for c in layers) / lay.ep
         params -= experts * (lay.ep - 1)
+        if w.parallel.tp_overlap:  # chunked behind the GEMMs that produce and consume the data
+            tp = max(0.0, tp - compute)
         return {
             "compute": compute,
             "fwd": fwd + extra / 3,

@@ -193,6 +193,9 @@ class ParallelIn(Strict):
     zero: Literal[0, 1, 2, 3] = 0
     fsdp: bool = False
     scatter_gather: bool = True
+    tp_overlap: bool = False
+    """Tensor-parallel collectives overlapped with the GEMMs around them (Transformer Engine /
+    NeMo userbuffers): exposed only where they outlast the stage's compute."""
 
     @model_validator(mode="after")
     def _interleave(self) -> ParallelIn:

@@ -317,3 +317,20 @@ def test_interleaving_takes_layers_that_do_not_divide_evenly(dgx):
 
     t28, t30, t32 = step(28), step(30), step(32)
     assert t28 < t30 <= t32
+
+
+def test_tensor_parallel_overlap_hides_what_compute_covers(dgx):
+    """`tp_overlap` (Transformer Engine userbuffers) hides TP collectives behind the stage's
+    compute: exposed TP time is max(0, TP - compute) per micro-batch, everything else equal."""
+    base = gpt(global_batch=16, micro_batch=1, parallel={"tp": 8, "pp": 1})
+    plain = _evaluate(dgx, base, 16)
+    hidden = _evaluate(
+        dgx, gpt(**{**base, "parallel": {**base["parallel"], "tp_overlap": True}}), 16
+    )
+    tp, compute = plain.breakdown["tp_comm"], plain.breakdown["compute"]
+    assert tp > 0
+    assert hidden.breakdown["tp_comm"] == pytest.approx(max(0.0, tp - compute), abs=1e-12)
+    assert hidden.breakdown["compute"] == pytest.approx(compute)
+    assert hidden.step_time_s == pytest.approx(
+        plain.step_time_s - (tp - hidden.breakdown["tp_comm"])
+    )
