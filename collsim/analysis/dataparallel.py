@@ -139,7 +139,8 @@ def _reduce_and_gather(
     grad_bytes = params * DTYPE_BYTES[w.grad_dtype] / max(tr.compression.ratio, 1.0)
     share = (n - 1) / n
     reduce = "all_reduce" if lay.zero == 0 else "reduce_scatter"
-    nb = max(1, math.ceil(grad_bytes / max(tr.bucket, 1))) if tr.dp_overlap else 1
+    bucket = tr.bucket_bytes(lay.zero, n, DTYPE_BYTES[w.grad_dtype])
+    nb = max(1, math.ceil(grad_bytes / bucket)) if tr.dp_overlap else 1
     total = nb * coll(reduce, group, grad_bytes / nb, algo)
     rounds = m if lay.zero == 2 else 1
     moved = rounds * share * grad_bytes * (2 if lay.zero == 0 else 1)

@@ -236,8 +236,9 @@ class TrainingIn(Strict):
     optimizer: Literal["adam", "sgd", "none"] = "adam"
     grad_reduce_dtype: Literal["bf16", "fp16", "fp32"] | None = None
     dp_overlap: bool = True
-    bucket: Annotated[Size, Field(ge=4096)] = 25_000_000
-    """Gradient bucket bytes (PyTorch DDP's 25 MB); at least 4 KiB."""
+    bucket: Annotated[Size, Field(ge=4096)] | None = None
+    """Gradient bucket bytes, at least 4 KiB; unset: the framework's default for the layout
+    (:meth:`bucket_bytes`)."""
     prefetch_bucket: Size = 100_000_000
     """ZeRO-3 prefetch bytes (DeepSpeed's ``stage3_prefetch_bucket_size``); 0: none."""
     gather_copy_time: Annotated[str | float, _checked(units.parse_time, "a time", zero_ok=True)] = (
@@ -254,6 +255,18 @@ class TrainingIn(Strict):
     @property
     def gather_copy_s(self) -> float:
         return units.parse_time(self.gather_copy_time)
+
+    def bucket_bytes(self, zero: int, dp: int, grad_elem_bytes: int) -> int:
+        """Gradient bucket bytes: :attr:`bucket` where given; else PyTorch DDP's 25 MB
+        (``bucket_cap_mb``; also ZeRO-3's reduce-scatters, as the DeepSpeed reference runs), and
+        for ZeRO-1/2 (a distributed optimizer) Megatron-Core's ``max(40M, 1M x DP)`` parameters
+        (``DistributedDataParallel`` in ``megatron/core/distributed``): at 128-way DP, 25 MB
+        buckets would be hundreds of reduce-scatters each paying a ring's latency."""
+        if self.bucket is not None:
+            return max(int(self.bucket), 1)
+        if zero in (1, 2):
+            return int(max(40_000_000, 1_000_000 * dp) * grad_elem_bytes)
+        return 25_000_000
 
 
 class ComputeIn(Strict):

@@ -148,7 +148,10 @@ def layer_comm(
         grads = [sum(tensors) * gelem]
     else:
         gathers = [t * elem for t in tensors]
-        grads = buckets([t * gelem for t in reversed(tensors)], max(tr.bucket, 1))
+        grads = buckets(
+            [t * gelem for t in reversed(tensors)],
+            tr.bucket_bytes(3, len(dp), DTYPE_BYTES[w.grad_dtype]),
+        )
     demand = prefetch = 0.0
     for size in gathers:
         t = coll("all_gather", dp, size, algo)

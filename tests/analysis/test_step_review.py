@@ -334,3 +334,29 @@ def test_tensor_parallel_overlap_hides_what_compute_covers(dgx):
     assert hidden.step_time_s == pytest.approx(
         plain.step_time_s - (tp - hidden.breakdown["tp_comm"])
     )
+
+
+def test_zero_1_and_2_default_to_megatron_core_buckets(dgx):
+    """ZeRO-1/2 took PyTorch DDP's 25 MB bucket: at large DP, hundreds of reduce-scatters each
+    paying a ring's latency. Unset, the bucket is Megatron-Core's max(40M, 1M x DP) parameters
+    for a distributed optimizer; DDP keeps 25 MB; a given bucket is used as given."""
+    from collsim.analysis.workload import workload_from_dict
+
+    w = workload_from_dict(gpt())
+    assert w.training.bucket is None
+    assert w.training.bucket_bytes(0, 128, 4) == 25_000_000
+    assert w.training.bucket_bytes(1, 16, 4) == 40_000_000 * 4
+    assert w.training.bucket_bytes(2, 128, 2) == 128_000_000 * 2
+    assert w.training.bucket_bytes(3, 128, 2) == 25_000_000
+    given = workload_from_dict(gpt(training={"bucket": "8MB"}))
+    assert given.training.bucket_bytes(1, 128, 4) == 8_000_000
+
+    from collsim.analysis.workload import DTYPE_BYTES
+
+    def dp(bucket: int | None) -> float:
+        tr = {"dp_overlap": True, **({"bucket": bucket} if bucket else {})}
+        w = gpt(global_batch=16, micro_batch=1, training=tr, parallel={"zero": 1})
+        return _evaluate(dgx, w, 16).breakdown["dp_comm"]  # DP 16
+
+    elem = DTYPE_BYTES[workload_from_dict(gpt(parallel={"zero": 1})).grad_dtype]
+    assert dp(None) == dp(40_000_000 * elem) != dp(25_000_000)
