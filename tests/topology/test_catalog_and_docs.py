@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from collsim.topology.graph import Network
-from collsim.topology.loader import CATALOG_DIR, catalog_names, topology_from_dict
+from collsim.topology.loader import CATALOG_DIR, catalog_names, load_topology, topology_from_dict
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "topology-format.md"
 
@@ -86,3 +86,24 @@ def test_true_false_inside_nested_lists_is_refused():
         IntraIn(kind="mesh", link=link, pairs=[[0, True, 2]])
     ok = IntraIn(kind="mesh", link=link, pairs=[[0, 1, 2]], in_network_reduction=True)
     assert ok.pairs == [(0, 1, 2)] and ok.in_network_reduction
+
+
+@pytest.mark.parametrize(
+    ("name", "per_node_gbps"), [("p5", 400), ("oci-h100", 400), ("gaudi2", 300)]
+)
+def test_a_gpu_with_several_nics_of_its_own_uses_them_all(name, per_node_gbps):
+    """p5 (4 x 100G EFA per GPU), OCI H100 (2 x 200G) and Gaudi2 (3 x 100 GbE per HPU) were
+    given as separate NICs, and collsim sends a GPU pair's traffic along one path: a ring
+    all-reduce across two p5 nodes ran at one EFA per GPU, 50 GB/s busbw of the node's 400.
+    A GPU's own NICs are one NIC of their combined rate, so the ring reaches the node's rate
+    (or the intra-node mesh's, on Gaudi2)."""
+    from collsim.whatif import WhatIf
+
+    whatif = WhatIf(load_topology(name, nodes=2))
+    g = whatif.topology.gpus_per_node
+    nics = [d for d in whatif.topology.devices if d.kind == "nic" and d.node == 0]
+    assert len(nics) == g
+    size, n = 1 << 30, whatif.topology.n_gpus
+    t = float(whatif.cost_model().predict("all_reduce", "ring", [size], channels=8)[0])
+    busbw = size / t / 1e9 * 2 * (n - 1) / n
+    assert busbw > 0.3 * per_node_gbps  # one NIC per GPU gave 1/4 (p5) or 1/3 of this at most
