@@ -88,15 +88,14 @@ def test_true_false_inside_nested_lists_is_refused():
     assert ok.pairs == [(0, 1, 2)] and ok.in_network_reduction
 
 
-@pytest.mark.parametrize(
-    ("name", "per_node_gbps"), [("p5", 400), ("oci-h100", 400), ("gaudi2", 300)]
-)
-def test_a_gpu_with_several_nics_of_its_own_uses_them_all(name, per_node_gbps):
+@pytest.mark.parametrize(("name", "floor_gbps"), [("p5", 360), ("oci-h100", 360), ("gaudi2", 135)])
+def test_a_gpu_with_several_nics_of_its_own_uses_them_all(name, floor_gbps):
     """p5 (4 x 100G EFA per GPU), OCI H100 (2 x 200G) and Gaudi2 (3 x 100 GbE per HPU) were
     given as separate NICs, and collsim sends a GPU pair's traffic along one path: a ring
     all-reduce across two p5 nodes ran at one EFA per GPU, 50 GB/s busbw of the node's 400.
     A GPU's own NICs are one NIC of their combined rate, so the ring reaches the node's rate
-    (or the intra-node mesh's, on Gaudi2)."""
+    (400 GB/s; separate NICs gave 50 on p5, 200 on OCI, 100 on Gaudi2, whose ring its intra-node
+    mesh then bounds at ~150)."""
     from collsim.whatif import WhatIf
 
     whatif = WhatIf(load_topology(name, nodes=2))
@@ -106,4 +105,4 @@ def test_a_gpu_with_several_nics_of_its_own_uses_them_all(name, per_node_gbps):
     size, n = 1 << 30, whatif.topology.n_gpus
     t = float(whatif.cost_model().predict("all_reduce", "ring", [size], channels=8)[0])
     busbw = size / t / 1e9 * 2 * (n - 1) / n
-    assert busbw > 0.3 * per_node_gbps  # one NIC per GPU gave 1/4 (p5) or 1/3 of this at most
+    assert busbw > floor_gbps
