@@ -106,7 +106,7 @@ def resolve_layout(w: WorkloadIn, n_gpus: int) -> Layout:
             field="parallel.pp",
             value=par.pp,
         )
-    # Layers that do not divide evenly go one more to some stages (stage_layer_counts), with or
+    # Layers that do not divide evenly go one more to middle stages (stage_layer_counts), with or
     # without interleaving: Megatron-Core's uneven pipeline split, Llama 3 405B's 126 layers on
     # 16 interleaved stages (Dubey et al. 2024, section 3.3.2); the slowest stage sets the pace.
     if model.kind == "transformer" and model.heads % par.tp:

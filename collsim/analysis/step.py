@@ -9,8 +9,9 @@ Per micro-batch and pipeline stage (one GPU's view; ``b`` sequences, TP size ``t
   per layer (Shoeybi et al. 2019, arXiv:1909.08053, Fig. 4), reduce-scatter + all-gather pairs
   with sequence parallelism (Korthikanti et al. 2022, section 4.2.2); full recomputation repeats
   the forward's; not overlapped (the Megatron-LM of those papers does not overlap them), unless
-  ``parallel.tp_overlap`` (Transformer Engine / NeMo userbuffers chunk them behind the GEMMs
-  around them): then only what outlasts the stage's compute per micro-batch is exposed;
+  ``parallel.tp_overlap`` with sequence parallelism (Transformer Engine / NeMo userbuffers chunk
+  them behind the GEMMs around them): then only what outlasts the layers' GEMMs (forward,
+  backward, recomputation; not the logits) per micro-batch is exposed;
 * pipeline (Narayanan et al. 2021, section 2.2): with ``m`` micro-batches, ``p`` stages and ``v``
   virtual stages, ``m x max(stage) + (p-1)/v x mean(stage)``: the bubble fraction
   ``(p-1)/(m+p-1)`` for GPipe and 1F1B, ``/v`` interleaved; each micro-batch sends ``b s h``
@@ -157,9 +158,15 @@ def peak_flops(topology: Topology, dtype: str) -> float:
 
 
 def stage_layer_counts(layers: int, pp: int) -> list[int]:
-    """Layers per pipeline stage: even, the remainder on the first stages."""
+    """Layers per pipeline stage: even, the remainder on the middle stages first (the first
+    holds the embedding and the most activations in flight, the last the logits: Llama 3 405B
+    keeps one layer fewer on those two, Dubey et al. 2024, section 3.3.2)."""
     base, extra = divmod(layers, pp)
-    return [base + (1 if i < extra else 0) for i in range(pp)]
+    order = [*range(1, pp - 1), 0, pp - 1] if pp > 2 else list(range(pp))
+    counts = [base] * pp
+    for i in order[:extra]:
+        counts[i] += 1
+    return counts
 
 
 def bubble_fraction(p: int, m: int, v: int = 1) -> float:
@@ -397,8 +404,8 @@ class StepModel:
                 ep += tp_calls * self._coll("alltoall", groups.ep, c.moe_tokens_bytes * b, algo)
         experts = sum(c.expert_params for c in layers) / lay.ep
         params -= experts * (lay.ep - 1)
-        if w.parallel.tp_overlap:  # chunked behind the GEMMs that produce and consume the data
-            tp = max(0.0, tp - compute)
+        if w.parallel.tp_overlap:  # chunked behind the layers' GEMMs that produce / consume them
+            tp = max(0.0, tp - (3 * gemm + recompute_flops) / flops_s)
         return {
             "compute": compute,
             "fwd": fwd + extra / 3,

@@ -194,8 +194,8 @@ class ParallelIn(Strict):
     fsdp: bool = False
     scatter_gather: bool = True
     tp_overlap: bool = False
-    """Tensor-parallel collectives overlapped with the GEMMs around them (Transformer Engine /
-    NeMo userbuffers): exposed only where they outlast the stage's compute."""
+    """Sequence parallelism's reduce-scatters / all-gathers overlapped with the GEMMs around them
+    (Transformer Engine / NeMo userbuffers): exposed only where they outlast the layers' GEMMs."""
 
     @model_validator(mode="after")
     def _interleave(self) -> ParallelIn:
@@ -205,6 +205,12 @@ class ParallelIn(Strict):
             raise ValueError("the interleaved schedule needs pp > 1 (it splits pipeline stages)")
         if self.fsdp and self.zero not in (0, 3):
             raise ValueError(f"fsdp shards everything (ZeRO-3): zero: {self.zero} contradicts it")
+        if self.tp_overlap and not (self.sequence_parallel and self.tp > 1):
+            raise ValueError(  # Megatron-LM: "can happen only when sequence parallelism is enabled"
+                "tp_overlap needs tp > 1 and sequence_parallel: it overlaps the reduce-scatter / "
+                "all-gather pairs of sequence parallelism with their GEMMs (Megatron-LM refuses it "
+                "otherwise)"
+            )
         return self
 
 
@@ -262,11 +268,12 @@ class TrainingIn(Strict):
         for ZeRO-1/2 (a distributed optimizer) Megatron-Core's ``max(40M, 1M x DP)`` parameters
         (``DistributedDataParallel`` in ``megatron/core/distributed``): at 128-way DP, 25 MB
         buckets would be hundreds of reduce-scatters each paying a ring's latency."""
-        if self.bucket is not None:
+        if self.bucket is not None:  # bytes as reduced (after any compression)
             return max(int(self.bucket), 1)
+        ratio = max(self.compression.ratio, 1.0)  # a default bucket holds compressed gradients
         if zero in (1, 2):
-            return int(max(40_000_000, 1_000_000 * dp) * grad_elem_bytes)
-        return 25_000_000
+            return max(1, int(max(40_000_000, 1_000_000 * dp) * grad_elem_bytes / ratio))
+        return max(1, int(25_000_000 / ratio))
 
 
 class ComputeIn(Strict):

@@ -207,19 +207,26 @@ def _from_template(
     except TopologyError as exc:
         # Scaled past what its 2-tier fabric holds (--nodes), a cluster gets the third tier such
         # clusters are built with (e.g. the DGX SuperPOD's core layer), said in the fabric words.
-        if not (exc.field == "fabric.tiers" and nodes is not None and nodes != spec.nodes):
+        if not (exc.field == "fabric.tiers" and nodes is not None):
             raise
         fabric = fabric.model_copy(update={"tiers": 3})
-        parts = build(fabric)
+        try:
+            parts = build(fabric)
+        except TopologyError as again:
+            raise TopologyError(
+                f"{nodes} nodes need more than the file's 2-tier fabric, and even 3 tiers of "
+                f"radix {fabric.radix} cannot hold them ({again.message}); use fewer nodes or "
+                "a file with a larger radix",
+                field="--nodes",
+                value=nodes,
+            ) from None
     fabric_words = fabric.kind
-    if fabric.kind in ("fat_tree", "rail_optimized") and fabric.tiers != spec.fabric.tiers:
-        fabric_words += (
-            f"/{fabric.tiers}-tier (the file's {spec.fabric.tiers} tiers hold fewer nodes)"
-        )
-    elif fabric.kind == "fat_tree":
-        fabric_words = f"fat_tree/{fabric.tiers}-tier"
-        if spec.fabric.oversubscription != 1:
-            fabric_words += f" {spec.fabric.oversubscription:g}:1"
+    if fabric.kind in ("fat_tree", "rail_optimized"):
+        fabric_words += f"/{fabric.tiers}-tier"
+        if fabric.tiers != spec.fabric.tiers:
+            fabric_words += f" (the file's {spec.fabric.tiers} tiers hold fewer nodes)"
+        if fabric.kind == "fat_tree" and fabric.oversubscription != 1:
+            fabric_words += f" {fabric.oversubscription:g}:1"
     nic = spec.node.nics
     if nic is not None and spec.fabric.kind != "none":
         fabric_words += f" ({nic.count}x{nic.link.kind})"

@@ -320,20 +320,22 @@ def test_interleaving_takes_layers_that_do_not_divide_evenly(dgx):
 
 
 def test_tensor_parallel_overlap_hides_what_compute_covers(dgx):
-    """`tp_overlap` (Transformer Engine userbuffers) hides TP collectives behind the stage's
-    compute: exposed TP time is max(0, TP - compute) per micro-batch, everything else equal."""
-    base = gpt(global_batch=16, micro_batch=1, parallel={"tp": 8, "pp": 1})
+    """`tp_overlap` (Transformer Engine userbuffers) hides sequence parallelism's collectives
+    behind the layers' GEMMs: less TP time exposed, at most all of it, compute unchanged; and,
+    as in Megatron-LM, it needs sequence parallelism."""
+    par = {"tp": 8, "pp": 1, "sequence_parallel": True}
+    base = gpt(global_batch=16, micro_batch=1, parallel=par)
     plain = _evaluate(dgx, base, 16)
-    hidden = _evaluate(
-        dgx, gpt(**{**base, "parallel": {**base["parallel"], "tp_overlap": True}}), 16
-    )
+    hidden = _evaluate(dgx, gpt(**{**base, "parallel": {**par, "tp_overlap": True}}), 16)
     tp, compute = plain.breakdown["tp_comm"], plain.breakdown["compute"]
     assert tp > 0
-    assert hidden.breakdown["tp_comm"] == pytest.approx(max(0.0, tp - compute), abs=1e-12)
+    assert max(0.0, tp - compute) <= hidden.breakdown["tp_comm"] < tp
     assert hidden.breakdown["compute"] == pytest.approx(compute)
     assert hidden.step_time_s == pytest.approx(
         plain.step_time_s - (tp - hidden.breakdown["tp_comm"])
     )
+    with pytest.raises(WorkloadError, match="tp_overlap needs tp > 1 and sequence_parallel"):
+        _evaluate(dgx, gpt(**{**base, "parallel": {"tp": 8, "tp_overlap": True}}), 16)
 
 
 def test_zero_1_and_2_default_to_megatron_core_buckets(dgx):
@@ -360,3 +362,25 @@ def test_zero_1_and_2_default_to_megatron_core_buckets(dgx):
 
     elem = DTYPE_BYTES[workload_from_dict(gpt(parallel={"zero": 1})).grad_dtype]
     assert dp(None) == dp(40_000_000 * elem) != dp(25_000_000)
+
+
+def test_uneven_stages_keep_the_end_stages_lighter():
+    """The first stage holds the embedding and the most activations, the last the logits: the
+    layers that do not divide evenly go to the middle stages, as Llama 3 405B's 126 layers on 16
+    stages (7 on the first and last, 8 elsewhere); they went to the first stages."""
+    from collsim.analysis.step import stage_layer_counts
+
+    assert stage_layer_counts(126, 16) == [7] + [8] * 14 + [7]
+    assert stage_layer_counts(30, 4) == [7, 8, 8, 7]
+    assert stage_layer_counts(7, 3) == [2, 3, 2] and stage_layer_counts(5, 2) == [3, 2]
+    assert sum(stage_layer_counts(1001, 64)) == 1001
+
+
+def test_default_buckets_hold_compressed_gradients():
+    from collsim.analysis.workload import workload_from_dict
+
+    w = workload_from_dict(gpt(training={"compression": {"ratio": 4}}))
+    assert w.training.bucket_bytes(0, 8, 4) == 25_000_000 // 4
+    assert w.training.bucket_bytes(1, 8, 4) == 40_000_000
+    given = workload_from_dict(gpt(training={"bucket": "8MB", "compression": {"ratio": 4}}))
+    assert given.training.bucket_bytes(1, 8, 4) == 8_000_000

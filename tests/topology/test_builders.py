@@ -179,3 +179,12 @@ def test_scaling_past_a_two_tier_fabric_adds_the_third_tier():
     assert any(d.tier == 3 for d in big.devices)
     with pytest.raises(TopologyError, match="2-tier fat-tree of radix 4 holds at most 4"):
         topology_from_dict({**doc, "nodes": 12})
+
+
+def test_nodes_that_even_three_tiers_cannot_hold_name_the_flag():
+    from collsim.errors import TopologyError
+
+    doc = endpoints_only(4, {"kind": "fat_tree", "radix": 4, "oversubscription": 1})
+    with pytest.raises(TopologyError) as info:
+        topology_from_dict(doc, nodes=100)  # radix 4: 3 tiers hold 4 pods of 2 leaves of 2
+    assert info.value.field == "--nodes" and "even 3 tiers of radix 4" in info.value.message
