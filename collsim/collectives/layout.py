@@ -9,7 +9,6 @@ and NCCL's own rank files number them: rank ``r`` is local rank ``r % ranks_per_
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 
@@ -86,15 +85,10 @@ class RankLayout:
             return np.asarray(self.local_rings[channel % len(self.local_rings)], dtype=np.int64)
         return np.arange(self.ranks_per_node, dtype=np.int64)
 
-    def direct(self, path: np.ndarray) -> bool:
-        """Whether every hop of ``path`` (local indices) is a direct link of the node: always
-        without :attr:`local_rings` (a switch), else a hop some local ring takes."""
-        if not self.local_rings:
-            return True
-        hops = {
-            frozenset((int(r[i - 1]), int(r[i]))) for r in self.local_rings for i in range(len(r))
-        }
-        return all(frozenset((int(x), int(y))) in hops for x, y in itertools.pairwise(path))
+    def entry(self, channel: int, channels: int) -> int:
+        """The local index where ``channel`` of ``channels`` enters each node (its ring) or hangs
+        its tree chain: ``c * g // C``, so channels take the GPUs, and their NICs, in turn."""
+        return (channel * self.ranks_per_node // channels) % self.ranks_per_node
 
     def node_of(self, rank: int) -> int:
         return rank // self.ranks_per_node

@@ -27,6 +27,7 @@ all-gather/reduce-scatter), so a whole phase is one numpy batch.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -314,7 +315,8 @@ def ring_all_reduce(
 # -- builders ---------------------------------------------------------------------------------
 
 
-def _mesh_walks(layout: RankLayout, channels: int) -> list[np.ndarray]:
+@functools.lru_cache(maxsize=64)
+def _mesh_walks(layout: RankLayout, channels: int) -> tuple[np.ndarray, ...]:
     """Per channel, the path through a mesh node: along one of the node's direct-link cycles
     (``local_rings``), entering at local ``a = c * g // C`` (so entries take the GPUs, and their
     NICs, in turn) and leaving at a neighbour of ``a`` on it, in either direction. Of those
@@ -329,7 +331,7 @@ def _mesh_walks(layout: RankLayout, channels: int) -> list[np.ndarray]:
     crossing = np.zeros((g, g), dtype=np.int64)  # channels per directed link inside a node
     walks = []
     for c in range(channels):
-        a = (c * g // channels) % g
+        a = layout.entry(c, channels)
         own = c % len(rings)
         options = []
         for cycle in [rings[own], *rings[:own], *rings[own + 1 :]]:
@@ -338,8 +340,9 @@ def _mesh_walks(layout: RankLayout, channels: int) -> list[np.ndarray]:
         walk = min(options, key=lambda w: (exits[w[-1]], crossing[w[:-1], w[1:]].max()))
         exits[walk[-1]] += 1
         crossing[walk[:-1], walk[1:]] += 1
+        walk.flags.writeable = False  # cached: shared by every caller
         walks.append(walk)
-    return walks
+    return tuple(walks)
 
 
 def ring_order(spec: BuildSpec, channel: int) -> np.ndarray:
@@ -369,8 +372,7 @@ def ring_order(spec: BuildSpec, channel: int) -> np.ndarray:
         return order[None, :]
     even = _mesh_walks(spec.layout, spec.channels)[channel] if rings else None
     if even is None:
-        a = (channel * g // spec.channels) % g
-        even = (a - np.arange(g)) % g
+        even = (spec.layout.entry(channel, spec.channels) - np.arange(g)) % g
     odd = even[::-1]
     local = np.where((np.arange(full_nodes) % 2 == 0)[:, None], even[None, :], odd[None, :])
     order[: full_nodes * g] = (np.arange(full_nodes)[:, None] * g + local).ravel()

@@ -124,7 +124,7 @@ def nccl_tree_parents(
     """
     n, g = layout.nranks, layout.ranks_per_node
     nodes = layout.nnodes
-    a = (channel * g // channels) % g
+    a = layout.entry(channel, channels)
     heads = np.zeros(nodes, dtype=np.int64)
     chain = np.full(n, -1, dtype=np.int64)  # intra-node parents
     # Hangs off local a (channels leave by the NICs in turn), along the channel's direct-link
