@@ -78,6 +78,12 @@ collectives with other step counts and to other scales (nccl-tests' small messag
 same for every collective of a system, and on one or two nodes)."""
 
 
+FIT_BASE = dataclasses.replace(DEFAULT_PARAMS, tree_correction=True)
+"""What a fit starts from: the datasheet, with NCCL's medium-size tree correction as in the
+uncalibrated model (:func:`collsim.model.nccl.tree_correction`), so the size efficiencies fitted
+on top are the system's own, not the tree's dip."""
+
+
 @dataclass
 class Sample:
     """One log to fit or validate, on its sized system."""
@@ -256,6 +262,7 @@ class _Problem:
             size_efficiency=[
                 (s, round(f, 5)) for s, f in _size_table(x[4 : 4 + len(SIZE_KNOTS_BYTES)])
             ],
+            tree_correction=self.base.tree_correction,
             provenance=Provenance(logs=[], collectives=[], ranks=[], method="", fitted=[]),
         )
 
@@ -266,7 +273,7 @@ def _size_table(factors: np.ndarray) -> list[tuple[float, float]]:
 
 
 def fit_samples(
-    samples: Sequence[Sample], *, base: ModelParams = DEFAULT_PARAMS, max_nfev: int = 100
+    samples: Sequence[Sample], *, base: ModelParams = FIT_BASE, max_nfev: int = 100
 ) -> Profile:
     """Fit one system's profile to ``samples`` (all on the same catalog topology)."""
     from scipy.optimize import least_squares

@@ -80,18 +80,19 @@ usable rates directly)."""
 
 def uncalibrated_params() -> ModelParams:
     """Datasheet link latencies and rates at NCCL's achievable fraction, NCCL's per-hop and
-    launch latencies, the host's a-priori launch and point-to-point costs: what collsim predicts
-    before any calibration."""
+    launch latencies and its tree all-reduce's medium-size correction, the host's a-priori
+    launch and point-to-point costs: what collsim predicts before any calibration."""
     import dataclasses
 
     return dataclasses.replace(
         DEFAULT_PARAMS,
         base_latency_s=NCCL_BASE_LATENCY_S,
+        tree_correction=True,
         launch_floor_s=HOST_LAUNCH_S,
         p2p_op_s=HOST_P2P_OP_S,
         bandwidth_efficiency=NCCL_ACHIEVABLE_FRACTION,
         source="uncalibrated: datasheet links at NCCL's achievable fraction, NCCL hwLat per hop, "
-        "NCCL baseLat per launch",
+        "NCCL baseLat per launch, NCCL treeCorrectionFactor",
     )
 
 
@@ -299,12 +300,8 @@ class ScaledModel:
         sizes = np.atleast_1d(np.asarray(sizes_bytes))
         eff = effective_bytes(collective, sizes, elem_bytes, self.nranks)
         sc = self.scale
-        stretch: np.ndarray | float = 1.0
-        if sc.size_factors:
-            xs = np.log2([p[0] for p in sc.size_factors])
-            ys = np.array([p[1] for p in sc.size_factors])
-            stretch = 1.0 / np.interp(np.log2(np.maximum(eff, 1.0)), xs, ys)
         p = self.model.params
+        stretch = p.stretch(collective, algorithm, protocol, eff, sc.size_factors)
         t = (
             p.base_latency_s
             + sc.base_latency_s

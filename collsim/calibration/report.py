@@ -150,7 +150,12 @@ LIMITATIONS = (
     "moves rather than the size that is cut. With the day's other changes (ECMP by device "
     "names, a ring all-reduce's halves joined without an extra latency, NVLS traffic): "
     "uncalibrated mean 34.1% -> 30.6%, cross-collective mean 53.3% -> 25.0% and median 9.0% -> "
-    "8.6%, cross-size median 8.8% -> 8.6%.",
+    "8.6%, cross-size median 8.8% -> 8.6%. Then tree all-reduces took NCCL's medium-size "
+    "correction (NCCL's maintainers measured their trees at 0.4-0.9 of the model's bandwidth "
+    "from 1 KiB to 256 MiB; h100-snellius-ib-2n all_reduce reaches 0.67-0.71 of collsim's tree "
+    "from 32 to 256 MiB): every mode moved, uncalibrated mean/median 30.9/26.9% -> 30.6/25.4%, "
+    "in-sample mean 7.6% -> 7.4%, cross-collective 25.1/9.4% -> 16.7/8.7%, cross-size "
+    "13.7/8.6% -> 10.5/7.7%, cross-scale 28.1/27.2% -> 27.7/25.3%.",
 )
 
 
@@ -357,9 +362,11 @@ def markdown(rep: Report, plots: dict[str, str]) -> str:
         "",
         "Modes: (a) catalog topology, datasheet link latencies and rates at the fraction NCCL's "
         "own topology model expects of them (NVLink 0.8, PCIe 0.76, network 1; NCCL "
-        "src/graph/topo.h), NCCL's per-hop and launch latencies, and a host launch floor of 5 us "
-        "per GPU the measuring thread drives plus 0.4 us per point-to-point operation a call "
-        "posts (a priori); (b) one profile per system "
+        "src/graph/topo.h), NCCL's per-hop and launch latencies, the fraction of its modelled "
+        "bandwidth NCCL's tuner expects a tree all-reduce to reach at medium sizes "
+        "(treeCorrectionFactor, src/graph/tuning.cc; fits keep it too), and a host launch floor "
+        "of 5 us per GPU the measuring thread drives plus 0.4 us per point-to-point operation a "
+        "call posts (a priori); (b) one profile per system "
         "fitted on all its logs; (c) fitted on the "
         "system's all_reduce logs, predicting its other collectives; (d) fitted on rows <= 64 MiB, "
         "predicting the larger rows; (e) fitted on a topology's logs at the fewest ranks, "

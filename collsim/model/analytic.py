@@ -227,7 +227,7 @@ class AnalyticModel:
             raise ScheduleError("sizes must not be negative", field="sizes", value=int(sizes.min()))
         st = self.structure(collective, algorithm, protocol=protocol, channels=channels)
         eff = effective_bytes(collective, sizes, elem_bytes, self.nranks)
-        stretch = 1.0 / self.params.size_factor(eff) if self.params.size_factors else 1.0
+        stretch = self.params.stretch(collective, algorithm, protocol, eff)
         p = self.params
         t = np.where(
             eff == 0,

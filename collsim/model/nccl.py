@@ -70,6 +70,19 @@ TREE_CORRECTION = (
 )  # fmt: skip
 """``treeCorrectionFactor[proto][log2(nBytes >> 6)]``, 64 B to 256 MB."""
 
+
+def tree_correction(proto: str, n_bytes: np.ndarray) -> np.ndarray:
+    """NCCL's measured shortfall of its tree all-reduce from its own bandwidth model, per size
+    (``treeCorrectionFactor``: "Trees are not perfectly sticking to the model for medium sizes",
+    ``tuning.cc``): the factor that multiplies the tree's bandwidth, 1 from 512 MiB on.
+    ``proto``: LL, LL128 or Simple (any case)."""
+    names = {p.lower(): i for i, p in enumerate(PROTOS)}
+    table = np.asarray(TREE_CORRECTION[names[str(proto).lower()]])
+    nb = np.asarray(n_bytes, dtype=np.int64)
+    log = np.array([_log2i(int(x) >> 6) for x in nb.reshape(-1)], dtype=np.int64).reshape(nb.shape)
+    return np.where(log < len(table), table[np.minimum(log, len(table) - 1)], 1.0)
+
+
 NCCL_FUNCS = ("broadcast", "reduce", "all_gather", "reduce_scatter", "all_reduce")
 _ALGO_OF = {
     ("all_reduce", "ring"): RING, ("all_reduce", "tree"): TREE, ("all_reduce", "in_network"): NVLS,
@@ -185,11 +198,7 @@ def algo_time_us(
     nb = np.asarray(n_bytes, dtype=np.int64)
     bw_s = np.full(nb.shape, bw, dtype=np.float64)
     if algo == TREE:
-        log = np.array([_log2i(int(x) >> 6) for x in nb.reshape(-1)], dtype=np.int64).reshape(
-            nb.shape
-        )
-        table = np.asarray(TREE_CORRECTION[_P[proto]])
-        bw_s = np.where(log < 23, bw_s * table[np.minimum(log, 22)], bw_s)
+        bw_s = bw_s * tree_correction(proto, nb)
     lat_s = np.full(nb.shape, lat)
     if algo == RING and proto == "Simple" and inp.n_nodes > 1 and coll == "all_reduce":
         plateau = nb / (inp.n_channels * inp.n_ranks) >= 64

@@ -30,7 +30,12 @@ host's cost of each point-to-point operation a call enqueues, added to its launc
 an all-to-all posts a send and a receive per rank, :func:`p2p_ops`), reduction and copy
 efficiencies, and ``size_factors``: (size_bytes, factor) points, interpolated in log2(size), that
 scale the bandwidth term (``time = latency + bytes / (bandwidth * factor(size))``), so
-size-dependent effects (protocol warm-up, small-message inefficiency) are data, not code.
+size-dependent effects (protocol warm-up, small-message inefficiency) are data, not code; and
+``tree_correction``: whether a tree all-reduce runs at NCCL's measured fraction of its modelled
+bandwidth at medium sizes (``treeCorrectionFactor``, :func:`collsim.model.nccl.tree_correction`:
+0.4-0.9 from 1 KiB to 256 MiB by protocol), as NCCL's tuner assumes. Off in the datasheet
+defaults (the discrete-event engine has no such factor); on in the uncalibrated model and in
+fitted profiles.
 """
 
 from __future__ import annotations
@@ -114,6 +119,7 @@ class ModelParams:
     reduce_efficiency: float = 1.0
     copy_efficiency: float = 1.0
     size_factors: tuple[tuple[float, float], ...] = ()
+    tree_correction: bool = False
     source: str = "datasheet defaults (what the discrete-event engine assumes)"
 
     def __post_init__(self) -> None:
@@ -153,6 +159,10 @@ class ModelParams:
                 value=self.size_factors,
             )
         object.__setattr__(self, "size_factors", pts)
+        if not isinstance(self.tree_correction, bool):
+            raise CalibrationError(
+                "must be true or false", field="tree_correction", value=self.tree_correction
+            )
 
     def floor_s(self, collective: str, nranks: int) -> float:
         """The host's cost to issue one call of ``collective`` to one GPU: its launch and its
@@ -182,14 +192,31 @@ class ModelParams:
             return {}
         return {k: self.duplex_efficiency[_HW_CLASS.get(k, _CLASSES - 1)] for k in LINK_KINDS}
 
-    def size_factor(self, size_bytes: np.ndarray) -> np.ndarray:
-        """Bandwidth multiplier per size (1 without ``size_factors``)."""
+    def stretch(
+        self,
+        collective: str,
+        algorithm: str,
+        protocol: str,
+        size_bytes: np.ndarray,
+        factors: tuple[tuple[float, float], ...] | None = None,
+    ) -> np.ndarray | float:
+        """What each size's bytes are multiplied by in the bandwidth term: 1 / (the size
+        factors -- these, or ``factors`` where given: a calibration's -- x NCCL's tree
+        correction where on)."""
+        pts = self.size_factors if factors is None else factors
+        tree = self.tree_correction and algorithm == "tree" and collective == "all_reduce"
+        if not pts and not tree:
+            return 1.0
         size_bytes = np.asarray(size_bytes, dtype=np.float64)
-        if not self.size_factors:
-            return np.ones_like(size_bytes)
-        xs = np.log2([s for s, _ in self.size_factors])
-        ys = np.array([f for _, f in self.size_factors])
-        return np.interp(np.log2(np.maximum(size_bytes, 1.0)), xs, ys)
+        factor = np.ones_like(size_bytes)
+        if pts:
+            xs = np.log2([s for s, _ in pts])
+            factor = np.interp(np.log2(np.maximum(size_bytes, 1.0)), xs, [f for _, f in pts])
+        if tree:
+            from collsim.model.nccl import tree_correction
+
+            factor = factor * tree_correction(protocol, size_bytes)
+        return 1.0 / factor
 
     # -- serialisation -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -205,6 +232,7 @@ class ModelParams:
             "reduce_efficiency": self.reduce_efficiency,
             "copy_efficiency": self.copy_efficiency,
             "size_factors": [list(p) for p in self.size_factors],
+            "tree_correction": self.tree_correction,
             "protocols": {
                 p.name: {
                     "bandwidth_fraction": p.bandwidth_fraction,
@@ -220,7 +248,7 @@ class ModelParams:
         known = {
             "source", "base_latency_s", "launch_floor_s", "p2p_op_s", "route_latency_scale",
             "bandwidth_efficiency", "duplex_efficiency", "reduce_efficiency", "copy_efficiency",
-            "size_factors", "protocols",
+            "size_factors", "tree_correction", "protocols",
         }  # fmt: skip
         extra = sorted(set(data) - known)
         if extra:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from collsim.errors import CalibrationError
 from collsim.io import yaml_load
@@ -112,6 +112,9 @@ class ProfileDoc(_Strict):
     """Host cost per point-to-point operation a call enqueues (a priori, not fitted)."""
     memory_efficiency: float = Field(default=1.0, ge=0.001, le=4)
     size_efficiency: list[tuple[float, float]] = []
+    tree_correction: StrictBool = False
+    """Whether tree all-reduces take NCCL's medium-size correction (fits since it existed do;
+    files without the key were fitted without it)."""
     provenance: Provenance
     fit_error: FitError | None = None
 
@@ -157,6 +160,7 @@ class Profile:
             bandwidth_efficiency=tuple(eff),  # type: ignore[arg-type]
             duplex_efficiency=tuple(duplex),  # type: ignore[arg-type]
             size_factors=tuple((float(s), float(f)) for s, f in self.doc.size_efficiency),
+            tree_correction=self.doc.tree_correction,
             source=f"profile {self.file or self.topology_name}",
         )
 

@@ -49,3 +49,19 @@ def test_a_json_log_without_a_gpu_count_takes_the_callers(tmp_path):
 def test_writing_to_standard_output_appends_to_it(capfd):
     atomic_write_text("/dev/stdout", "profile\n")
     assert capfd.readouterr().out == "profile\n"
+
+
+def test_fits_record_the_tree_correction_and_older_profiles_keep_theirs():
+    """A fit prices tree all-reduces with NCCL's medium-size correction, as the uncalibrated
+    model, and says so in the profile; a profile written without the key was fitted without it
+    and is read that way."""
+    from collsim.calibration.predict import uncalibrated_params
+
+    assert uncalibrated_params().tree_correction
+    two_nodes = [s for s in dataset_samples() if s.name == "h100-snellius-ib-2n-all_reduce-1.txt"]
+    prof = fit_samples(two_nodes)
+    assert prof.doc.tree_correction and prof.params().tree_correction
+    data = json.loads(prof.doc.model_dump_json())
+    assert "tree_correction: true" in prof.to_yaml()
+    del data["tree_correction"]
+    assert not profile_from_dict(data).params().tree_correction

@@ -65,3 +65,36 @@ def test_the_tuner_ranks_choices_above_the_launch_floor():
     labels = [[t.choice_at(i).label() for i in range(3)] for t in (plain, floored)]
     assert labels[0] == labels[1]
     np.testing.assert_allclose(floored.best_s, np.maximum(50e-6, plain.best_s))
+
+
+def test_nccl_tree_correction_table_by_size():
+    """NCCL's treeCorrectionFactor, indexed by log2(bytes / 64): 0.7 at 32 MiB for Simple, 0.6
+    at 256 KiB for LL128, none (1) from 512 MiB on."""
+    from collsim.model.nccl import tree_correction
+
+    sizes = np.array([32 << 20, 256 << 20, 512 << 20, 1 << 30])
+    assert list(tree_correction("Simple", sizes)) == [0.7, 0.9, 1.0, 1.0]
+    assert tree_correction("ll128", np.array([256 << 10]))[0] == 0.6
+    assert tree_correction("LL", np.array([64]))[0] == 1.0
+
+
+def test_tree_correction_slows_only_medium_tree_all_reduces():
+    """With ``tree_correction`` a tree all-reduce's bytes take 1/factor as long at medium sizes
+    (the bandwidth term: 32 MiB Simple moves at 0.7 of the rate); large ones, rings and other
+    collectives are unchanged; it round-trips through to_dict."""
+    topo = load_topology("dgx-h100", nodes=4)
+    on = ModelParams(tree_correction=True)
+    off, corr = AnalyticModel(topo), AnalyticModel(topo, on)
+    sizes = np.array([32 << 20, 1 << 30])
+    t_off = off.predict("all_reduce", "tree", sizes, channels=8)
+    t_on = corr.predict("all_reduce", "tree", sizes, channels=8)
+    # Mostly the bandwidth term at 32 MiB on 4 nodes: longer by nearly 1/0.7, never more.
+    assert 1.2 < t_on[0] / t_off[0] <= 1 / 0.7 + 1e-9
+    assert t_on[1] == pytest.approx(t_off[1], rel=1e-12)
+    for coll, algo in (("all_reduce", "ring"), ("all_gather", "ring"), ("broadcast", "tree")):
+        a = off.predict(coll, algo, sizes, channels=8)
+        b = corr.predict(coll, algo, sizes, channels=8)
+        assert np.array_equal(a, b), (coll, algo)
+    assert ModelParams.from_dict(json.loads(json.dumps(on.to_dict()))) == on
+    with pytest.raises(CalibrationError, match="tree_correction"):
+        ModelParams(tree_correction=1)  # type: ignore[arg-type]
