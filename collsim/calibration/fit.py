@@ -34,7 +34,14 @@ from typing import Any
 import numpy as np
 
 from collsim.calibration.nccltests import NcclTestsLog
-from collsim.calibration.predict import Predictor, Scale, ScaledModel, elem_bytes, measured_points
+from collsim.calibration.predict import (
+    Predictor,
+    Scale,
+    ScaledModel,
+    elem_bytes,
+    log_env,
+    measured_points,
+)
 from collsim.errors import CalibrationError
 from collsim.model.params import DEFAULT_PARAMS, HOST_P2P_OP_S, ModelParams, ProtocolParams
 from collsim.model.profile import (
@@ -95,10 +102,7 @@ class Sample:
 
     def __post_init__(self) -> None:
         self.name = self.name or self.log.file.rsplit("/", 1)[-1]
-        # The NCCL_* settings the log records (NCCL_ALGO=Ring, NCCL_MIN_NCHANNELS=32, ...) bind
-        # its prediction, over ones given here (a dataset's notes, the caller): the log says what
-        # NCCL ran with, as Predictor.predict_log has it.
-        self.env = {**self.env, **self.log.nccl_env}
+        self.env = log_env(self.log, self.env)
         self.sizes, self.measured_s = measured_points(self.log)
 
 

@@ -232,6 +232,13 @@ def gpu_mismatch(log: NcclTestsLog, topology: Topology) -> str | None:
     return None
 
 
+def log_env(log: NcclTestsLog, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The NCCL_* settings that bind ``log``'s prediction: those it records (NCCL_ALGO=Ring,
+    NCCL_MIN_NCHANNELS=32, ...) over ``env`` (a dataset's notes, the caller's): the log says what
+    NCCL ran with."""
+    return {**(env or {}), **log.nccl_env}
+
+
 def measured_points(log: NcclTestsLog) -> tuple[np.ndarray, np.ndarray]:
     """(sizes in bytes, out-of-place time in seconds) of every row with a time and data.
 
@@ -417,11 +424,10 @@ class Predictor:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
         """(sizes, measured s, predicted s, choices) for the timed rows of ``log``."""
         sizes, measured = measured_points(log)
-        merged = {**(env or {}), **log.nccl_env}
         pred, labels = self.predict(
             log.collective,
             sizes,
-            env=merged,
+            env=log_env(log, env),
             elem=elem_bytes(log),
             gpus_per_thread=log.gpus_per_thread,
         )
