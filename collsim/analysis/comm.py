@@ -99,6 +99,7 @@ class _Cached:
     def __init__(self, topology: Topology, network: Network | None = None, params: Any = None):
         self.topology = topology
         self.network = network if network is not None else Network(topology)
+        self.simulated = self.network  # what the des engine runs on (see make_timer)
         self.params = params
         self.has_in_network = any(d.in_network_reduction for d in topology.devices)
         self._cache: dict[tuple[Any, ...], float] = {}
@@ -187,20 +188,30 @@ class DesTimer(_Cached):
             layout=group_layout(self.topology, gpus),
             channels=choice.channels,
         )
-        fabric = TopologyFabric(self.network, gpus=gpus)
+        fabric = TopologyFabric(self.simulated, gpus=gpus)
         return float(simulate(schedule, fabric, protocol=choice.protocol).time_s)
 
 
 def make_timer(
-    engine: str, topology: Topology, network: Network | None = None, params: Any = None
+    engine: str,
+    topology: Topology,
+    network: Network | None = None,
+    params: Any = None,
+    simulated: Topology | None = None,
 ) -> _Cached:
-    """The timer for ``--engine`` (``analytic`` or ``des``)."""
+    """The timer for ``--engine`` (``analytic`` or ``des``). ``simulated``: what the des engine
+    runs on when it differs from what the tuner's model sees -- a calibration profile's scaled
+    links (:meth:`collsim.model.profile.Profile.apply_to_topology`), while the model takes the
+    profile's parameters on the topology's own links (scaling both would count them twice)."""
     if engine not in ENGINES:
         raise ScheduleError(
             f"unknown engine (choose from {', '.join(ENGINES)})", field="--engine", value=engine
         )
     cls = AnalyticTimer if engine == "analytic" else DesTimer
-    return cls(topology, network, params)
+    timer = cls(topology, network, params)
+    if simulated is not None:
+        timer.simulated = Network(simulated)
+    return timer
 
 
 def group_analytic_model(

@@ -256,7 +256,7 @@ def plan(
     for cl in cand.clusters:
         node_counts = cl.node_counts()
         biggest = load_topology(cl.topology, nodes=max(node_counts))
-        timed_on, cluster_params = biggest, params
+        simulated, cluster_params = None, params
         if fitted is not None:
             if fitted.doc.topology.name != biggest.name:  # a profile is one system's
                 cluster_params = None
@@ -268,8 +268,9 @@ def plan(
                 rejected.notes += [f"{cl.name or cl.topology}: {note}"
                                    for note in fitted.check_topology(biggest)]  # fmt: skip
                 if engine == "des":
-                    timed_on = fitted.apply_to_topology(biggest)
-        model = StepModel(biggest, make_timer(engine, timed_on, params=cluster_params), efficiency)
+                    simulated = fitted.apply_to_topology(biggest)
+        timer = make_timer(engine, biggest, params=cluster_params, simulated=simulated)
+        model = StepModel(biggest, timer, efficiency)
         model.force_efficiency = force_efficiency
         for nodes in node_counts:
             n = nodes * biggest.gpus_per_node

@@ -52,8 +52,8 @@ SLOW_RUN_S = 30.0
     type=click.Path(dir_okay=False),
     default=None,
     help="Calibration profile (collsim calibrate fit) for this topology. The des engine takes its "
-    "link rates and latencies; its base latency, launch floor and size factors apply with "
-    "--engine analytic (the collsim model) only.",
+    "link rates and latencies; its base latency, launch floor, size factors and NCCL's tree "
+    "correction apply with --engine analytic (the collsim model) only.",
 )
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here.")
 @click.option("--trace", type=click.Path(dir_okay=False), help="Chrome/Perfetto trace (max size).")
@@ -116,12 +116,15 @@ def simulate(
         whatif = whatif_with_profile(topo, prof, engine)
         click.echo(f"# calibrated with {profile}")
         doc = prof.doc
-        if engine == "des" and (doc.base_latency_us or doc.launch_floor_us or doc.size_efficiency):
+        if engine == "des" and (
+            doc.base_latency_us or doc.launch_floor_us or doc.size_efficiency
+            or doc.tree_correction
+        ):  # fmt: skip
             click.echo(
                 f"# note: the discrete-event engine takes the profile's links only; its base "
                 f"latency ({doc.base_latency_us:g} us), launch floor ({doc.launch_floor_us:g} us "
-                f"per launch, {doc.p2p_op_us:g} us per point-to-point operation) and size "
-                "factors apply with --engine analytic"
+                f"per launch, {doc.p2p_op_us:g} us per point-to-point operation), size "
+                "factors and NCCL's tree correction apply with --engine analytic"
             )
     else:
         whatif = WhatIf(topo)

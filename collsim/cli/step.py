@@ -111,7 +111,7 @@ def _setup(  # type: ignore[no-untyped-def]
     if topo.faults and not quiet:
         click.echo(f"# faults: {'; '.join(topo.faults)}")
     params, eff = load_profile(profile)
-    timed_on = topo
+    simulated = None
     if params is not None and str(params.source).startswith("profile "):
         from collsim.model.profile import load_profile as read_fitted
 
@@ -119,11 +119,11 @@ def _setup(  # type: ignore[no-untyped-def]
         for note in fitted.check_topology(topo) if not quiet else ():
             click.echo(f"# note: {note}")
         if engine == "des":  # the engine sees the calibrated links (the model its parameters)
-            timed_on = fitted.apply_to_topology(topo)
+            simulated = fitted.apply_to_topology(topo)
     elif params is not None and engine == "des" and not quiet:
         click.echo("# note: the des engine times the topology's own links; the profile's model "
                    "parameters steer only its algorithm choices")  # fmt: skip
-    model = StepModel(topo, make_timer(engine, timed_on, params=params), eff)
+    model = StepModel(topo, make_timer(engine, topo, params=params, simulated=simulated), eff)
     return w, topo, model, params, eff
 
 

@@ -50,7 +50,8 @@ def validate(
     """Predict each nccl-tests LOG on TOPOLOGY and compare: per size and MAPE on time.
 
     Without --profile the model is uncalibrated (datasheet links at NCCL's achievable fraction,
-    NCCL's latencies); with it, the fitted parameters. --model nccl uses NCCL's own tuning
+    NCCL's latencies and its tree all-reduce's medium-size correction); with it, the fitted
+    parameters. --model nccl uses NCCL's own tuning
     model instead.
     """
     from collsim.calibration.predict import gpu_mismatch, uncalibrated_params

@@ -75,10 +75,14 @@ def tree_correction(proto: str, n_bytes: np.ndarray) -> np.ndarray:
     """NCCL's measured shortfall of its tree all-reduce from its own bandwidth model, per size
     (``treeCorrectionFactor``: "Trees are not perfectly sticking to the model for medium sizes",
     ``tuning.cc``): the factor that multiplies the tree's bandwidth, 1 from 512 MiB on.
-    ``proto``: LL, LL128 or Simple (any case)."""
+    ``proto``: LL, LL128 or Simple (any case, or a :class:`collsim.protocols.Protocol`); another
+    protocol has no NCCL figure, so no correction."""
     names = {p.lower(): i for i, p in enumerate(PROTOS)}
-    table = np.asarray(TREE_CORRECTION[names[str(proto).lower()]])
+    row = names.get(str(getattr(proto, "name", proto)).lower())
     nb = np.asarray(n_bytes, dtype=np.int64)
+    if row is None:
+        return np.ones(nb.shape)
+    table = np.asarray(TREE_CORRECTION[row])
     log = np.array([_log2i(int(x) >> 6) for x in nb.reshape(-1)], dtype=np.int64).reshape(nb.shape)
     return np.where(log < len(table), table[np.minimum(log, len(table) - 1)], 1.0)
 

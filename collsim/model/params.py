@@ -33,9 +33,9 @@ scale the bandwidth term (``time = latency + bytes / (bandwidth * factor(size))`
 size-dependent effects (protocol warm-up, small-message inefficiency) are data, not code; and
 ``tree_correction``: whether a tree all-reduce runs at NCCL's measured fraction of its modelled
 bandwidth at medium sizes (``treeCorrectionFactor``, :func:`collsim.model.nccl.tree_correction`:
-0.4-0.9 from 1 KiB to 256 MiB by protocol), as NCCL's tuner assumes. Off in the datasheet
-defaults (the discrete-event engine has no such factor); on in the uncalibrated model and in
-fitted profiles.
+0.4-0.9, which sizes depending on the protocol; 1 from 512 MiB on), as NCCL's tuner assumes.
+Off in the datasheet defaults (the discrete-event engine has no such factor); on in the
+uncalibrated model and in fitted profiles.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ go) and the host's cost of each point-to-point operation a call posts (a priori,
 the file says what was assumed), a per-call base latency, and a small table of
 size-dependent bandwidth efficiency keyed by message size (interpolated in log2 size, as SimGrid's
 piecewise-linear network factors; Velho et al., "On the validity of flow-level TCP network
-models", ACM TOMACS 2013) -- the fit's provenance and its in-sample error. No dates: the same
+models", ACM TOMACS 2013), whether tree all-reduces take NCCL's medium-size correction
+(``tree_correction``; fits record true, files without the key were fitted without it) -- the
+fit's provenance and its in-sample error. No dates: the same
 fit writes the same file.
 
 :meth:`Profile.params` turns it into the analytic model's
@@ -327,8 +329,8 @@ def datasheet_profile(topology: Topology, base_latency_us: float = 0.0) -> Profi
 def whatif_with_profile(topology: Topology, profile: Profile, engine: str = "analytic") -> Any:
     """A :class:`~collsim.whatif.WhatIf` that sees ``profile``: for the analytic engine its
     collsim cost model runs under :meth:`Profile.params`; for the discrete-event engine the links
-    are scaled (:meth:`Profile.apply_to_topology`; base latency, launch floor and size factors are
-    analytic only)."""
+    are scaled (:meth:`Profile.apply_to_topology`; base latency, launch floor, size factors and
+    the tree correction are analytic only)."""
     from collsim.model.analytic import AnalyticModel
     from collsim.whatif import WhatIf
 

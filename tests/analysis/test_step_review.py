@@ -110,6 +110,29 @@ def test_the_des_engine_times_the_calibrated_links(tmp_path):
     assert out[True] != pytest.approx(out[False])
 
 
+def test_the_des_engine_chooses_with_the_profile_counted_once(tmp_path):
+    """With a profile the des engine runs on the calibrated links, and the tuner that picks its
+    algorithm prices the topology's own links under the profile's parameters -- the same
+    prediction as the analytic timer's, not the profile applied twice."""
+    from collsim.calibration.fit import fit_samples
+    from collsim.calibration.report import dataset_samples
+
+    h100 = [s for s in dataset_samples() if s.name.startswith("h100-8gpu-together-ring-all_r")]
+    prof = fit_samples(h100)
+    topo = load_topology("dgx-h100", nodes=1)
+    gpus = [g.name for g in topo.gpus]
+    params = prof.params()
+    des = make_timer("des", topo, params=params, simulated=prof.apply_to_topology(topo))
+    analytic = make_timer("analytic", topo, params=params)
+    size = 64 << 20
+    assert des.choose("all_reduce", gpus, size, "nccl")[1] == pytest.approx(
+        analytic.choose("all_reduce", gpus, size, "nccl")[1], rel=1e-12
+    )
+    # and the engine times the scaled links: slower than the datasheet's
+    plain = make_timer("des", topo)
+    assert des.time_s("all_reduce", gpus, size) > plain.time_s("all_reduce", gpus, size)
+
+
 def test_fp32_activations_take_twice_the_bytes_of_16_bit_ones():
     m = workload_from_dict(gpt()).model
     half = layer_costs(m, tp=1, sequence_parallel=False, recompute="none", elem_bytes=2)

@@ -98,3 +98,16 @@ def test_tree_correction_slows_only_medium_tree_all_reduces():
     assert ModelParams.from_dict(json.loads(json.dumps(on.to_dict()))) == on
     with pytest.raises(CalibrationError, match="tree_correction"):
         ModelParams(tree_correction=1)  # type: ignore[arg-type]
+
+
+def test_tree_correction_takes_protocol_objects_and_leaves_unknown_protocols_alone():
+    from collsim.model.nccl import tree_correction
+    from collsim.protocols import SIMPLE
+
+    sizes = np.array([32 << 20])
+    assert tree_correction(SIMPLE, sizes)[0] == 0.7
+    assert tree_correction("Fast", sizes)[0] == 1.0
+    topo = load_topology("dgx-h100", nodes=4)
+    on = AnalyticModel(topo, ModelParams(tree_correction=True))
+    by_name = on.predict("all_reduce", "tree", sizes, protocol="Simple")
+    assert on.predict("all_reduce", "tree", sizes, protocol=SIMPLE)[0] == by_name[0]
