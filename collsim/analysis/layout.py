@@ -30,6 +30,14 @@ OPTIMIZER_STATE_BYTES = {"adam": 12.0, "sgd": 8.0, "none": 0.0}
 """fp32 master weights + moments per parameter (ZeRO's K: 12 for Adam; SGD with momentum 8)."""
 
 
+def optimizer_state_bytes(w: WorkloadIn) -> float:
+    """Optimizer state per parameter: :data:`OPTIMIZER_STATE_BYTES` under mixed precision; with
+    32-bit weights (fp32, tf32) the weights are their own master copy, so 4 bytes fewer (Adam:
+    the two moments, 8)."""
+    full = OPTIMIZER_STATE_BYTES[w.training.optimizer]
+    return max(0.0, full - 4.0) if DTYPE_BYTES[w.value_dtype] >= 4 else full
+
+
 @dataclass(frozen=True)
 class Layout:
     """Resolved parallel sizes of one workload on ``n_gpus`` GPUs."""
@@ -226,11 +234,17 @@ def memory_per_gpu(
     stage_layers: int,
     capacity_bytes: float,
     expert_params_per_gpu: float = 0.0,
+    stage: int = 0,
 ) -> Memory:
-    """Weights, gradients, optimizer state and activations of one GPU (module docstring).
+    """Weights, gradients, optimizer state and activations of one GPU of pipeline ``stage``
+    (module docstring).
 
     ``expert_params_per_gpu`` (part of ``params_per_gpu``) are replicated over dp / ep GPUs only
-    (each expert-parallel group holds every expert once), so ZeRO shards them that many ways."""
+    (each expert-parallel group holds every expert once), so ZeRO shards them that many ways.
+    Micro-batches in flight on stage ``i`` of ``p`` (Megatron-LM's warm-up counts): ``p - i``
+    with 1F1B; ``2 (p - i - 1) + (v - 1) p + 1`` model chunks of ``1/v`` of the stage's layers
+    interleaved (``p + (p - 1)/v`` micro-batches' worth on the first stage, Narayanan et al.
+    2021); every micro-batch with GPipe."""
     elem = DTYPE_BYTES[w.value_dtype]
     grad_elem = DTYPE_BYTES[w.grad_dtype]
 
@@ -248,14 +262,14 @@ def memory_per_gpu(
         unit = params_per_gpu / max(1, stage_layers)
         weights = min(weights + min(2, stage_layers) * unit * elem, params_per_gpu * elem)
         grads = min(grads + unit * grad_elem, params_per_gpu * grad_elem)
-    optim = sharded(OPTIMIZER_STATE_BYTES[w.training.optimizer], 1)
+    optim = sharded(optimizer_state_bytes(w), 1)
     p, m, v = layout.pp, layout.m, layout.v
     if layout.schedule == "gpipe" and p > 1:  # without a pipeline, one micro-batch at a time
         in_flight = stage_layers * m
     elif v > 1:
-        in_flight = stage_layers * p * (1 + (p - 1) / (p * v))
+        in_flight = stage_layers / v * min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)
     else:
-        in_flight = stage_layers * min(p, m)
+        in_flight = stage_layers * min(p - stage, m)
     acts = act_bytes_per_layer * layout.micro * in_flight
     if w.recomputes != "none":  # the layer being recomputed regenerates what it did not keep
         acts += (full_act_bytes_per_layer - act_bytes_per_layer) * layout.micro

@@ -173,8 +173,12 @@ class Option:
         }
 
 
-def layouts(w: WorkloadIn, search: SearchIn) -> list[WorkloadIn]:
-    """Every combination of the searched values (the workload's own where a list is absent)."""
+def layouts(
+    w: WorkloadIn, search: SearchIn, rejected: Rejected | None = None
+) -> list[WorkloadIn]:
+    """Every combination of the searched values (the workload's own where a list is absent);
+    a combination the workload rules refuse is recorded in ``rejected`` with its reason. FSDP
+    stays on where the workload has it, unless a ZeRO stage it cannot be (1, 2) is searched."""
     par = w.parallel
     axes: dict[str, list[Any]] = {
         "tp": search.tp or [par.tp],
@@ -194,27 +198,33 @@ def layouts(w: WorkloadIn, search: SearchIn) -> list[WorkloadIn]:
             c["schedule"] = "1f1b"  # one virtual stage, or no pipeline: the same schedule
         if c["schedule"] != "interleaved":
             c["virtual_stages"] = 1
+        if c["tp"] == 1:  # nothing to split a sequence over, or to overlap: the same layout
+            c["sequence_parallel"] = False
         key = tuple(c.values())
         if key in seen:
             continue
         seen.add(key)
-        if c["sequence_parallel"] and c["tp"] == 1:
-            continue
+        fsdp = par.fsdp and c["zero"] in (0, 3)
+        overlap = par.tp_overlap and c["tp"] > 1 and c["sequence_parallel"]
         try:
             out.append(
                 with_changes(
                     w,
                     parallel={
                         "tp": c["tp"], "pp": c["pp"], "dp": "auto", "zero": c["zero"],
-                        "fsdp": False, "sequence_parallel": c["sequence_parallel"],
+                        "fsdp": fsdp, "sequence_parallel": c["sequence_parallel"],
+                        "tp_overlap": overlap,
                         "schedule": c["schedule"], "virtual_stages": c["virtual_stages"],
                     },
                     micro_batch=c["micro_batch"],  # type: ignore[arg-type]
                     recompute=c["recompute"],  # type: ignore[arg-type]
                 )
             )  # fmt: skip
-        except WorkloadError:
-            continue
+        except WorkloadError as exc:
+            if rejected is not None:
+                label = (f"tp{c['tp']}-pp{c['pp']}-zero{c['zero']}-mb{c['micro_batch']}-"
+                         f"{c['recompute']}")  # fmt: skip
+                rejected.invalid(label, exc.message)
     return out
 
 
@@ -223,7 +233,8 @@ def _label(w: WorkloadIn) -> str:
     p = w.parallel
     v = f"-v{p.virtual_stages}" if p.schedule == "interleaved" else ""
     sp = "-sp" if p.sequence_parallel else ""
-    return f"tp{p.tp}-pp{p.pp}{v}{sp}-zero{p.zero}-mb{w.micro_batch}-{w.recompute}"
+    zero = "-fsdp" if p.fsdp else f"-zero{p.zero}"
+    return f"tp{p.tp}-pp{p.pp}{v}{sp}{zero}-mb{w.micro_batch}-{w.recompute}"
 
 
 def plan(
@@ -247,7 +258,7 @@ def plan(
     rejected = Rejected()
     tokens_per_step = w.global_batch * (w.model.seq_len if w.model.kind == "transformer" else 1)
     steps = math.ceil(cand.tokens / tokens_per_step)
-    variants = layouts(w, cand.search)
+    variants = layouts(w, cand.search, rejected)
     fitted = None  # a fitted profile file: checked against, and scaling, each cluster's links
     if profile and params is not None and str(params.source).startswith("profile "):
         from collsim.model.profile import load_profile

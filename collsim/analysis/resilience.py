@@ -134,12 +134,12 @@ def wall_per_useful(interval_s: float, write_s: float, restart_s: float, mtbf_s:
 def default_checkpoint_bytes(w: WorkloadIn) -> float:
     """Weights in the training dtype + optimizer state (fp32 master weights and moments, as
     :mod:`collsim.analysis.layout` counts memory) of all parameters, once (not per replica)."""
-    from collsim.analysis.layout import OPTIMIZER_STATE_BYTES
+    from collsim.analysis.layout import optimizer_state_bytes
     from collsim.analysis.transformer import total_params
     from collsim.analysis.workload import DTYPE_BYTES
 
     params = total_params(w.model) if w.model.kind == "transformer" else w.model.params
-    return params * (DTYPE_BYTES[w.value_dtype] + OPTIMIZER_STATE_BYTES[w.training.optimizer])
+    return params * (DTYPE_BYTES[w.value_dtype] + optimizer_state_bytes(w))
 
 
 def dp_step_time(step_s: float, gpus: int, gpus_per_node: int, replica_gpus: int = 1):  # type: ignore[no-untyped-def]

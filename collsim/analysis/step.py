@@ -429,11 +429,11 @@ class StepModel:
     ) -> Memory:
         capacity = float(self.topology.gpu.memory_bytes)
         worst: Memory | None = None
-        for i in {0, lay.pp - 1}:
+        for i in range(lay.pp):  # stages differ in layers, embeddings, micro-batches in flight
             layer = costs[sum(counts[:i])]
             mem = memory_per_gpu(
                 w, lay, stages[i]["params"], layer.act_bytes_recompute, layer.act_bytes,
-                counts[i], capacity, expert_params_per_gpu=stages[i]["expert_params"],
+                counts[i], capacity, expert_params_per_gpu=stages[i]["expert_params"], stage=i,
             )  # fmt: skip
             if worst is None or mem.total > worst.total:
                 worst = mem

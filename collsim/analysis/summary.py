@@ -76,7 +76,7 @@ def scaling_report(curve: ScalingCurve, results: list[StepResult], skipped: list
                 "step_s": r.step_time_s,
                 "speedup": float(curve.speedup[i]),
                 "efficiency_%": 100 * float(curve.efficiency[i]),
-                "karp_flatt": "-" if kf != kf else f"{kf:.4f}",
+                "karp_flatt": "-" if kf != kf else f"{kf:.3g}",
                 "comm+bubble_%": 100
                 * (r.step_time_s - r.breakdown["compute"] - r.breakdown["optimizer"])
                 / r.step_time_s,

@@ -122,7 +122,9 @@ def layer_costs(
     # (layer-norm inputs, dropout masks) is not split by TP unless sequence parallelism is on.
     # An MoE layer's experts hold the MLP activations of every token routed to them: top_k
     # copies of each, padded to the capacity factor.
-    split = 8 + (2 if m.gated_mlp else 1) * 4 * f / h * (top_k * cf)
+    # The attention's 8 is Q and K (4), V (2) and the projection's input (2); with grouped-query
+    # attention K and V are kv/h of that size: 4 + 4 kv/h.
+    split = 4 + 4 * kv / h + (2 if m.gated_mlp else 1) * 4 * f / h * (top_k * cf)
     replicated = 10 / tp if sequence_parallel else 10
     scores = 0.0 if m.flash_attention else 5 * a * s / h
     # Korthikanti's counts are for 16-bit activations: 32-bit ones take twice the bytes.

@@ -1,0 +1,103 @@
+"""Memory per GPU on every pipeline stage, optimizer state by precision, grouped-query attention
+activations, and what `plan` keeps of a workload's layout (FSDP, refused combinations)."""
+
+from __future__ import annotations
+
+import pytest
+
+from collsim.analysis.layout import memory_per_gpu, optimizer_state_bytes, resolve_layout
+from collsim.analysis.plan import CandidatesIn, plan
+from collsim.analysis.transformer import layer_costs
+from collsim.analysis.workload import workload_from_dict
+from collsim.topology.loader import load_topology
+from tests.analysis._step_fixtures import evaluate, gpt
+
+
+@pytest.fixture(scope="module")
+def dgx4():
+    return load_topology("dgx-h100", nodes=4)
+
+
+def test_memory_is_the_fullest_stage_not_only_the_first_and_last(dgx4):
+    """10 layers on 4 stages are 2, 3, 3, 2: a middle stage holds the most weights; its memory
+    (with its own 3 micro-batches in flight) is what the GPU must fit."""
+    data = gpt(model={"layers": 10, "hidden": 8192, "heads": 64, "vocab": 32000,
+                      "seq_len": 4096, "flash_attention": True},
+               global_batch=64, micro_batch=1, parallel={"tp": 8, "pp": 4})  # fmt: skip
+    res = evaluate(dgx4, data)
+    eight = evaluate(dgx4, gpt(**{**data, "model": {**data["model"], "layers": 8}}))
+    assert res.memory.total > eight.memory.total  # 3-layer stages need more than 2-layer ones
+    w = workload_from_dict(data)
+    lay = resolve_layout(w, 32)
+    c = layer_costs(w.model, tp=8, sequence_parallel=False, recompute="none", elem_bytes=2)
+    stage1 = memory_per_gpu(w, lay, res.details["params_per_gpu"], c.act_bytes_recompute,
+                            c.act_bytes, 3, 80e9, stage=1)  # fmt: skip
+    assert res.memory.weights == pytest.approx(stage1.weights)
+    assert res.memory.activations == pytest.approx(3 * 3 * c.act_bytes)  # 3 layers x 3 in flight
+
+
+def test_micro_batches_in_flight_fall_along_the_pipeline():
+    w = workload_from_dict(gpt(global_batch=64, micro_batch=1, parallel={"pp": 4}))
+    lay = resolve_layout(w, 4)
+    acts = [memory_per_gpu(w, lay, 1e6, 1.0, 1.0, 2, 80e9, stage=i).activations for i in range(4)]
+    assert acts == [8.0, 6.0, 4.0, 2.0]  # 2 layers x (p - i) micro-batches of 1 byte
+    inter = workload_from_dict(gpt(global_batch=64, micro_batch=1,
+                                   parallel={"pp": 4, "schedule": "interleaved",
+                                             "virtual_stages": 2}))  # fmt: skip
+    lay = resolve_layout(inter, 4)
+    first = memory_per_gpu(inter, lay, 1e6, 1.0, 1.0, 2, 80e9, stage=0).activations
+    assert first == pytest.approx(2 * (4 + 3 / 2))  # p + (p - 1)/v micro-batches (Narayanan)
+
+
+def test_32_bit_weights_are_their_own_master_copy():
+    mixed = workload_from_dict(gpt())
+    fp32 = workload_from_dict(gpt(dtype="fp32"))
+    assert optimizer_state_bytes(mixed) == 12 and optimizer_state_bytes(fp32) == 8
+    lay = resolve_layout(fp32, 1)
+    mem = memory_per_gpu(fp32, lay, 1e9, 0.0, 0.0, 8, 80e9)
+    assert mem.weights + mem.gradients + mem.optimizer == pytest.approx(16e9)  # Adam, fp32
+
+
+def test_grouped_query_attention_keeps_smaller_keys_and_values():
+    """Korthikanti's 24 s b h (TP-split) holds 4 s b h of K and V; with 8 KV heads of 64 they are
+    1/8 of that: 24 - 4 + 0.5."""
+    full = workload_from_dict(gpt(model={"layers": 2, "hidden": 8192, "heads": 64,
+                                         "vocab": 32000, "seq_len": 4096}))  # fmt: skip
+    gqa = workload_from_dict(gpt(model={"layers": 2, "hidden": 8192, "heads": 64, "kv_heads": 8,
+                                        "vocab": 32000, "seq_len": 4096}))  # fmt: skip
+    kw = {"tp": 1, "sequence_parallel": False, "recompute": "selective", "elem_bytes": 2}
+    a = layer_costs(full.model, **kw).act_bytes_recompute
+    b = layer_costs(gqa.model, **kw).act_bytes_recompute
+    sbh = 4096 * 8192
+    assert a - b == pytest.approx(sbh * (4 - 0.5))
+
+
+def test_plan_keeps_fsdp_and_counts_refused_combinations():
+    data = gpt(model={"layers": 32, "hidden": 4096, "heads": 32, "vocab": 32000, "seq_len": 4096,
+                      "flash_attention": True},
+               global_batch=512, micro_batch=1, parallel={"fsdp": True})  # fmt: skip
+    cand = CandidatesIn.model_validate(
+        {"tokens": 1e9, "clusters": [{"topology": "dgx-h100", "nodes": [4], "gpu_hour_usd": 2}]}
+    )
+    options, _ = plan(workload_from_dict(data), cand)
+    assert options and options[0].result.layout.fsdp and options[0].result.fits
+    seq = gpt(parallel={"tp": 2, "sequence_parallel": True, "tp_overlap": True})
+    cand = CandidatesIn.model_validate(
+        {"tokens": 1e9, "clusters": [{"topology": "dgx-h100", "nodes": [1], "gpu_hour_usd": 2}],
+         "search": {"tp": [1, 2]}}
+    )  # fmt: skip
+    options, _ = plan(workload_from_dict(seq), cand, keep="all")
+    # tp1 runs without sequence parallelism or its overlap (nothing to split), tp2 with both
+    assert {(o.result.layout.tp, o.result.layout.sequence_parallel) for o in options} == {
+        (1, False), (2, True)}
+
+
+def test_plan_says_why_a_searched_value_cannot_run():
+    """A searched micro-batch larger than the global batch is refused by the workload rules: the
+    plan counts it with the reason instead of dropping it unseen."""
+    cand = CandidatesIn.model_validate(
+        {"tokens": 1e9, "clusters": [{"topology": "dgx-h100", "nodes": [1], "gpu_hour_usd": 2}],
+         "search": {"micro_batch": [2, 64]}}
+    )  # fmt: skip
+    options, rejected = plan(workload_from_dict(gpt()), cand)
+    assert options and "multiple of micro_batch (64)" in rejected.summary()
