@@ -173,9 +173,7 @@ class Option:
         }
 
 
-def layouts(
-    w: WorkloadIn, search: SearchIn, rejected: Rejected | None = None
-) -> list[WorkloadIn]:
+def layouts(w: WorkloadIn, search: SearchIn, rejected: Rejected | None = None) -> list[WorkloadIn]:
     """Every combination of the searched values (the workload's own where a list is absent);
     a combination the workload rules refuse is recorded in ``rejected`` with its reason. FSDP
     stays on where the workload has it, unless a ZeRO stage it cannot be (1, 2) is searched."""

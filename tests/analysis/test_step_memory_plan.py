@@ -89,7 +89,9 @@ def test_plan_keeps_fsdp_and_counts_refused_combinations():
     options, _ = plan(workload_from_dict(seq), cand, keep="all")
     # tp1 runs without sequence parallelism or its overlap (nothing to split), tp2 with both
     assert {(o.result.layout.tp, o.result.layout.sequence_parallel) for o in options} == {
-        (1, False), (2, True)}
+        (1, False),
+        (2, True),
+    }
 
 
 def test_plan_says_why_a_searched_value_cannot_run():
