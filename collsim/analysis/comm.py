@@ -2,7 +2,8 @@
 
 ``timer.time_s(collective, gpus, size_bytes)`` is the time of ``collective`` over ``size_bytes``
 (nccl-tests' size convention) among ``gpus`` (topology GPU names), with the group alone on the
-network. Two implementations:
+network, or with ``1 / share`` of the network's rates where concurrent groups share its NICs
+(:mod:`collsim.analysis.sharing`). Two implementations:
 
 * :class:`AnalyticTimer` -- :class:`collsim.model.analytic.AnalyticModel` on the group (closed
   forms, milliseconds per new group shape, then microseconds): the default for ``step``,
@@ -53,8 +54,37 @@ class CommTimer(Protocol):
     """Anything that times a collective on a group of GPUs."""
 
     def time_s(
-        self, collective: str, gpus: Sequence[str], size_bytes: float, algorithm: str = "nccl"
+        self,
+        collective: str,
+        gpus: Sequence[str],
+        size_bytes: float,
+        algorithm: str = "nccl",
+        share: float = 1.0,
     ) -> float: ...
+
+
+def network_shared(topology: Topology, share: float) -> Topology:
+    """``topology`` with every network-class link (NCCL's NET: InfiniBand, RoCE, Ethernet, EFA,
+    and the NICs' own) at ``1 / share`` of its rate: what a group gets of the network while
+    ``share`` times its load crosses the same NICs (:mod:`collsim.analysis.sharing`)."""
+    import dataclasses
+
+    from collsim.protocols import HW_NET
+    from collsim.topology.fabric import _HW_CLASS
+
+    if share <= 1.0:
+        return topology
+    links = []
+    for lk in topology.links:
+        if _HW_CLASS.get(lk.kind, HW_NET) == HW_NET:
+            duplex = lk.duplex_bandwidth_bytes_per_s
+            lk = dataclasses.replace(
+                lk,
+                bandwidth_bytes_per_s=lk.bandwidth_bytes_per_s / share,
+                duplex_bandwidth_bytes_per_s=None if duplex is None else duplex / share,
+            )
+        links.append(lk)
+    return dataclasses.replace(topology, links=tuple(links))
 
 
 def group_layout(topology: Topology, gpus: Sequence[str]) -> RankLayout:
@@ -100,6 +130,7 @@ class _Cached:
         self.topology = topology
         self.network = network if network is not None else Network(topology)
         self.simulated = self.network  # what the des engine runs on (see make_timer)
+        self._shared: dict[float, Network] = {}
         self.params = params
         self.has_in_network = any(d.in_network_reduction for d in topology.devices)
         self._cache: dict[tuple[Any, ...], float] = {}
@@ -107,27 +138,42 @@ class _Cached:
         self.evaluations = 0
 
     def time_s(
-        self, collective: str, gpus: Sequence[str], size_bytes: float, algorithm: str = "nccl"
+        self,
+        collective: str,
+        gpus: Sequence[str],
+        size_bytes: float,
+        algorithm: str = "nccl",
+        share: float = 1.0,
     ) -> float:
-        """Seconds for ``collective`` of ``size_bytes`` on ``gpus`` (0 for one GPU or 0 bytes)."""
+        """Seconds for ``collective`` of ``size_bytes`` on ``gpus`` (0 for one GPU or 0 bytes),
+        with ``1 / share`` of the network's rates (concurrent groups on the same NICs)."""
         if len(gpus) <= 1 or size_bytes <= 0:
             return 0.0
         size = int(size_bytes)
-        key = (collective, group_shape(self.topology, gpus), size, algorithm)
+        key = (collective, group_shape(self.topology, gpus), size, algorithm, share)
         hit = self._cache.get(key)
         if hit is None:
             self.evaluations += 1
-            hit = self._cache[key] = self._time(collective, list(gpus), size, algorithm)
+            hit = self._cache[key] = self._time(collective, list(gpus), size, algorithm, share)
         return hit
 
-    def model_for(self, gpus: Sequence[str]) -> Any:
-        """The analytic model of this group's shape (built once per shape)."""
-        shape = group_shape(self.topology, gpus)
-        if shape not in self._models:
-            self._models[shape] = group_analytic_model(
-                self.topology, self.network, list(gpus), self.params
+    def model_for(self, gpus: Sequence[str], share: float = 1.0) -> Any:
+        """The analytic model of this group's shape (built once per shape and share)."""
+        key = (group_shape(self.topology, gpus), share)
+        if key not in self._models:
+            params = self.params
+            if share > 1.0:
+                import dataclasses
+
+                from collsim.model.params import DEFAULT_PARAMS
+
+                base = params if params is not None else DEFAULT_PARAMS
+                nv, pci, net = base.bandwidth_efficiency
+                params = dataclasses.replace(base, bandwidth_efficiency=(nv, pci, net / share))
+            self._models[key] = group_analytic_model(
+                self.topology, self.network, list(gpus), params
             )
-        return self._models[shape]
+        return self._models[key]
 
     def algorithms(self, collective: str, n: int, algorithm: str) -> list[str]:
         """The candidate algorithms of the policy ``algorithm`` for ``collective``."""
@@ -148,36 +194,44 @@ class _Cached:
             algos = [a for a in algos if not needs_in_network(a)] or algos
         return algos
 
-    def choose(self, collective: str, gpus: list[str], size: int, algorithm: str) -> Any:
+    def choose(
+        self, collective: str, gpus: list[str], size: int, algorithm: str, share: float = 1.0
+    ) -> Any:
         """The tuner's (algorithm, protocol, channels) and its predicted time."""
         from collsim.model.tuner import Tuner
 
-        model = self.model_for(gpus)
+        model = self.model_for(gpus, share)
         tuning = Tuner(model).tune(
             collective, [size], algorithms=self.algorithms(collective, len(gpus), algorithm)
         )
         return tuning.choice_at(0), float(tuning.best_s[0])
 
-    def _time(self, collective: str, gpus: list[str], size: int, algorithm: str) -> float:
+    def _time(
+        self, collective: str, gpus: list[str], size: int, algorithm: str, share: float
+    ) -> float:
         raise NotImplementedError
 
 
 class AnalyticTimer(_Cached):
     """Closed-form collective times from :mod:`collsim.model` (the tuner's best choice)."""
 
-    def _time(self, collective: str, gpus: list[str], size: int, algorithm: str) -> float:
-        return self.choose(collective, gpus, size, algorithm)[1]
+    def _time(
+        self, collective: str, gpus: list[str], size: int, algorithm: str, share: float
+    ) -> float:
+        return self.choose(collective, gpus, size, algorithm, share)[1]
 
 
 class DesTimer(_Cached):
     """Discrete-event times: the tuner's choice, simulated on the group's fabric."""
 
-    def _time(self, collective: str, gpus: list[str], size: int, algorithm: str) -> float:
+    def _time(
+        self, collective: str, gpus: list[str], size: int, algorithm: str, share: float
+    ) -> float:
         from collsim.collectives.registry import build_schedule
         from collsim.engine import simulate
         from collsim.whatif import element_count
 
-        choice, _ = self.choose(collective, gpus, size, algorithm)
+        choice, _ = self.choose(collective, gpus, size, algorithm, share)
         n = len(gpus)
         schedule = build_schedule(
             collective,
@@ -188,7 +242,12 @@ class DesTimer(_Cached):
             layout=group_layout(self.topology, gpus),
             channels=choice.channels,
         )
-        fabric = TopologyFabric(self.simulated, gpus=gpus)
+        net = self.simulated
+        if share > 1.0:
+            if share not in self._shared:
+                self._shared[share] = Network(network_shared(net.topology, share))
+            net = self._shared[share]
+        fabric = TopologyFabric(net, gpus=gpus)
         return float(simulate(schedule, fabric, protocol=choice.protocol).time_s)
 
 

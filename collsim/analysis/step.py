@@ -27,6 +27,8 @@ Per micro-batch and pipeline stage (one GPU's view; ``b`` sequences, TP size ``t
   (FSDP), ``max(0, comm - compute)`` exposed per layer with overlap
   (:mod:`collsim.analysis.zero3`);
 * expert parallelism: 2 all-to-alls (dispatch, combine) forward and 2 backward per MoE layer;
+* each kind of group is timed on rank 0's group, with the share of its NICs that the sibling
+  groups running the same collective at once leave it (:mod:`collsim.analysis.sharing`);
 * optimizer: memory-bound (Adam: 34 bytes per local parameter, SGD: 14);
 * stragglers: per-GPU compute multipliers (mean 1, seeded), the synchronous step waits for the
   slowest of all GPUs: ``(E[max] - 1) x (compute + bubble)``;
@@ -57,6 +59,7 @@ from collsim.analysis.layout import (
     resolve_layout,
     sharded_params,
 )
+from collsim.analysis.sharing import concurrent_groups, nic_share
 from collsim.analysis.transformer import (
     LayerCosts,
     generic_layer_costs,
@@ -183,6 +186,8 @@ class StepModel:
         self.efficiency = efficiency
         self.force_efficiency: float | None = None
         """Overrides the workload's own ``compute.efficiency`` (``--efficiency``)."""
+        self._shares: dict[tuple[str, ...], float] = {}
+        """Network share of the current layout's groups (:meth:`_place`)."""
 
     def _efficiency(self, w: WorkloadIn) -> float:
         """``--efficiency`` > the workload's > the profile's > :data:`DEFAULT_EFFICIENCY`."""
@@ -192,13 +197,35 @@ class StepModel:
         return DEFAULT_EFFICIENCY
 
     def _coll(self, collective: str, gpus: list[str], size: float, algorithm: str) -> float:
+        share = self._shares.get(tuple(gpus), 1.0)
+        if share > 1.0:
+            return self.timer.time_s(collective, gpus, size, algorithm, share=share)
         return self.timer.time_s(collective, gpus, size, algorithm)
+
+    def _place(self, lay: Layout) -> Groups:
+        """Rank 0's groups on the topology, and how many concurrent groups share the NICs each
+        one leaves its node through (:mod:`collsim.analysis.sharing`): its collectives are timed
+        with that share of the network."""
+        groups = place(lay, self.topology)
+        network = getattr(self.timer, "network", None)
+        self._shares = {}
+        if network is None:
+            return groups
+        names = [g.name for g in self.topology.gpus]
+        mine = {"tp": groups.tp, "dp": groups.dp, "pp": groups.pp_pair, "ep": groups.ep,
+                "dp_expert": groups.dp_expert}  # fmt: skip
+        for kind, gpus in mine.items():
+            if len(gpus) > 1:
+                share = nic_share(concurrent_groups(lay, names, kind), network)
+                key = tuple(gpus)
+                self._shares[key] = max(share, self._shares.get(key, 1.0))
+        return groups
 
     def evaluate(self, w: WorkloadIn, n_gpus: int | None = None) -> StepResult:
         """The step of ``w`` on the first ``n_gpus`` GPUs (default: all) of the topology."""
         n = n_gpus if n_gpus is not None else self.topology.n_gpus
         lay = resolve_layout(w, n)
-        groups = place(lay, self.topology)
+        groups = self._place(lay)
         eff = self._efficiency(w)
         peak = peak_flops(self.topology, w.dtype)
         flops_s = peak * eff
@@ -313,7 +340,7 @@ class StepModel:
         eff = self._efficiency(w)
         costs = self._layer_costs(w, lay, DTYPE_BYTES[w.value_dtype])
         one = self._stage(
-            w, lay, place(lay, self.topology), costs[:1], -1, lay.micro,
+            w, lay, self._place(lay), costs[:1], -1, lay.micro,
             peak_flops(self.topology, w.dtype) * eff,
             self.topology.gpu.memory_bandwidth_bytes_per_s, w.compute.elementwise_traffic,
         )  # fmt: skip

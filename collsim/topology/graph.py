@@ -154,6 +154,11 @@ class Network:
             else None
         )
         self._routes: dict[tuple[int, int], Route] = {}
+        self._nics_of: dict[str, list[str]] = {}
+        self._node_nics: dict[int | None, list[str]] = {}
+        for d in self.devices:
+            if d.kind == "nic":
+                self._node_nics.setdefault(d.node, []).append(d.name)
 
     def _vertex_keys(self) -> list[int]:
         """Each routing vertex's ECMP key, from its device's name (an out-twin's differs)."""
@@ -218,22 +223,21 @@ class Network:
     # -- derived figures ---------------------------------------------------------------------------
     def nic_affinity(self) -> dict[str, list[str]]:
         """For each GPU, the NIC(s) its off-node traffic leaves through (routing decides)."""
-        graph = nx.Graph()
-        graph.add_edges_from((lk.a, lk.b) for lk in self.topology.links)
-        result: dict[str, list[str]] = {}
-        for gpu in self.topology.gpus:
-            nics = [d.name for d in self.devices if d.kind == "nic" and d.node == gpu.node]
-            if not nics:
-                result[gpu.name] = []
-                continue
-            nearest = [self.route(gpu.name, nic) for nic in nics]
-            best = min(r.hops for r in nearest)
-            result[gpu.name] = [
+        return {gpu.name: self.nics_of(gpu.name) for gpu in self.topology.gpus}
+
+    def nics_of(self, gpu: str) -> list[str]:
+        """The NIC(s) of its node nearest ``gpu`` by routed hops, reached without crossing
+        another GPU: where its off-node traffic leaves (cached)."""
+        if gpu not in self._nics_of:
+            nics = self._node_nics.get(self.devices[self.index[gpu]].node, [])
+            nearest = [self.route(gpu, nic) for nic in nics]
+            best = min((r.hops for r in nearest), default=0)
+            self._nics_of[gpu] = [
                 nic
                 for nic, r in zip(nics, nearest, strict=True)
                 if r.hops == best and not _passes_gpu(r, self)
             ]
-        return result
+        return list(self._nics_of[gpu])
 
     def injection_bandwidth_bytes_per_s(self) -> float:
         """Scale-out bandwidth per GPU: what node 0 can send off-node, divided by its GPUs.
