@@ -18,6 +18,7 @@ from collsim.collectives.registry import (
     algorithms_for,
     build_schedule,
     needs_in_network,
+    runs_protocol,
 )
 from collsim.collectives.schedule import Schedule
 from collsim.engine import SimResult, simulate
@@ -282,6 +283,13 @@ class WhatIf:
             )  # fmt: skip
         else:
             picks = [algorithm] * len(sizes)
+        if algorithm != "auto" and not runs_protocol(algorithm, proto):
+            raise ScheduleError(
+                f"{algorithm} reduces in the network (NVLS/SHARP), which runs the Simple protocol "
+                "only, as in NCCL",
+                field="protocol",
+                value=proto,
+            )
         if algorithm != "auto" and needs_in_network(algorithm) and not self.has_in_network:
             raise ScheduleError(
                 f"needs in-network reduction, and {self.topology.name} has no switch with "

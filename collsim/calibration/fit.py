@@ -43,7 +43,13 @@ from collsim.calibration.predict import (
     measured_points,
 )
 from collsim.errors import CalibrationError
-from collsim.model.params import DEFAULT_PARAMS, HOST_P2P_OP_S, ModelParams, ProtocolParams
+from collsim.model.params import (
+    DEFAULT_PARAMS,
+    HOST_P2P_OP_S,
+    ModelParams,
+    ProtocolParams,
+    p2p_ops,
+)
 from collsim.model.profile import (
     CLASSES,
     FORMAT_VERSION,
@@ -305,7 +311,14 @@ def fit_samples(
     # issues g), the base at none: what both explain (only the smallest sizes) goes to the
     # host's launch floor, which carries over to collectives of other step counts unchanged
     # (the per-step latencies keep their prior).
-    floor_us = min(float(s.measured_s.min()) / s.log.gpus_per_thread for s in samples) * 1e6
+    # No call is faster than its floor, so the fastest call measured bounds it from above (per
+    # launch, less the host's point-to-point operations that add to it).
+    floor_us = min(
+        float(s.measured_s.min()) / s.log.gpus_per_thread
+        - p2p_ops(s.log.collective, s.log.ranks) * HOST_P2P_OP_S
+        for s in samples
+    ) * 1e6
+    floor_us = max(floor_us, 1e-3)
     starts = [np.r_[eff, lat, 0.0, floor_us, [1.0] * len(SIZE_KNOTS_BYTES)]
               for eff, lat in START_POINTS]  # fmt: skip
     extra = [1.0] * (len(prob.kinds) - len(starts[0]))  # network ratios, duplex: datasheet
@@ -317,7 +330,7 @@ def fit_samples(
     x_scale = np.where(kinds == "base", max(1.0, prob.smallest_us), 1.0)
     x_scale = np.where(kinds == "floor", max(1.0, floor_us), x_scale)
     lo = np.array([BOUNDS[k][0] for k in prob.kinds])
-    hi = np.array([BOUNDS[k][1] for k in prob.kinds])
+    hi = np.array([BOUNDS[k][1] if k != "floor" else floor_us for k in prob.kinds])
     result = None
     for x0 in starts:
         x0 = np.clip(x0, lo, hi)
@@ -364,14 +377,15 @@ def fit_samples(
              "rel_lat": "net latency / intra-node"}  # fmt: skip
     names = [f"size_efficiency@{next(knots)}" if k == "size" else label.get(k, k)
              for k in prob.kinds]  # fmt: skip
-    # Base and floor rest at 0, and links at full duplex, when the data need no more: physical
-    # values, not limits hit.
+    # Base and floor rest at 0, links at full duplex, and the floor at the fastest call
+    # measured (the calls the host's launches pace), when the data need no more or no less:
+    # physical values, not limits hit.
     physical_low = ("base", "floor")
     at_bounds = [
         f"{name} = {v:.4g} ({'lower' if v <= a * (1 + 1e-3) else 'upper'} bound)"
         for name, kind, v, a, b in zip(names, prob.kinds, x, lo, hi, strict=True)
         if (v <= a * (1 + 1e-3) and kind not in physical_low)
-        or (v >= b * (1 - 1e-3) and kind != "duplex")
+        or (v >= b * (1 - 1e-3) and kind not in ("duplex", "floor"))
     ]
     doc = prob.doc(x).model_copy(
         update={

@@ -109,6 +109,14 @@ def needs_in_network(algorithm: str) -> bool:
     return algorithm in _IN_NETWORK
 
 
+def runs_protocol(algorithm: str, protocol: str) -> bool:
+    """Whether ``algorithm`` can run ``protocol``: in-network reductions (NVLS, SHARP / CollNet)
+    run Simple only -- the switch reduces whole buffers, which LL and LL128 interleave with flags
+    (NCCL's ``tuning.cc`` skips NVLS and CollNet with any other protocol)."""
+    name = str(getattr(protocol, "name", protocol)).lower()
+    return not (needs_in_network(algorithm) and name != "simple")
+
+
 def _int(value: object, field: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ScheduleError(f"{field} must be an integer >= {minimum}", field=field, value=value)

@@ -137,6 +137,10 @@ class Tuner:
         NVLink systems); false where the user enabled protocols explicitly (``NCCL_PROTO``)."""
 
     def _enabled(self, collective: str, choice: Choice) -> bool:
+        from collsim.collectives.registry import runs_protocol
+
+        if not runs_protocol(choice.algorithm, choice.protocol):
+            return False
         check = getattr(self.model, "enabled", None) if self.defaults else None
         return True if check is None else bool(check(collective, choice.algorithm, choice.protocol))
 

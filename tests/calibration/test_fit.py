@@ -333,3 +333,15 @@ def test_too_few_rows_to_determine_the_fit_are_refused(write, tmp_path):
     assert not out.exists()
     enough = CliRunner().invoke(cli, [*args, str(write(standard_log(alpha_beta_rows()), "b.txt"))])
     assert enough.exit_code == 0, enough.output
+
+
+def test_the_launch_floor_never_exceeds_the_fastest_call_measured():
+    """A floor is a lower bound on every call: the fastest call measured (per launch) bounds
+    it, so no fitted profile predicts a measured row slower than it ran because of its floor
+    (the GDR pair's broadcast ran 1 MiB in 70.19 us; an unbounded fit put the floor at 98.7)."""
+    gdr = [s for s in dataset_samples() if s.name.startswith("a100pcie-ib-2n1g-gdr-")
+           and s.log.collective in ("broadcast", "sendrecv")]  # fmt: skip
+    prof = fit_samples(gdr)
+    fastest_us = min(float(s.measured_s.min()) / s.log.gpus_per_thread for s in gdr) * 1e6
+    assert prof.doc.launch_floor_us <= fastest_us + 1e-6
+    assert prof.doc.fit_error is not None and max(prof.doc.fit_error.per_log.values()) < 0.02

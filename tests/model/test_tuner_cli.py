@@ -149,3 +149,19 @@ def test_ll128_only_where_nccl_enables_it_by_default():
     _, forced = pcie.predict("all_reduce", np.array(sizes), env={"NCCL_PROTO": "LL128"})
     assert not any("LL128" in label for label in default)
     assert all("/LL128/" in label for label in forced)
+
+
+def test_in_network_reduction_runs_simple_only():
+    """NVLS (and SHARP) reduce whole buffers: NCCL never runs them with LL or LL128, so neither
+    does the tuner, and asking for it is an error naming the protocol."""
+    whatif = WhatIf(load_topology("dgx-h100", nodes=1))
+    sizes = [8, 1 << 10, 1 << 16, 1 << 20, 4 << 20, 1 << 30]
+    result = Tuner(whatif.cost_model("collsim")).tune(
+        "all_reduce", sizes, algorithms=["ring", "tree", "in_network"]
+    )
+    picks = {(c.algorithm, c.protocol) for c in (result.choice_at(i) for i in range(len(sizes)))}
+    assert ("in_network", "Simple") in picks
+    assert not {p for p in picks if p[0] == "in_network" and p[1] != "Simple"}
+    out = runner.invoke(cli, ["simulate", "all_reduce", "-t", "dgx-h100", "--nodes", "1",
+                              "-a", "in_network", "--protocol", "ll", "-b", "8", "-e", "8"])  # fmt: skip
+    assert out.exit_code == 2 and "'protocol'" in out.output and "Simple" in out.output
