@@ -313,11 +313,14 @@ def fit_samples(
     # (the per-step latencies keep their prior).
     # No call is faster than its floor, so the fastest call measured bounds it from above (per
     # launch, less the host's point-to-point operations that add to it).
-    floor_us = min(
-        float(s.measured_s.min()) / s.log.gpus_per_thread
-        - p2p_ops(s.log.collective, s.log.ranks) * HOST_P2P_OP_S
-        for s in samples
-    ) * 1e6
+    floor_us = (
+        min(
+            float(s.measured_s.min()) / s.log.gpus_per_thread
+            - p2p_ops(s.log.collective, s.log.ranks) * HOST_P2P_OP_S
+            for s in samples
+        )
+        * 1e6
+    )
     floor_us = max(floor_us, 1e-3)
     starts = [np.r_[eff, lat, 0.0, floor_us, [1.0] * len(SIZE_KNOTS_BYTES)]
               for eff, lat in START_POINTS]  # fmt: skip

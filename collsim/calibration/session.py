@@ -26,8 +26,10 @@ def load_samples(
     gpus_per_thread: int | None = None,
     allow_anomalies: bool = False,
     for_fit: bool = False,
+    env: dict[str, str] | None = None,
 ) -> list[Sample]:
-    """Every log of ``paths`` on ``topology`` sized to it (one :class:`Sample` per table)."""
+    """Every log of ``paths`` on ``topology`` sized to it (one :class:`Sample` per table);
+    ``env``: NCCL settings the runs used beyond those their logs record (which win)."""
     from collsim.calibration import read_logs
 
     samples = []
@@ -43,7 +45,7 @@ def load_samples(
                 cache[key] = topology_for_log(
                     topology, log, nodes=nodes, gpus_per_node=gpus_per_node
                 )
-            samples.append(Sample(log, cache[key]))
+            samples.append(Sample(log, cache[key], env=dict(env or {})))
     _unique_names(samples)
     return samples
 

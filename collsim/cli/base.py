@@ -150,6 +150,32 @@ def chunk_option(text: str | None) -> int | None:
     return chunk
 
 
+def nccl_env_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--nccl-env KEY=VALUE`` (repeatable): NCCL settings a run used that its log does not
+    record (:func:`nccl_env`)."""
+    return click.option(
+        "--nccl-env",
+        "nccl_env_items",
+        multiple=True,
+        metavar="NCCL_KEY=VALUE",
+        help="NCCL setting the measured run used, where its log does not record it (e.g. "
+        "NCCL_ALGO=Ring), repeatable; settings the log records win.",
+    )(func)
+
+
+def nccl_env(items: tuple[str, ...]) -> dict[str, str]:
+    """``--nccl-env`` values as a dict; a malformed one is a one-line error naming the flag."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key.startswith("NCCL_") or not value.strip():
+            raise CollsimError("expected NCCL_KEY=VALUE, e.g. NCCL_ALGO=Ring",
+                               field="--nccl-env", value=item)  # fmt: skip
+        out[key] = value.strip()
+    return out
+
+
 def size_option(flag: str, text: str) -> int:
     """Parse a size given to ``flag``; a bad one names the flag."""
     from collsim import units

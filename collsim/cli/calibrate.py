@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from collsim.cli.base import cli, refuse_overwriting_inputs
+from collsim.cli.base import cli, nccl_env, nccl_env_option, refuse_overwriting_inputs
 from collsim.collectives.registry import COLLECTIVES
 from collsim.report.tables import plural
 
@@ -233,6 +233,7 @@ def read_cmd(
     help="GPUs one host thread drove (nccl-tests -g), where a log does not say; default 1.",
 )
 @click.option("--allow-anomalies", is_flag=True, help="Fit logs with anomalies (#wrong > 0).")
+@nccl_env_option
 @click.option(
     "-o", "--output", required=True, type=click.Path(dir_okay=False), help="Profile YAML to write."
 )
@@ -245,6 +246,7 @@ def fit_cmd(
     ranks: int | None,
     gpus_per_thread: int | None,
     allow_anomalies: bool,
+    nccl_env_items: tuple[str, ...],
     output: str,
 ) -> None:
     """Fit a calibration profile of TOPOLOGY to nccl-tests LOGS (least squares on time error).
@@ -262,7 +264,7 @@ def fit_cmd(
     samples = load_samples(
         logs, topology, nodes=nodes, gpus_per_node=gpus_per_node, collective=collective,
         ranks=ranks, gpus_per_thread=gpus_per_thread, allow_anomalies=allow_anomalies,
-        for_fit=True,
+        for_fit=True, env=nccl_env(nccl_env_items),
     )  # fmt: skip
     from collsim.calibration.fit import fit_samples
     from collsim.calibration.predict import gpu_mismatch

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from collsim.cli.base import cli, refuse_overwriting_inputs
+from collsim.cli.base import cli, nccl_env, nccl_env_option, refuse_overwriting_inputs
 
 
 @cli.command()
@@ -30,6 +30,7 @@ from collsim.cli.base import cli, refuse_overwriting_inputs
     default=None,
     help="GPUs one host thread drove (nccl-tests -g), where a log does not say; default 1.",
 )
+@nccl_env_option
 @click.option("--summary", is_flag=True, help="Only the MAPE lines, no per-size table.")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="busbw plot (PNG/SVG).")
@@ -43,6 +44,7 @@ def validate(
     collective: str | None,
     ranks: int | None,
     gpus_per_thread: int | None,
+    nccl_env_items: tuple[str, ...],
     summary: bool,
     json_file: str | None,
     plot_file: str | None,
@@ -65,7 +67,7 @@ def validate(
         figure_format(plot_file)
     samples = load_samples(
         logs, topology, nodes=nodes, gpus_per_node=gpus_per_node, collective=collective,
-        ranks=ranks, gpus_per_thread=gpus_per_thread,
+        ranks=ranks, gpus_per_thread=gpus_per_thread, env=nccl_env(nccl_env_items),
     )  # fmt: skip
     notes: list[str] = []
     params = uncalibrated_params()

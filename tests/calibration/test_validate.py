@@ -159,3 +159,27 @@ def test_truncated_log_and_rank_mismatch_are_clear_errors(tmp_path):
     assert "16 ranks" in result.output and "8 GPUs" in result.output
     ok = CliRunner().invoke(cli, ["validate", p4d, "-t", "p4d", "--summary"])
     assert ok.exit_code == 0, ok.output
+
+
+def test_nccl_settings_a_log_does_not_record_can_be_given(tmp_path):
+    """The Together AI H100 logs ran with NCCL_ALGO=RING, which only their source says (the
+    dataset's notes): --nccl-env gives it, and validate then reproduces the report's number
+    for the log; a malformed setting is a one-line error naming the flag."""
+    from collsim.calibration.predict import uncalibrated_params
+    from collsim.calibration.report import dataset_samples
+    from collsim.calibration.validate import validate_samples
+
+    name = "h100-8gpu-together-ring-all_reduce-1.txt"
+    report = validate_samples([s for s in dataset_samples() if s.name == name],
+                              uncalibrated_params())  # fmt: skip
+    log = f"data/nccl-tests/logs/{name}"
+    base = ["validate", log, "-t", "dgx-h100", "--nodes", "1", "--json"]
+    ring, plain = tmp_path / "ring.json", tmp_path / "plain.json"
+    runner = CliRunner()
+    assert runner.invoke(cli, [*base, str(ring), "--nccl-env", "NCCL_ALGO=Ring"]).exit_code == 0
+    assert runner.invoke(cli, [*base, str(plain)]).exit_code == 0
+    got = json.loads(ring.read_text())["mape"]
+    assert got == pytest.approx(report.mape, rel=1e-9)
+    assert json.loads(plain.read_text())["mape"] != pytest.approx(got)
+    bad = runner.invoke(cli, [*base[:-1], "--nccl-env", "ALGO=Ring"])
+    assert bad.exit_code == 2 and "'--nccl-env'" in bad.output

@@ -162,6 +162,7 @@ def test_in_network_reduction_runs_simple_only():
     picks = {(c.algorithm, c.protocol) for c in (result.choice_at(i) for i in range(len(sizes)))}
     assert ("in_network", "Simple") in picks
     assert not {p for p in picks if p[0] == "in_network" and p[1] != "Simple"}
-    out = runner.invoke(cli, ["simulate", "all_reduce", "-t", "dgx-h100", "--nodes", "1",
-                              "-a", "in_network", "--protocol", "ll", "-b", "8", "-e", "8"])  # fmt: skip
+    args = ["simulate", "all_reduce", "-t", "dgx-h100", "--nodes", "1",
+            "-a", "in_network", "--protocol", "ll", "-b", "8", "-e", "8"]  # fmt: skip
+    out = runner.invoke(cli, args)
     assert out.exit_code == 2 and "'protocol'" in out.output and "Simple" in out.output
