@@ -27,6 +27,7 @@ both), so only the network-vs-intra-node ratios and the duplex efficiency rebuil
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,16 +80,25 @@ START_POINTS = ((0.8, 1.0), (0.5, 0.3), (1.0, 3.0))
 cost piecewise smooth, with local minima)."""
 REF_ROWS = 30.0
 LOSS_SCALE = 0.1
+FLOOR_NOISE = 0.15
+"""How far above the fastest call measured a fitted launch floor may go (run-to-run noise of
+nccl-tests' averages)."""
+FLOOR_PENALTY = 10.0
+"""Residual per unit of relative excess of the floor over that limit (a wall, not a prior)."""
 PRIOR_WEIGHT = 0.1
 """Weight of the weak prior that the datasheet's latencies are right (latency scales 1), that
 efficiency does not depend on size (size factors 1), that links are full duplex (residuals
 ``PRIOR_WEIGHT * ln(x)``) and that a fixed cost is the host's launch floor rather than a per-call
-GPU cost (residual ``PRIOR_WEIGHT * base / smallest time measured``). Where the data can tell (a
-1% misfit over one log's rows outweighs a factor 1.2), it decides; where it cannot -- a fixed
-~35 us is as well explained by a launch floor as by 14 slower ring hops or an additive base when
-only all_reduce was measured -- the prior puts it in the floor, which carries over unchanged to
-collectives with other step counts and to other scales (nccl-tests' small messages cost about the
-same for every collective of a system, and on one or two nodes)."""
+GPU cost (residual ``PRIOR_WEIGHT * base / smallest time measured``), and that the floor is the
+fastest call measured, per launch (``PRIOR_WEIGHT * (floor / that - 1)``: where the logs cannot
+place the floor -- an all_reduce whose ring latencies exceed it at every size -- it stays where
+the measurements of other collectives would put it, not wherever the search wanders).
+Where the data can tell (a 1% misfit over one log's rows outweighs a factor 1.2), it decides;
+where it cannot -- a fixed ~35 us is as well explained by a launch floor as by 14 slower ring
+hops or an additive base when only all_reduce was measured -- the prior puts it in the floor,
+which carries over unchanged to collectives with other step counts and to other scales
+(nccl-tests' small messages cost about the same for every collective of a system, and on one or
+two nodes)."""
 
 
 FIT_BASE = dataclasses.replace(DEFAULT_PARAMS, tree_correction=True)
@@ -170,6 +180,8 @@ class _Problem:
         self._models: dict[tuple[float, float, float], list[Any]] = {}
         self.weights = [np.sqrt(min(1.0, REF_ROWS / s.sizes.size)) for s in samples]
         self.smallest_us = min(float(s.measured_s.min()) for s in samples) * 1e6
+        self.floor_max_us = math.inf  # set by fit_samples: the fastest call measured
+        self.floor_start_us = 1.0  # and the floor's prior: that call, per launch
         self.kinds = ["eff", "lat", "base", "floor"] + ["size"] * len(SIZE_KNOTS_BYTES)
         if self.split:
             self.kinds += ["rel", "rel_lat"]
@@ -238,9 +250,12 @@ class _Problem:
             for w, p, s in zip(self.weights, preds, self.samples, strict=True)
         ]
         base_share = x[self.kinds.index("base")] / self.smallest_us
+        floor = float(x[self.kinds.index("floor")])
+        over = max(0.0, floor / self.floor_max_us - 1.0)
         r = np.concatenate(
-            [*parts, PRIOR_WEIGHT * np.log(x[self.prior]), [PRIOR_WEIGHT * base_share]]
-        )
+            [*parts, PRIOR_WEIGHT * np.log(x[self.prior]), [PRIOR_WEIGHT * base_share],
+             [PRIOR_WEIGHT * (floor / self.floor_start_us - 1.0)], [FLOOR_PENALTY * over]]
+        )  # fmt: skip
         return np.where(np.isfinite(r), r, 10.0)
 
     def doc(self, x: np.ndarray) -> ProfileDoc:
@@ -312,7 +327,9 @@ def fit_samples(
     # host's launch floor, which carries over to collectives of other step counts unchanged
     # (the per-step latencies keep their prior).
     # No call is faster than its floor, so the fastest call measured bounds it from above (per
-    # launch, less the host's point-to-point operations that add to it).
+    # launch, less the host's point-to-point operations that add to it), within the noise of a
+    # measurement (FLOOR_NOISE): a penalty past it (a hard bound there steers the trust region
+    # off the fits it finds without one); the floor starts at that call.
     floor_us = (
         min(
             float(s.measured_s.min()) / s.log.gpus_per_thread
@@ -333,7 +350,9 @@ def fit_samples(
     x_scale = np.where(kinds == "base", max(1.0, prob.smallest_us), 1.0)
     x_scale = np.where(kinds == "floor", max(1.0, floor_us), x_scale)
     lo = np.array([BOUNDS[k][0] for k in prob.kinds])
-    hi = np.array([BOUNDS[k][1] if k != "floor" else floor_us for k in prob.kinds])
+    hi = np.array([BOUNDS[k][1] for k in prob.kinds])
+    prob.floor_max_us = floor_us * (1 + FLOOR_NOISE)
+    prob.floor_start_us = floor_us
     result = None
     for x0 in starts:
         x0 = np.clip(x0, lo, hi)

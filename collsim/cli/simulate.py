@@ -17,6 +17,7 @@ from collsim.cli.base import (
     show_progress,
     size_option,
 )
+from collsim.collectives.common import MAX_CHUNKS, PIPELINE_FILL
 from collsim.collectives.registry import COLLECTIVES
 from collsim.errors import CollsimError
 
@@ -128,6 +129,15 @@ def simulate(
             )
     else:
         whatif = WhatIf(topo)
+    if chunk is not None and max(sizes) > MAX_CHUNKS * chunk * channels:
+        from collsim.units import format_size
+
+        click.echo(
+            f"# note: --chunk-bytes {format_size(chunk)}: a pipeline cuts each channel's share "
+            f"into at most {MAX_CHUNKS} chunks, or {PIPELINE_FILL} per stage of its depth if "
+            "more (a bound on the schedule's size), so from "
+            f"{format_size(MAX_CHUNKS * chunk * channels)} on its chunks may be larger"
+        )
     bar = ProgressBar("size", "simulate") if engine == "des" and show_progress() else None
     started = time.perf_counter()
     try:

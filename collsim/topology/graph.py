@@ -260,7 +260,22 @@ class Network:
                     per_node += self.capacity_bytes_per_s[2 * i] / 2
                 elif kind_of[here] == "gpu" and node_of[there] is not None:
                     per_node += self.capacity_bytes_per_s[2 * i]
-        return per_node / max(1, self.topology.gpus_per_node)
+        per_gpu = per_node / max(1, self.topology.gpus_per_node)
+        # A GPU reaches its NICs over its own path (PCIe): with fewer GPUs than NICs in a node
+        # (a DGX with --gpus-per-node 1), what it can send off-node is that path's, not the NICs'.
+        reach = []
+        for gpu in self.topology.gpus:
+            if gpu.node != 0:
+                continue
+            nics = self.nics_of(gpu.name)
+            if nics:
+                paths = [self.route(gpu.name, nic) for nic in nics]
+                each = sum(float(self.capacity_bytes_per_s[list(r.links[: r.hops])].min())
+                           for r in paths)  # fmt: skip
+                firsts = {r.links[0] for r in paths}
+                first = sum(float(self.capacity_bytes_per_s[k]) for k in firsts)
+                reach.append(min(each, first))
+        return min(per_gpu, sum(reach) / len(reach)) if reach else per_gpu
 
     def intra_bandwidth_bytes_per_s(self) -> float:
         """Bandwidth from one GPU towards its node's other GPUs.

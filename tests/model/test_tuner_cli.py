@@ -166,3 +166,12 @@ def test_in_network_reduction_runs_simple_only():
             "-a", "in_network", "--protocol", "ll", "-b", "8", "-e", "8"]  # fmt: skip
     out = runner.invoke(cli, args)
     assert out.exit_code == 2 and "'protocol'" in out.output and "Simple" in out.output
+
+
+def test_a_chunk_the_pipeline_must_coarsen_is_noted():
+    args = ["simulate", "all_reduce", "-t", "dgx-h100", "-a", "tree", "-b", "16M", "-e", "16M",
+            "--engine", "analytic"]  # fmt: skip
+    fine = runner.invoke(cli, [*args, "--chunk-bytes", "4K"])
+    assert fine.exit_code == 0 and "may be larger" in fine.output
+    plain = runner.invoke(cli, [*args, "--chunk-bytes", "512K"])
+    assert plain.exit_code == 0 and "may be larger" not in plain.output

@@ -97,3 +97,10 @@ def test_tori_use_the_generic_router():
     net = Network(topology_from_dict(doc))
     assert net._fast is None
     assert len(net.route("n0.gpu0", "n2.gpu0").links) >= 4
+
+
+def test_injection_is_capped_by_the_gpus_own_path_to_its_nics():
+    """One GPU left in a DGX H100 node reaches its 8 NICs through its own PCIe link: it can send
+    63 GB/s off-node, not the 400 GB/s the NICs could take."""
+    net = Network(load_topology("dgx-h100", nodes=2, gpus_per_node=1))
+    assert net.injection_bandwidth_bytes_per_s() == pytest.approx(63e9)
