@@ -198,11 +198,13 @@ def layouts(w: WorkloadIn, search: SearchIn, rejected: Rejected | None = None) -
             c["virtual_stages"] = 1
         if c["tp"] == 1:  # nothing to split a sequence over, or to overlap: the same layout
             c["sequence_parallel"] = False
-        key = tuple(c.values())
+        # The workload's FSDP stays where its ZeRO stage is kept; a searched stage is that stage
+        # (3 with FSDP's per-layer collectives, 0 plain data parallelism).
+        fsdp = par.fsdp and (c["zero"] == 3 or (not search.zero and c["zero"] in (0, 3)))
+        key = (*c.values(), fsdp)
         if key in seen:
             continue
         seen.add(key)
-        fsdp = par.fsdp and c["zero"] in (0, 3)
         overlap = par.tp_overlap and c["tp"] > 1 and c["sequence_parallel"]
         try:
             out.append(

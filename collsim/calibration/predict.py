@@ -113,6 +113,25 @@ def _env_list(value: str) -> tuple[list[str], bool]:
     return names, neg
 
 
+def check_env(env: dict[str, str]) -> None:
+    """Refuse NCCL settings NCCL itself would refuse: an unknown algorithm (``NCCL_ALGO``) or
+    protocol (``NCCL_PROTO``), a channel count that is not a positive integer."""
+    known = {"NCCL_ALGO": {*_ALGO_ENV, "pat"}, "NCCL_PROTO": {p.lower() for p in PROTOCOLS}}
+    for key, names in known.items():
+        if key in env:
+            bad = [n for n in _env_list(env[key])[0] if n not in names]
+            if bad or not _env_list(env[key])[0]:
+                raise CalibrationError(
+                    f"{key} takes {', '.join(sorted(names))} (comma-separated, ^ to exclude)",
+                    field="--nccl-env",
+                    value=f"{key}={env[key]}",
+                )
+    for key in ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS"):
+        if key in env and not (env[key].strip().isdigit() and int(env[key]) >= 1):
+            raise CalibrationError("must be a positive integer", field="--nccl-env",
+                                   value=f"{key}={env[key]}")  # fmt: skip
+
+
 def constraints(env: dict[str, str], collective: str) -> Constraints:
     """The algorithms / protocols / channels NCCL may use under the settings ``env``."""
     algos: tuple[str, ...] | None = None

@@ -173,6 +173,9 @@ def nccl_env(items: tuple[str, ...]) -> dict[str, str]:
             raise CollsimError("expected NCCL_KEY=VALUE, e.g. NCCL_ALGO=Ring",
                                field="--nccl-env", value=item)  # fmt: skip
         out[key] = value.strip()
+    from collsim.calibration.predict import check_env
+
+    check_env(out)
     return out
 
 

@@ -129,7 +129,10 @@ def simulate(
             )
     else:
         whatif = WhatIf(topo)
-    if chunk is not None and max(sizes) > MAX_CHUNKS * chunk * channels:
+    pipelined = algorithm in ("tree", "chain", "in_network") or (
+        algorithm == "auto" and collective in ("all_reduce", "broadcast", "reduce")
+    )
+    if chunk is not None and pipelined and max(sizes) > MAX_CHUNKS * chunk * channels:
         from collsim.units import format_size
 
         click.echo(

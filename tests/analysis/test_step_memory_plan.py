@@ -94,6 +94,20 @@ def test_plan_keeps_fsdp_and_counts_refused_combinations():
     }
 
 
+def test_a_searched_zero_stage_is_that_stage_for_an_fsdp_workload():
+    """zero 0 searched for an FSDP workload is plain data parallelism, 3 is FSDP: two layouts,
+    not the same FSDP layout twice."""
+    data = gpt(parallel={"fsdp": True})
+    cand = CandidatesIn.model_validate(
+        {"tokens": 1e9, "clusters": [{"topology": "dgx-h100", "nodes": [1], "gpu_hour_usd": 2}],
+         "search": {"zero": [0, 1, 3]}}
+    )  # fmt: skip
+    options, _ = plan(workload_from_dict(data), cand, keep="all")
+    labels = [o.result.layout.label() for o in options]
+    assert len(labels) == len(set(labels)) == 3
+    assert sum(o.result.layout.fsdp for o in options) == 1
+
+
 def test_plan_says_why_a_searched_value_cannot_run():
     """A searched micro-batch larger than the global batch is refused by the workload rules: the
     plan counts it with the reason instead of dropping it unseen."""

@@ -181,5 +181,6 @@ def test_nccl_settings_a_log_does_not_record_can_be_given(tmp_path):
     got = json.loads(ring.read_text())["mape"]
     assert got == pytest.approx(report.mape, rel=1e-9)
     assert json.loads(plain.read_text())["mape"] != pytest.approx(got)
-    bad = runner.invoke(cli, [*base[:-1], "--nccl-env", "ALGO=Ring"])
-    assert bad.exit_code == 2 and "'--nccl-env'" in bad.output
+    for wrong in ("ALGO=Ring", "NCCL_ALGO=bogus", "NCCL_PROTO=LL256", "NCCL_MIN_NCHANNELS=x"):
+        bad = runner.invoke(cli, [*base[:-1], "--nccl-env", wrong])
+        assert bad.exit_code == 2 and "'--nccl-env'" in bad.output, wrong

@@ -175,3 +175,6 @@ def test_a_chunk_the_pipeline_must_coarsen_is_noted():
     assert fine.exit_code == 0 and "may be larger" in fine.output
     plain = runner.invoke(cli, [*args, "--chunk-bytes", "512K"])
     assert plain.exit_code == 0 and "may be larger" not in plain.output
+    as_ring = [a if a != "tree" else "ring" for a in args]
+    ring = runner.invoke(cli, [*as_ring, "--chunk-bytes", "4K"])
+    assert ring.exit_code == 0 and "may be larger" not in ring.output  # rings do not pipeline
