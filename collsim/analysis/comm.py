@@ -59,29 +59,28 @@ class CommTimer(Protocol):
         gpus: Sequence[str],
         size_bytes: float,
         algorithm: str = "nccl",
-        share: float = 1.0,
+        share: tuple[float, float, float] = (1.0, 1.0, 1.0),
     ) -> float: ...
 
 
-def network_shared(topology: Topology, share: float) -> Topology:
-    """``topology`` with every network-class link (NCCL's NET: InfiniBand, RoCE, Ethernet, EFA,
-    and the NICs' own) at ``1 / share`` of its rate: what a group gets of the network while
-    ``share`` times its load crosses the same NICs (:mod:`collsim.analysis.sharing`)."""
+def links_shared(topology: Topology, share: tuple[float, float, float]) -> Topology:
+    """``topology`` with every link of each class (NCCL's NVLink, PCI and NET classes) at
+    ``1 / share[class]`` of its rate: what a group gets while concurrent groups load the same
+    links that many times over (:mod:`collsim.analysis.sharing`)."""
     import dataclasses
 
     from collsim.protocols import HW_NET
     from collsim.topology.fabric import _HW_CLASS
 
-    if share <= 1.0:
-        return topology
     links = []
     for lk in topology.links:
-        if _HW_CLASS.get(lk.kind, HW_NET) == HW_NET:
+        s = share[_HW_CLASS.get(lk.kind, HW_NET)]
+        if s > 1.0:
             duplex = lk.duplex_bandwidth_bytes_per_s
             lk = dataclasses.replace(
                 lk,
-                bandwidth_bytes_per_s=lk.bandwidth_bytes_per_s / share,
-                duplex_bandwidth_bytes_per_s=None if duplex is None else duplex / share,
+                bandwidth_bytes_per_s=lk.bandwidth_bytes_per_s / s,
+                duplex_bandwidth_bytes_per_s=None if duplex is None else duplex / s,
             )
         links.append(lk)
     return dataclasses.replace(topology, links=tuple(links))
@@ -130,7 +129,7 @@ class _Cached:
         self.topology = topology
         self.network = network if network is not None else Network(topology)
         self.simulated = self.network  # what the des engine runs on (see make_timer)
-        self._shared: dict[float, Network] = {}
+        self._shared: dict[tuple[float, float, float], Network] = {}
         self.params = params
         self.has_in_network = any(d.in_network_reduction for d in topology.devices)
         self._cache: dict[tuple[Any, ...], float] = {}
@@ -143,10 +142,10 @@ class _Cached:
         gpus: Sequence[str],
         size_bytes: float,
         algorithm: str = "nccl",
-        share: float = 1.0,
+        share: tuple[float, float, float] = (1.0, 1.0, 1.0),
     ) -> float:
         """Seconds for ``collective`` of ``size_bytes`` on ``gpus`` (0 for one GPU or 0 bytes),
-        with ``1 / share`` of the network's rates (concurrent groups on the same NICs)."""
+        with ``1 / share`` of each link class's rates (concurrent groups on the same links)."""
         if len(gpus) <= 1 or size_bytes <= 0:
             return 0.0
         size = int(size_bytes)
@@ -157,19 +156,21 @@ class _Cached:
             hit = self._cache[key] = self._time(collective, list(gpus), size, algorithm, share)
         return hit
 
-    def model_for(self, gpus: Sequence[str], share: float = 1.0) -> Any:
+    def model_for(
+        self, gpus: Sequence[str], share: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    ) -> Any:
         """The analytic model of this group's shape (built once per shape and share)."""
         key = (group_shape(self.topology, gpus), share)
         if key not in self._models:
             params = self.params
-            if share > 1.0:
+            if max(share) > 1.0:
                 import dataclasses
 
                 from collsim.model.params import DEFAULT_PARAMS
 
                 base = params if params is not None else DEFAULT_PARAMS
-                nv, pci, net = base.bandwidth_efficiency
-                params = dataclasses.replace(base, bandwidth_efficiency=(nv, pci, net / share))
+                eff = tuple(e / s for e, s in zip(base.bandwidth_efficiency, share, strict=True))
+                params = dataclasses.replace(base, bandwidth_efficiency=eff)
             self._models[key] = group_analytic_model(
                 self.topology, self.network, list(gpus), params
             )
@@ -195,7 +196,12 @@ class _Cached:
         return algos
 
     def choose(
-        self, collective: str, gpus: list[str], size: int, algorithm: str, share: float = 1.0
+        self,
+        collective: str,
+        gpus: list[str],
+        size: int,
+        algorithm: str,
+        share: tuple[float, float, float] = (1.0, 1.0, 1.0),
     ) -> Any:
         """The tuner's (algorithm, protocol, channels) and its predicted time."""
         from collsim.model.tuner import Tuner
@@ -207,7 +213,7 @@ class _Cached:
         return tuning.choice_at(0), float(tuning.best_s[0])
 
     def _time(
-        self, collective: str, gpus: list[str], size: int, algorithm: str, share: float
+        self, collective: str, gpus: list[str], size: int, algorithm: str, share: Any
     ) -> float:
         raise NotImplementedError
 
@@ -216,7 +222,7 @@ class AnalyticTimer(_Cached):
     """Closed-form collective times from :mod:`collsim.model` (the tuner's best choice)."""
 
     def _time(
-        self, collective: str, gpus: list[str], size: int, algorithm: str, share: float
+        self, collective: str, gpus: list[str], size: int, algorithm: str, share: Any
     ) -> float:
         return self.choose(collective, gpus, size, algorithm, share)[1]
 
@@ -225,7 +231,7 @@ class DesTimer(_Cached):
     """Discrete-event times: the tuner's choice, simulated on the group's fabric."""
 
     def _time(
-        self, collective: str, gpus: list[str], size: int, algorithm: str, share: float
+        self, collective: str, gpus: list[str], size: int, algorithm: str, share: Any
     ) -> float:
         from collsim.collectives.registry import build_schedule
         from collsim.engine import simulate
@@ -243,9 +249,9 @@ class DesTimer(_Cached):
             channels=choice.channels,
         )
         net = self.simulated
-        if share > 1.0:
+        if max(share) > 1.0:
             if share not in self._shared:
-                self._shared[share] = Network(network_shared(net.topology, share))
+                self._shared[share] = Network(links_shared(net.topology, share))
             net = self._shared[share]
         fabric = TopologyFabric(net, gpus=gpus)
         return float(simulate(schedule, fabric, protocol=choice.protocol).time_s)

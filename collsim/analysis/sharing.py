@@ -1,20 +1,19 @@
-"""How many concurrent groups share a NIC: the network contention the per-group timers leave out.
+"""How many concurrent groups share a group's links: the contention per-group timers leave out.
 
 The step model times one representative group of each kind (rank 0's TP, DP, EP group, its
 pipeline neighbour) alone on the network (:mod:`collsim.analysis.comm`). In a real step its
 sibling groups run the same collective at the same moment: the TP ranks of a stage all-reduce
 their gradient shards together, every TP rank of a stage sends its slice to the next stage, all
-expert-parallel groups exchange tokens at once. Where siblings leave the node through the same
-NIC as the representative -- GPUs sharing a NIC (4 NICs for 8 GPUs, one NIC per node) -- each
-gets a share of it; with a NIC per GPU (DGX, rail-optimised clusters) none do.
+expert-parallel groups exchange tokens at once. Where siblings cross the same links as the
+representative -- GPUs sharing a NIC (4 NICs for 8 GPUs, one NIC per node), PCIe switch uplinks
+that several groups' rings cross -- each gets a share of them; with a NIC per GPU and NVSwitch
+inside the node (DGX, rail-optimised clusters) none do.
 
-:func:`nic_share` is that factor: over the NICs the representative group's members leave their
-node through (:meth:`collsim.topology.graph.Network.nics_of`, split evenly where a GPU has
-several), the largest ratio of the load of every concurrent group to the representative's own
-(members that have a peer of their group on another node count; a group within one node does not
-use its NICs). The timers then run the group's collective with the network's rates divided by it
-(:func:`collsim.analysis.comm.make_timer`): the bandwidth a fair share leaves, the latencies
-unchanged.
+:func:`link_share` is that factor per link class (NVLink, PCIe, network): over the links the
+representative group's ring crosses at its first node, the largest ratio of the load of every
+concurrent group's ring to the representative's own. The timers then run the group's collective
+with each class's rates divided by it (:func:`collsim.analysis.comm.make_timer`): the bandwidth a
+fair share leaves, the latencies unchanged.
 """
 
 from __future__ import annotations
@@ -55,35 +54,57 @@ def concurrent_groups(layout: Layout, names: Sequence[str], kind: str) -> list[l
     raise ValueError(f"unknown group kind {kind!r} (one of {', '.join(KINDS)})")
 
 
-def nic_share(groups: list[list[str]], network: Network) -> float:
-    """The largest factor by which the groups together load a NIC the first group uses, over
-    the first group's own load on it (1: no sibling shares its NICs; see the module), on the
-    node of the first group's first GPU (on a symmetric cluster every node is alike)."""
+Share = tuple[float, float, float]
+"""What a group gets of each link class's rates, as a divisor: (NVLink, PCIe, network)."""
+ALONE: Share = (1.0, 1.0, 1.0)
+
+
+def link_share(groups: list[list[str]], network: Network) -> Share:
+    """Per link class, the largest factor by which the groups together load a link the first
+    group's ring crosses, over the first group's own load on it (1: no sibling crosses its
+    links), on the node of the first group's first GPU (on a symmetric cluster every node is
+    alike). A ring in rank order stands for each group's traffic: its hops out of and into the
+    node cross the NICs and their PCIe paths, its hops inside the node the node's GPU links.
+    Only the node's own links count (its GPUs', PCIe switches', NICs' and their cables): where
+    flows meet inside the switched fabric depends on its routing, left to the engine."""
     if not groups:
-        return 1.0
+        return ALONE
+    from collsim.protocols import HW_NET
+    from collsim.topology.fabric import _HW_CLASS
+
     node_of = _node_of(network)
     node = node_of[groups[0][0]]
+    dev_node = [d.node for d in network.devices]
 
-    def load(group: list[str]) -> dict[str, float]:
-        here = [g for g in group if node_of[g] == node]
-        if not here or len(here) == len(group):  # none here, or all of it: no NIC used
-            return {}
-        out: dict[str, float] = defaultdict(float)
-        for g in here:
-            nics = network.nics_of(g)
-            for nic in nics:
-                out[nic] += 1.0 / len(nics)
+    def here(link: int) -> bool:  # a link of the node: its GPUs, PCIe, NICs and their cables
+        return node in (dev_node[network.link_src[link]], dev_node[network.link_dst[link]])
+
+    def load(group: list[str]) -> dict[int, float]:
+        out: dict[int, float] = defaultdict(float)
+        if len(group) < 2:
+            return out
+        for a, b in zip(group, [*group[1:], group[0]], strict=True):
+            if node_of[a] != node and node_of[b] != node:
+                continue
+            route = network.route(a, b)
+            for link in route.links[: route.hops]:
+                if here(link):
+                    out[link] += 1.0
         return out
 
     own = load(groups[0])
     if not own:
-        return 1.0
-    total: dict[str, float] = defaultdict(float)
+        return ALONE
+    total: dict[int, float] = defaultdict(float)
     for group in groups:
-        for nic, x in load(group).items():
-            if nic in own:
-                total[nic] += x
-    return max(1.0, max(total[nic] / own[nic] for nic in own))
+        for link, x in load(group).items():
+            if link in own:
+                total[link] += x
+    share = [1.0, 1.0, 1.0]
+    for link, x in own.items():
+        cls = _HW_CLASS.get(network.link_kind[link], HW_NET)
+        share[cls] = max(share[cls], total[link] / x)
+    return (share[0], share[1], share[2])
 
 
 _NODE_OF: dict[int, tuple[weakref.ref[Network], dict[str, int | None]]] = {}

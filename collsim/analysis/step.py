@@ -27,7 +27,7 @@ Per micro-batch and pipeline stage (one GPU's view; ``b`` sequences, TP size ``t
   (FSDP), ``max(0, comm - compute)`` exposed per layer with overlap
   (:mod:`collsim.analysis.zero3`);
 * expert parallelism: 2 all-to-alls (dispatch, combine) forward and 2 backward per MoE layer;
-* each kind of group is timed on rank 0's group, with the share of its NICs that the sibling
+* each kind of group is timed on rank 0's group, with the share of its links that the sibling
   groups running the same collective at once leave it (:mod:`collsim.analysis.sharing`);
 * optimizer: memory-bound (Adam: 34 bytes per local parameter, SGD: 14);
 * stragglers: per-GPU compute multipliers (mean 1, seeded), the synchronous step waits for the
@@ -59,7 +59,7 @@ from collsim.analysis.layout import (
     resolve_layout,
     sharded_params,
 )
-from collsim.analysis.sharing import concurrent_groups, nic_share
+from collsim.analysis.sharing import ALONE, Share, concurrent_groups, link_share
 from collsim.analysis.transformer import (
     LayerCosts,
     generic_layer_costs,
@@ -186,8 +186,8 @@ class StepModel:
         self.efficiency = efficiency
         self.force_efficiency: float | None = None
         """Overrides the workload's own ``compute.efficiency`` (``--efficiency``)."""
-        self._shares: dict[tuple[str, ...], float] = {}
-        """Network share of the current layout's groups (:meth:`_place`)."""
+        self._shares: dict[tuple[str, ...], Share] = {}
+        """Link shares of the current layout's groups (:meth:`_place`)."""
 
     def _efficiency(self, w: WorkloadIn) -> float:
         """``--efficiency`` > the workload's > the profile's > :data:`DEFAULT_EFFICIENCY`."""
@@ -197,15 +197,15 @@ class StepModel:
         return DEFAULT_EFFICIENCY
 
     def _coll(self, collective: str, gpus: list[str], size: float, algorithm: str) -> float:
-        share = self._shares.get(tuple(gpus), 1.0)
-        if share > 1.0:
+        share = self._shares.get(tuple(gpus), ALONE)
+        if share != ALONE:
             return self.timer.time_s(collective, gpus, size, algorithm, share=share)
         return self.timer.time_s(collective, gpus, size, algorithm)
 
     def _place(self, lay: Layout) -> Groups:
-        """Rank 0's groups on the topology, and how many concurrent groups share the NICs each
-        one leaves its node through (:mod:`collsim.analysis.sharing`): its collectives are timed
-        with that share of the network."""
+        """Rank 0's groups on the topology, and how many concurrent groups share the links each
+        one crosses (:mod:`collsim.analysis.sharing`): its collectives are timed with that share
+        of each link class."""
         groups = place(lay, self.topology)
         network = getattr(self.timer, "network", None)
         self._shares = {}
@@ -216,9 +216,11 @@ class StepModel:
                 "dp_expert": groups.dp_expert}  # fmt: skip
         for kind, gpus in mine.items():
             if len(gpus) > 1:
-                share = nic_share(concurrent_groups(lay, names, kind), network)
+                share = link_share(concurrent_groups(lay, names, kind), network)
                 key = tuple(gpus)
-                self._shares[key] = max(share, self._shares.get(key, 1.0))
+                old = self._shares.get(key, ALONE)
+                self._shares[key] = (max(share[0], old[0]), max(share[1], old[1]),
+                                     max(share[2], old[2]))  # fmt: skip
         return groups
 
     def evaluate(self, w: WorkloadIn, n_gpus: int | None = None) -> StepResult:
