@@ -38,19 +38,23 @@ def test_pipeline_sends_of_every_tp_rank_share_the_nics():
     assert _share(topo, {"tp": 8, "pp": 2}, "pp") == (1.0, 2.0, 2.0)
 
 
-def test_the_step_times_data_parallel_traffic_at_the_share():
-    """8 GPUs x 0.33 GB of gradients leave a roce-100g node through 4 x 12.5 GB/s: twice what
-    one DP group alone on its NIC takes."""
+def _dp_step(tp: int):
+    """A 1.3B GPT with TP ``tp`` on 2 roce-100g nodes, DP not overlapped: its step, the analytic
+    timer, rank 0's DP group and its gradient bytes (16-bit, the default reduce type)."""
     data = gpt(model={"layers": 24, "hidden": 2048, "heads": 16, "vocab": 50257,
                       "seq_len": 2048, "flash_attention": True},
                global_batch=64, micro_batch=1, training={"dp_overlap": False},
-               parallel={"tp": 8})  # fmt: skip
+               parallel={"tp": tp})  # fmt: skip
     topo = load_topology("roce-100g", nodes=2)
-    res = evaluate(topo, data)
-    timer = make_timer("analytic", topo)
     names = [g.name for g in topo.gpus]
-    dp = [names[0], names[8]]
-    size = res.details["params_per_gpu"] * 2  # 16-bit gradients all-reduced (the default)
+    res = evaluate(topo, data)
+    return res, make_timer("analytic", topo), names[::tp], res.details["params_per_gpu"] * 2
+
+
+def test_the_step_times_data_parallel_traffic_at_the_share():
+    """8 GPUs x 0.33 GB of gradients leave a roce-100g node through 4 x 12.5 GB/s: twice what
+    one DP group alone on its NIC takes."""
+    res, timer, dp, size = _dp_step(8)
     alone = timer.time_s("all_reduce", dp, size)
     shared = timer.time_s("all_reduce", dp, size, share=(1.0, 1.0, 2.0))
     assert shared == pytest.approx(2 * alone, rel=0.05)
@@ -61,17 +65,8 @@ def test_sibling_rings_through_the_same_pcie_switches_share_them():
     """TP 2 on roce-100g: a DP group has 4 GPUs a node, and its ring inside the node crosses the
     PCIe switch uplinks the sibling group's ring crosses too (the engine running both groups at
     once takes 1.7x one alone; a review measured it): the step's DP time reflects it."""
-    data = gpt(model={"layers": 24, "hidden": 2048, "heads": 16, "vocab": 50257,
-                      "seq_len": 2048, "flash_attention": True},
-               global_batch=64, micro_batch=1, training={"dp_overlap": False},
-               parallel={"tp": 2})  # fmt: skip
-    topo = load_topology("roce-100g", nodes=2)
-    res = evaluate(topo, data)
-    timer = make_timer("analytic", topo)
-    names = [g.name for g in topo.gpus]
-    dp = [names[i] for i in range(0, 16, 2)]
-    alone = timer.time_s("all_reduce", dp, res.details["params_per_gpu"] * 2)
-    assert res.breakdown["dp_comm"] > 1.6 * alone
+    res, timer, dp, size = _dp_step(2)
+    assert res.breakdown["dp_comm"] > 1.6 * timer.time_s("all_reduce", dp, size)
 
 
 def test_the_des_engine_takes_the_share_too():
