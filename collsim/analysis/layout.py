@@ -13,10 +13,13 @@ parameter, i.e. 16 bytes; ZeRO-1 shards the 12 over DP, ZeRO-2 also the gradient
 everything, but gathers the weights of the layer it computes and of the one it prefetches, and
 holds that layer's gradients until they are reduce-scattered (FSDP's unit: a transformer block;
 Zhao et al. 2023, PyTorch FSDP, arXiv:2304.11277, section 3). Activations: Korthikanti et al.
-2022 (see :mod:`collsim.analysis.transformer`) per layer, times the layers whose activations the
-first stage holds: ``p`` micro-batches of its ``l/p`` layers with 1F1B, ``m`` with GPipe, and
-``(1 + (p-1)/(p v))`` times that with ``v`` interleaved stages (Korthikanti 2022, section
-4.2.3).
+2022 (see :mod:`collsim.analysis.transformer`) per layer, times the layers whose activations a
+stage holds: on stage ``i``, ``p - i`` micro-batches of its layers with 1F1B, ``m`` with GPipe,
+Megatron-LM's warm-up count of model chunks with ``v`` interleaved stages (the first stage:
+``(1 + (p-1)/(p v))`` times 1F1B's; Korthikanti 2022, section 4.2.3); the last stage also keeps
+the fp32 logits of the micro-batch whose loss it computes, ``4 s b V / t`` bytes (Korthikanti
+2022, section 4.3; every micro-batch's with GPipe). Every stage is checked; the fullest sets
+the layout's memory.
 """
 
 from __future__ import annotations
@@ -235,6 +238,7 @@ def memory_per_gpu(
     capacity_bytes: float,
     expert_params_per_gpu: float = 0.0,
     stage: int = 0,
+    logits_bytes: float = 0.0,
 ) -> Memory:
     """Weights, gradients, optimizer state and activations of one GPU of pipeline ``stage``
     (module docstring).
@@ -273,6 +277,8 @@ def memory_per_gpu(
     acts = act_bytes_per_layer * layout.micro * in_flight
     if w.recomputes != "none":  # the layer being recomputed regenerates what it did not keep
         acts += (full_act_bytes_per_layer - act_bytes_per_layer) * layout.micro
+    if stage == p - 1:  # the loss's fp32 logits (``logits_bytes``: one micro-batch's)
+        acts += logits_bytes * (m if layout.schedule == "gpipe" and p > 1 else 1)
     return Memory(
         weights=weights,
         gradients=grads,

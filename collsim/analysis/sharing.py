@@ -22,7 +22,7 @@ import weakref
 from collections import defaultdict
 from collections.abc import Sequence
 
-from collsim.analysis.layout import Layout
+from collsim.analysis.layout import Groups, Layout
 from collsim.topology.graph import Network
 
 KINDS = ("tp", "dp", "pp", "ep", "dp_expert")
@@ -57,6 +57,22 @@ def concurrent_groups(layout: Layout, names: Sequence[str], kind: str) -> list[l
 Share = tuple[float, float, float]
 """What a group gets of each link class's rates, as a divisor: (NVLink, PCIe, network)."""
 ALONE: Share = (1.0, 1.0, 1.0)
+
+
+def group_shares(layout: Layout, groups: Groups, network: Network) -> dict[tuple[str, ...], Share]:
+    """:func:`link_share` of each of rank 0's groups (:func:`collsim.analysis.layout.place`),
+    keyed by its GPUs (where two kinds are the same GPUs, the larger share of each class)."""
+    names = [g.name for g in network.topology.gpus]
+    mine = {"tp": groups.tp, "dp": groups.dp, "pp": groups.pp_pair, "ep": groups.ep,
+            "dp_expert": groups.dp_expert}  # fmt: skip
+    out: dict[tuple[str, ...], Share] = {}
+    for kind, gpus in mine.items():
+        if len(gpus) > 1:
+            share = link_share(concurrent_groups(layout, names, kind), network)
+            old = out.get(tuple(gpus), ALONE)
+            out[tuple(gpus)] = (max(share[0], old[0]), max(share[1], old[1]),
+                                max(share[2], old[2]))  # fmt: skip
+    return out
 
 
 def link_share(groups: list[list[str]], network: Network) -> Share:

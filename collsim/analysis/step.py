@@ -59,13 +59,14 @@ from collsim.analysis.layout import (
     resolve_layout,
     sharded_params,
 )
-from collsim.analysis.sharing import ALONE, Share, concurrent_groups, link_share
+from collsim.analysis.sharing import ALONE, Share, group_shares
 from collsim.analysis.transformer import (
     LayerCosts,
     generic_layer_costs,
     is_moe_layer,
     layer_costs,
     logits_flops,
+    loss_logits_bytes,
     model_flops_per_sample,
 )
 from collsim.analysis.workload import DTYPE_BYTES, PEAK_KEY, WorkloadError, WorkloadIn
@@ -208,19 +209,7 @@ class StepModel:
         of each link class."""
         groups = place(lay, self.topology)
         network = getattr(self.timer, "network", None)
-        self._shares = {}
-        if network is None:
-            return groups
-        names = [g.name for g in self.topology.gpus]
-        mine = {"tp": groups.tp, "dp": groups.dp, "pp": groups.pp_pair, "ep": groups.ep,
-                "dp_expert": groups.dp_expert}  # fmt: skip
-        for kind, gpus in mine.items():
-            if len(gpus) > 1:
-                share = link_share(concurrent_groups(lay, names, kind), network)
-                key = tuple(gpus)
-                old = self._shares.get(key, ALONE)
-                self._shares[key] = (max(share[0], old[0]), max(share[1], old[1]),
-                                     max(share[2], old[2]))  # fmt: skip
+        self._shares = group_shares(lay, groups, network) if network is not None else {}
         return groups
 
     def evaluate(self, w: WorkloadIn, n_gpus: int | None = None) -> StepResult:
@@ -458,11 +447,13 @@ class StepModel:
     ) -> Memory:
         capacity = float(self.topology.gpu.memory_bytes)
         worst: Memory | None = None
+        logits = loss_logits_bytes(w.model, lay.tp, lay.micro)
         for i in range(lay.pp):  # stages differ in layers, embeddings, micro-batches in flight
             layer = costs[sum(counts[:i])]
             mem = memory_per_gpu(
                 w, lay, stages[i]["params"], layer.act_bytes_recompute, layer.act_bytes,
                 counts[i], capacity, expert_params_per_gpu=stages[i]["expert_params"], stage=i,
+                logits_bytes=logits,
             )  # fmt: skip
             if worst is None or mem.total > worst.total:
                 worst = mem

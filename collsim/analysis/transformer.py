@@ -153,6 +153,15 @@ def layer_costs(
     )
 
 
+def loss_logits_bytes(m: TransformerIn | GenericIn, tp: int, micro: int) -> float:
+    """The fp32 logits the loss keeps for its backward on the last pipeline stage, for one
+    micro-batch of ``micro`` sequences on one TP rank: ``4 s b V / t`` (Korthikanti et al. 2022,
+    section 4.3); none for a generic job."""
+    if m.kind != "transformer":
+        return 0.0
+    return 4.0 * m.seq_len * micro * m.vocab / tp  # type: ignore[union-attr]
+
+
 def logits_flops(m: TransformerIn, tp: int) -> float:
     """Forward FLOPs of the output layer for one sequence on one TP rank: ``2 s h V / t``."""
     return 2 * m.seq_len * m.hidden * m.vocab / tp

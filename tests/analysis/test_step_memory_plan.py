@@ -117,3 +117,24 @@ def test_plan_says_why_a_searched_value_cannot_run():
     )  # fmt: skip
     options, rejected = plan(workload_from_dict(gpt()), cand)
     assert options and "multiple of micro_batch (64)" in rejected.summary()
+
+
+def test_the_last_stage_keeps_the_losss_fp32_logits():
+    """Korthikanti et al. 2022, 4.3: the cross entropy keeps the logits in fp32, 4 s b V / t
+    bytes, on the last stage only (every micro-batch's under GPipe)."""
+    from collsim.analysis.transformer import loss_logits_bytes
+
+    w = workload_from_dict(gpt(global_batch=64, micro_batch=2, parallel={"tp": 2, "pp": 2}))
+    lay = resolve_layout(w, 4)
+    logits = loss_logits_bytes(w.model, lay.tp, lay.micro)
+    assert logits == 4 * 1024 * 2 * 32000 / 2
+    args = (w, lay, 1e6, 1.0, 1.0, 4, 80e9)
+    first = memory_per_gpu(*args, stage=0, logits_bytes=logits).activations
+    last = memory_per_gpu(*args, stage=1, logits_bytes=logits).activations
+    assert first == 4 * 2 * 2  # 4 layers x p micro-batches of 2 x 1 byte: no logits
+    assert last == 4 * 1 * 2 + logits
+    gpipe = workload_from_dict(gpt(global_batch=64, micro_batch=2,
+                                   parallel={"tp": 2, "pp": 2, "schedule": "gpipe"}))  # fmt: skip
+    lay = resolve_layout(gpipe, 4)
+    held = memory_per_gpu(gpipe, lay, 1e6, 0.0, 0.0, 4, 80e9, stage=1, logits_bytes=logits)
+    assert held.activations == lay.m * logits
