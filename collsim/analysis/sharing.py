@@ -9,11 +9,11 @@ representative -- GPUs sharing a NIC (4 NICs for 8 GPUs, one NIC per node), PCIe
 that several groups' rings cross -- each gets a share of them; with a NIC per GPU and NVSwitch
 inside the node (DGX, rail-optimised clusters) none do.
 
-:func:`link_share` is that factor per link class (NVLink, PCIe, network): over the links the
-representative group's ring crosses at its first node, the largest ratio of the load of every
-concurrent group's ring to the representative's own. The timers then run the group's collective
-with each class's rates divided by it (:func:`collsim.analysis.comm.make_timer`): the bandwidth a
-fair share leaves, the latencies unchanged.
+:func:`link_share` is that factor: the representative group's ring rate alone over its rate
+when the links of its first node are shared in proportion to every concurrent group's crossings
+(a shared link that stays faster than the ring's own bottleneck costs nothing). The timers then
+run the group's collective with its rates divided by it (:func:`collsim.analysis.comm.make_timer`):
+the bandwidth a fair share leaves, the latencies unchanged.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ def concurrent_groups(layout: Layout, names: Sequence[str], kind: str) -> list[l
 
 
 Share = tuple[float, float, float]
-"""What a group gets of each link class's rates, as a divisor: (NVLink, PCIe, network)."""
+"""What a group gets of each link class's rates, as a divisor: (NVLink, PCIe, network)
+(:func:`link_share` gives one divisor for all three: the ring's rate)."""
 ALONE: Share = (1.0, 1.0, 1.0)
 
 
@@ -76,18 +77,18 @@ def group_shares(layout: Layout, groups: Groups, network: Network) -> dict[tuple
 
 
 def link_share(groups: list[list[str]], network: Network) -> Share:
-    """Per link class, the largest factor by which the groups together load a link the first
-    group's ring crosses, over the first group's own load on it (1: no sibling crosses its
-    links), on the node of the first group's first GPU (on a symmetric cluster every node is
-    alike). A ring in rank order stands for each group's traffic: its hops out of and into the
-    node cross the NICs and their PCIe paths, its hops inside the node the node's GPU links.
-    Only the node's own links count (its GPUs', PCIe switches', NICs' and their cables): where
-    flows meet inside the switched fabric depends on its routing, left to the engine."""
+    """How much slower the first group's ring runs beside the others, as a divisor of every
+    link class's rate: its ring's rate alone, ``min(capacity / own crossings)`` over the links
+    it crosses, over its rate when each link is shared in proportion to the crossings of all
+    groups, ``min(capacity / all crossings)`` (1: no sibling crosses a link that then limits
+    it; a link the siblings cross that stays faster than the ring's own bottleneck costs
+    nothing). A ring in rank order stands for each group's traffic: its hops out of and into
+    the node cross the NICs and their PCIe paths, its hops inside the node the node's GPU links.
+    Only the links of the first group's first GPU's node count (its GPUs', PCIe switches', NICs'
+    and their cables; on a symmetric cluster every node is alike): where flows meet inside the
+    switched fabric depends on its routing, left to the engine."""
     if not groups:
         return ALONE
-    from collsim.protocols import HW_NET
-    from collsim.topology.fabric import _HW_CLASS
-
     node_of = _node_of(network)
     node = node_of[groups[0][0]]
     dev_node = [d.node for d in network.devices]
@@ -116,11 +117,11 @@ def link_share(groups: list[list[str]], network: Network) -> Share:
         for link, x in load(group).items():
             if link in own:
                 total[link] += x
-    share = [1.0, 1.0, 1.0]
-    for link, x in own.items():
-        cls = _HW_CLASS.get(network.link_kind[link], HW_NET)
-        share[cls] = max(share[cls], total[link] / x)
-    return (share[0], share[1], share[2])
+    cap = network.capacity_bytes_per_s
+    alone = min(cap[link] / x for link, x in own.items())
+    shared = min(cap[link] / total[link] for link in own)
+    s = float(max(1.0, alone / shared)) if shared > 0 else 1.0
+    return (s, s, s)
 
 
 _NODE_OF: dict[int, tuple[weakref.ref[Network], dict[str, int | None]]] = {}
