@@ -2,7 +2,7 @@
 
 ``timer.time_s(collective, gpus, size_bytes)`` is the time of ``collective`` over ``size_bytes``
 (nccl-tests' size convention) among ``gpus`` (topology GPU names), with the group alone on the
-network, or with ``1 / share`` of the network's rates where concurrent groups share its NICs
+network, or with ``1 / share`` of its links' rates where concurrent groups cross the same links
 (:mod:`collsim.analysis.sharing`). Two implementations:
 
 * :class:`AnalyticTimer` -- :class:`collsim.model.analytic.AnalyticModel` on the group (closed
@@ -59,31 +59,24 @@ class CommTimer(Protocol):
         gpus: Sequence[str],
         size_bytes: float,
         algorithm: str = "nccl",
-        share: tuple[float, float, float] = (1.0, 1.0, 1.0),
+        share: float = 1.0,
     ) -> float: ...
 
 
-def links_shared(topology: Topology, share: tuple[float, float, float]) -> Topology:
-    """``topology`` with every link of each class (NCCL's NVLink, PCI and NET classes) at
-    ``1 / share[class]`` of its rate: what a group gets while concurrent groups load the same
-    links that many times over (:mod:`collsim.analysis.sharing`)."""
+def links_shared(topology: Topology, share: float) -> Topology:
+    """``topology`` with every link at ``1 / share`` of its rate: what a group gets while
+    concurrent groups load its links (:mod:`collsim.analysis.sharing`)."""
     import dataclasses
 
-    from collsim.protocols import HW_NET
-    from collsim.topology.fabric import _HW_CLASS
+    def scaled(lk: Any) -> Any:
+        duplex = lk.duplex_bandwidth_bytes_per_s
+        return dataclasses.replace(
+            lk,
+            bandwidth_bytes_per_s=lk.bandwidth_bytes_per_s / share,
+            duplex_bandwidth_bytes_per_s=None if duplex is None else duplex / share,
+        )
 
-    links = []
-    for lk in topology.links:
-        s = share[_HW_CLASS.get(lk.kind, HW_NET)]
-        if s > 1.0:
-            duplex = lk.duplex_bandwidth_bytes_per_s
-            lk = dataclasses.replace(
-                lk,
-                bandwidth_bytes_per_s=lk.bandwidth_bytes_per_s / s,
-                duplex_bandwidth_bytes_per_s=None if duplex is None else duplex / s,
-            )
-        links.append(lk)
-    return dataclasses.replace(topology, links=tuple(links))
+    return dataclasses.replace(topology, links=tuple(scaled(lk) for lk in topology.links))
 
 
 def group_layout(topology: Topology, gpus: Sequence[str]) -> RankLayout:
@@ -129,7 +122,7 @@ class _Cached:
         self.topology = topology
         self.network = network if network is not None else Network(topology)
         self.simulated = self.network  # what the des engine runs on (see make_timer)
-        self._shared: dict[tuple[float, float, float], Network] = {}
+        self._shared: dict[float, Network] = {}
         self.params = params
         self.has_in_network = any(d.in_network_reduction for d in topology.devices)
         self._cache: dict[tuple[Any, ...], float] = {}
@@ -142,10 +135,10 @@ class _Cached:
         gpus: Sequence[str],
         size_bytes: float,
         algorithm: str = "nccl",
-        share: tuple[float, float, float] = (1.0, 1.0, 1.0),
+        share: float = 1.0,
     ) -> float:
         """Seconds for ``collective`` of ``size_bytes`` on ``gpus`` (0 for one GPU or 0 bytes),
-        with ``1 / share`` of each link class's rates (concurrent groups on the same links)."""
+        with ``1 / share`` of its links' rates (concurrent groups on the same links)."""
         if len(gpus) <= 1 or size_bytes <= 0:
             return 0.0
         size = int(size_bytes)
@@ -156,20 +149,18 @@ class _Cached:
             hit = self._cache[key] = self._time(collective, list(gpus), size, algorithm, share)
         return hit
 
-    def model_for(
-        self, gpus: Sequence[str], share: tuple[float, float, float] = (1.0, 1.0, 1.0)
-    ) -> Any:
+    def model_for(self, gpus: Sequence[str], share: float = 1.0) -> Any:
         """The analytic model of this group's shape (built once per shape and share)."""
         key = (group_shape(self.topology, gpus), share)
         if key not in self._models:
             params = self.params
-            if max(share) > 1.0:
+            if share > 1.0:
                 import dataclasses
 
                 from collsim.model.params import DEFAULT_PARAMS
 
                 base = params if params is not None else DEFAULT_PARAMS
-                eff = tuple(e / s for e, s in zip(base.bandwidth_efficiency, share, strict=True))
+                eff = tuple(e / share for e in base.bandwidth_efficiency)
                 params = dataclasses.replace(base, bandwidth_efficiency=eff)
             self._models[key] = group_analytic_model(
                 self.topology, self.network, list(gpus), params
@@ -201,7 +192,7 @@ class _Cached:
         gpus: list[str],
         size: int,
         algorithm: str,
-        share: tuple[float, float, float] = (1.0, 1.0, 1.0),
+        share: float = 1.0,
     ) -> Any:
         """The tuner's (algorithm, protocol, channels) and its predicted time."""
         from collsim.model.tuner import Tuner
@@ -213,7 +204,7 @@ class _Cached:
         return tuning.choice_at(0), float(tuning.best_s[0])
 
     def _time(
-        self, collective: str, gpus: list[str], size: int, algorithm: str, share: Any
+        self, collective: str, gpus: list[str], size: int, algorithm: str, share: float
     ) -> float:
         raise NotImplementedError
 
@@ -222,7 +213,7 @@ class AnalyticTimer(_Cached):
     """Closed-form collective times from :mod:`collsim.model` (the tuner's best choice)."""
 
     def _time(
-        self, collective: str, gpus: list[str], size: int, algorithm: str, share: Any
+        self, collective: str, gpus: list[str], size: int, algorithm: str, share: float
     ) -> float:
         return self.choose(collective, gpus, size, algorithm, share)[1]
 
@@ -231,7 +222,7 @@ class DesTimer(_Cached):
     """Discrete-event times: the tuner's choice, simulated on the group's fabric."""
 
     def _time(
-        self, collective: str, gpus: list[str], size: int, algorithm: str, share: Any
+        self, collective: str, gpus: list[str], size: int, algorithm: str, share: float
     ) -> float:
         from collsim.collectives.registry import build_schedule
         from collsim.engine import simulate
@@ -249,7 +240,7 @@ class DesTimer(_Cached):
             channels=choice.channels,
         )
         net = self.simulated
-        if max(share) > 1.0:
+        if share > 1.0:
             if share not in self._shared:
                 self._shared[share] = Network(links_shared(net.topology, share))
             net = self._shared[share]

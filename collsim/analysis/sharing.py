@@ -54,31 +54,23 @@ def concurrent_groups(layout: Layout, names: Sequence[str], kind: str) -> list[l
     raise ValueError(f"unknown group kind {kind!r} (one of {', '.join(KINDS)})")
 
 
-Share = tuple[float, float, float]
-"""What a group gets of each link class's rates, as a divisor: (NVLink, PCIe, network)
-(:func:`link_share` gives one divisor for all three: the ring's rate)."""
-ALONE: Share = (1.0, 1.0, 1.0)
-
-
-def group_shares(layout: Layout, groups: Groups, network: Network) -> dict[tuple[str, ...], Share]:
+def group_shares(layout: Layout, groups: Groups, network: Network) -> dict[tuple[str, ...], float]:
     """:func:`link_share` of each of rank 0's groups (:func:`collsim.analysis.layout.place`),
-    keyed by its GPUs (where two kinds are the same GPUs, the larger share of each class)."""
+    keyed by its GPUs (where two kinds are the same GPUs, the larger share)."""
     names = [g.name for g in network.topology.gpus]
     mine = {"tp": groups.tp, "dp": groups.dp, "pp": groups.pp_pair, "ep": groups.ep,
             "dp_expert": groups.dp_expert}  # fmt: skip
-    out: dict[tuple[str, ...], Share] = {}
+    out: dict[tuple[str, ...], float] = {}
     for kind, gpus in mine.items():
         if len(gpus) > 1:
             share = link_share(concurrent_groups(layout, names, kind), network)
-            old = out.get(tuple(gpus), ALONE)
-            out[tuple(gpus)] = (max(share[0], old[0]), max(share[1], old[1]),
-                                max(share[2], old[2]))  # fmt: skip
+            out[tuple(gpus)] = max(share, out.get(tuple(gpus), 1.0))
     return out
 
 
-def link_share(groups: list[list[str]], network: Network) -> Share:
-    """How much slower the first group's ring runs beside the others, as a divisor of every
-    link class's rate: its ring's rate alone, ``min(capacity / own crossings)`` over the links
+def link_share(groups: list[list[str]], network: Network) -> float:
+    """How much slower the first group's ring runs beside the others, as a divisor of its
+    links' rates: its ring's rate alone, ``min(capacity / own crossings)`` over the links
     it crosses, over its rate when each link is shared in proportion to the crossings of all
     groups, ``min(capacity / all crossings)`` (1: no sibling crosses a link that then limits
     it; a link the siblings cross that stays faster than the ring's own bottleneck costs
@@ -88,10 +80,9 @@ def link_share(groups: list[list[str]], network: Network) -> Share:
     and their cables; on a symmetric cluster every node is alike): where flows meet inside the
     switched fabric depends on its routing, left to the engine."""
     if not groups:
-        return ALONE
-    node_of = _node_of(network)
+        return 1.0
+    node_of, dev_node = _nodes(network)
     node = node_of[groups[0][0]]
-    dev_node = [d.node for d in network.devices]
 
     def here(link: int) -> bool:  # a link of the node: its GPUs, PCIe, NICs and their cables
         return node in (dev_node[network.link_src[link]], dev_node[network.link_dst[link]])
@@ -111,7 +102,7 @@ def link_share(groups: list[list[str]], network: Network) -> Share:
 
     own = load(groups[0])
     if not own:
-        return ALONE
+        return 1.0
     total: dict[int, float] = defaultdict(float)
     for group in groups:
         for link, x in load(group).items():
@@ -120,19 +111,19 @@ def link_share(groups: list[list[str]], network: Network) -> Share:
     cap = network.capacity_bytes_per_s
     alone = min(cap[link] / x for link, x in own.items())
     shared = min(cap[link] / total[link] for link in own)
-    s = float(max(1.0, alone / shared)) if shared > 0 else 1.0
-    return (s, s, s)
+    return float(max(1.0, alone / shared)) if shared > 0 else 1.0
 
 
-_NODE_OF: dict[int, tuple[weakref.ref[Network], dict[str, int | None]]] = {}
+_NODES: dict[int, tuple[weakref.ref[Network], dict[str, int | None], list[int | None]]] = {}
 
 
-def _node_of(network: Network) -> dict[str, int | None]:
-    """GPU name -> node, once per network."""
-    hit = _NODE_OF.get(id(network))
+def _nodes(network: Network) -> tuple[dict[str, int | None], list[int | None]]:
+    """(GPU name -> node, device index -> node), once per network."""
+    hit = _NODES.get(id(network))
     if hit is None or hit[0]() is not network:
-        hit = _NODE_OF[id(network)] = (
+        hit = _NODES[id(network)] = (
             weakref.ref(network),
             {g.name: g.node for g in network.topology.gpus},
+            [d.node for d in network.devices],
         )
-    return hit[1]
+    return hit[1], hit[2]

@@ -59,7 +59,7 @@ from collsim.analysis.layout import (
     resolve_layout,
     sharded_params,
 )
-from collsim.analysis.sharing import ALONE, Share, group_shares
+from collsim.analysis.sharing import group_shares
 from collsim.analysis.transformer import (
     LayerCosts,
     generic_layer_costs,
@@ -187,7 +187,7 @@ class StepModel:
         self.efficiency = efficiency
         self.force_efficiency: float | None = None
         """Overrides the workload's own ``compute.efficiency`` (``--efficiency``)."""
-        self._shares: dict[tuple[str, ...], Share] = {}
+        self._shares: dict[tuple[str, ...], float] = {}
         """Link shares of the current layout's groups (:meth:`_place`)."""
 
     def _efficiency(self, w: WorkloadIn) -> float:
@@ -198,8 +198,8 @@ class StepModel:
         return DEFAULT_EFFICIENCY
 
     def _coll(self, collective: str, gpus: list[str], size: float, algorithm: str) -> float:
-        share = self._shares.get(tuple(gpus), ALONE)
-        if share != ALONE:
+        share = self._shares.get(tuple(gpus), 1.0)
+        if share > 1.0:
             return self.timer.time_s(collective, gpus, size, algorithm, share=share)
         return self.timer.time_s(collective, gpus, size, algorithm)
 

@@ -27,7 +27,6 @@ both), so only the network-vs-intra-node ratios and the duplex efficiency rebuil
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -180,8 +179,17 @@ class _Problem:
         self._models: dict[tuple[float, float, float], list[Any]] = {}
         self.weights = [np.sqrt(min(1.0, REF_ROWS / s.sizes.size)) for s in samples]
         self.smallest_us = min(float(s.measured_s.min()) for s in samples) * 1e6
-        self.floor_max_us = math.inf  # set by fit_samples: the fastest call measured
-        self.floor_start_us = 1.0  # and the floor's prior: that call, per launch
+        # No call is faster than its floor, so the fastest call measured (per launch, less the
+        # host's point-to-point operations that add to it) bounds it from above, within the noise
+        # of a measurement (FLOOR_NOISE): a penalty past it (a hard bound there steers the trust
+        # region off the fits it finds without one). The floor starts there, and its weak prior
+        # holds it there where the logs cannot place it.
+        self.floor_start_us = max(1e-3, 1e6 * min(
+            float(s.measured_s.min()) / s.log.gpus_per_thread
+            - p2p_ops(s.log.collective, s.log.ranks) * HOST_P2P_OP_S
+            for s in samples
+        ))  # fmt: skip
+        self.floor_max_us = self.floor_start_us * (1 + FLOOR_NOISE)
         self.kinds = ["eff", "lat", "base", "floor"] + ["size"] * len(SIZE_KNOTS_BYTES)
         if self.split:
             self.kinds += ["rel", "rel_lat"]
@@ -326,19 +334,7 @@ def fit_samples(
     # issues g), the base at none: what both explain (only the smallest sizes) goes to the
     # host's launch floor, which carries over to collectives of other step counts unchanged
     # (the per-step latencies keep their prior).
-    # No call is faster than its floor, so the fastest call measured bounds it from above (per
-    # launch, less the host's point-to-point operations that add to it), within the noise of a
-    # measurement (FLOOR_NOISE): a penalty past it (a hard bound there steers the trust region
-    # off the fits it finds without one); the floor starts at that call.
-    floor_us = (
-        min(
-            float(s.measured_s.min()) / s.log.gpus_per_thread
-            - p2p_ops(s.log.collective, s.log.ranks) * HOST_P2P_OP_S
-            for s in samples
-        )
-        * 1e6
-    )
-    floor_us = max(floor_us, 1e-3)
+    floor_us = prob.floor_start_us
     starts = [np.r_[eff, lat, 0.0, floor_us, [1.0] * len(SIZE_KNOTS_BYTES)]
               for eff, lat in START_POINTS]  # fmt: skip
     extra = [1.0] * (len(prob.kinds) - len(starts[0]))  # network ratios, duplex: datasheet
@@ -351,8 +347,6 @@ def fit_samples(
     x_scale = np.where(kinds == "floor", max(1.0, floor_us), x_scale)
     lo = np.array([BOUNDS[k][0] for k in prob.kinds])
     hi = np.array([BOUNDS[k][1] for k in prob.kinds])
-    prob.floor_max_us = floor_us * (1 + FLOOR_NOISE)
-    prob.floor_start_us = floor_us
     result = None
     for x0 in starts:
         x0 = np.clip(x0, lo, hi)

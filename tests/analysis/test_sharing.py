@@ -25,21 +25,21 @@ def test_two_gpus_per_nic_halve_each_data_parallel_group():
     groups leave each node through 4 NICs, two groups a NIC; with a NIC per GPU and NVSwitch
     (DGX H100) each has its own links."""
     roce, dgx = load_topology("roce-100g", nodes=2), load_topology("dgx-h100", nodes=2)
-    assert _share(roce, {"tp": 8}, "dp") == (2.0, 2.0, 2.0)
-    assert _share(dgx, {"tp": 8}, "dp") == (1.0, 1.0, 1.0)
-    assert _share(dgx, {"tp": 2}, "dp") == (1.0, 1.0, 1.0)
-    assert _share(roce, {"tp": 8}, "tp") == (1.0, 1.0, 1.0)  # TP inside the node: alone
+    assert _share(roce, {"tp": 8}, "dp") == 2.0
+    assert _share(dgx, {"tp": 8}, "dp") == 1.0
+    assert _share(dgx, {"tp": 2}, "dp") == 1.0
+    assert _share(roce, {"tp": 8}, "tp") == 1.0  # TP inside the node: alone
     # TP 4: all 4 DP rings cross the node's 62.4 GB/s socket link, which stays faster than each
     # ring's NIC share: the NIC, shared by 2, sets it (the engine running all 4 at once: x1.69)
-    assert _share(roce, {"tp": 4}, "dp") == (2.0, 2.0, 2.0)
+    assert _share(roce, {"tp": 4}, "dp") == 2.0
     # 8 PCIe GPUs, TP 4: the 4 DP rings' socket crossings do limit them (engine: x3.03)
     box = load_topology("rtx3090-8gpu-pcie", nodes=1)
-    assert _share(box, {"tp": 4}, "dp")[0] == pytest.approx(3.03, abs=0.01)
+    assert _share(box, {"tp": 4}, "dp") == pytest.approx(3.03, abs=0.01)
 
 
 def test_pipeline_sends_of_every_tp_rank_share_the_nics():
     topo = load_topology("roce-100g", nodes=2)
-    assert _share(topo, {"tp": 8, "pp": 2}, "pp") == (2.0, 2.0, 2.0)
+    assert _share(topo, {"tp": 8, "pp": 2}, "pp") == 2.0
 
 
 def _dp_step(tp: int):
@@ -60,7 +60,7 @@ def test_the_step_times_data_parallel_traffic_at_the_share():
     one DP group alone on its NIC takes."""
     res, timer, dp, size = _dp_step(8)
     alone = timer.time_s("all_reduce", dp, size)
-    shared = timer.time_s("all_reduce", dp, size, share=(1.0, 1.0, 2.0))
+    shared = timer.time_s("all_reduce", dp, size, share=2.0)
     assert shared == pytest.approx(2 * alone, rel=0.05)
     assert res.breakdown["dp_comm"] == pytest.approx(shared, rel=0.01)
 
@@ -78,5 +78,5 @@ def test_the_des_engine_takes_the_share_too():
     names = [g.name for g in topo.gpus]
     timer = make_timer("des", topo)
     alone = timer.time_s("all_reduce", [names[0], names[8]], 256e6)
-    shared = timer.time_s("all_reduce", [names[0], names[8]], 256e6, share=(1.0, 1.0, 2.0))
+    shared = timer.time_s("all_reduce", [names[0], names[8]], 256e6, share=2.0)
     assert shared == pytest.approx(2 * alone, rel=0.05)
