@@ -13,8 +13,10 @@
   same experts (DeepSpeed-MoE's expert-data-parallel group), the rest over the whole DP group.
 * Local SGD (communicate every ``k`` steps) divides the exposed gradient communication by
   ``k``; asynchronous training hides it behind ``staleness`` steps of compute. Neither applies
-  to ZeRO-3's weight all-gathers, which every forward and backward needs. Compression divides
-  gradient bytes by its ratio and costs ``2 x bytes / codec`` (encode + decode).
+  to ZeRO's weight all-gathers: stages 1-2 gather the weights every step's update leaves sharded,
+  stage 3 every forward and backward. Compression divides gradient bytes by its ratio and costs
+  ``2 x bytes / codec`` (encode + decode) per gradient reduction: once a step, or once per
+  micro-batch where stages 2-3 reduce every micro-batch's gradients.
 * Stragglers: per-GPU compute multipliers (mean 1, coefficient of variation ``cv``, seeded);
   the synchronous step waits for the slowest GPU.
 """
@@ -84,8 +86,9 @@ def data_parallel(
     tr = w.training
     ratio = tr.compression.ratio
     codec = 2 * params_gpu * DTYPE_BYTES[w.grad_dtype] / (tr.compression.codec_gbps * 1e9)
-    codec = codec if ratio > 1 else 0.0
-    # ZeRO-3's weight all-gathers are needed by every pass, whatever the sync period.
+    codec = codec * (m if lay.zero >= 2 else 1) if ratio > 1 else 0.0
+    # ZeRO's weight all-gathers are needed whatever the sync period (``gathers`` seconds,
+    # ``gathered`` bytes); only the gradients' reduction (``reduces``, ``moved``) can wait.
     gathers = gathered = 0.0
     if lay.zero >= 3:
         gathers, reduces, detail = zero3(coll, w, lay, groups, tensors or [], crit, m, algo,
@@ -102,9 +105,9 @@ def data_parallel(
         found = [_reduce_and_gather(coll, w, lay, params, group, m, algo)
                  for params, group in ((params_gpu - expert_params_gpu, groups.dp),
                                        (expert_params_gpu, groups.dp_expert))]  # fmt: skip
-        total, buckets, gathers, moved = (sum(x) for x in zip(*found, strict=True))
+        total, buckets, gathers, moved, gathered = (sum(x) for x in zip(*found, strict=True))
         one = overlapped_buckets(total, int(buckets), crit["bwd"]) if tr.dp_overlap else total
-        reduces = (m if lay.zero == 2 else 1) * one + gathers
+        reduces = (m if lay.zero == 2 else 1) * one
     if tr.sync.mode == "local_sgd":
         reduces /= tr.sync.period
         codec /= tr.sync.period
@@ -123,10 +126,10 @@ def _reduce_and_gather(
     group: list[str],
     m: int,
     algo: str,
-) -> tuple[float, float, float, float]:
+) -> tuple[float, float, float, float, float]:
     """ZeRO 0-2 over ``group`` for ``params`` of it: one backward's gradient reduction (seconds,
     in buckets when it may overlap), its bucket count, the weight all-gather (seconds), and the
-    bytes each GPU sends in a step.
+    bytes each GPU sends in a step for the reductions and for the all-gather.
 
     Stage 0 all-reduces the gradients once a step, in buckets that may overlap the last
     backward. Stages 1-2 reduce-scatter them and all-gather the updated weights; stage 2 holds
@@ -134,7 +137,7 @@ def _reduce_and_gather(
     (each overlapping its own backward)."""
     n = len(group)
     if n <= 1 or params <= 0:
-        return 0.0, 0.0, 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0, 0.0
     tr = w.training
     grad_bytes = params * DTYPE_BYTES[w.grad_dtype] / max(tr.compression.ratio, 1.0)
     share = (n - 1) / n
@@ -144,8 +147,8 @@ def _reduce_and_gather(
     total = nb * coll(reduce, group, grad_bytes / nb, algo)
     rounds = m if lay.zero == 2 else 1
     moved = rounds * share * grad_bytes * (2 if lay.zero == 0 else 1)
-    gather = 0.0
+    gather = gathered = 0.0
     if lay.zero >= 1:
         gather = coll("all_gather", group, params * DTYPE_BYTES[w.value_dtype], algo)
-        moved += share * params * DTYPE_BYTES[w.value_dtype]
-    return total, float(nb), gather, moved
+        gathered = share * params * DTYPE_BYTES[w.value_dtype]
+    return total, float(nb), gather, moved, gathered

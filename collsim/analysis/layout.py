@@ -233,7 +233,7 @@ def memory_per_gpu(
     layout: Layout,
     params_per_gpu: float,
     act_bytes_per_layer: float,
-    full_act_bytes_per_layer: float,
+    recompute_extra_bytes: float,
     stage_layers: int,
     capacity_bytes: float,
     expert_params_per_gpu: float = 0.0,
@@ -242,6 +242,11 @@ def memory_per_gpu(
 ) -> Memory:
     """Weights, gradients, optimizer state and activations of one GPU of pipeline ``stage``
     (module docstring).
+
+    ``act_bytes_per_layer``: what a layer keeps per sample for its backward, the mean over the
+    stage's layers (a mixture-of-experts model alternates dense and expert layers);
+    ``recompute_extra_bytes``: what the layer being recomputed regenerates on top of that (the
+    largest over the stage's layers), per sample.
 
     ``expert_params_per_gpu`` (part of ``params_per_gpu``) are replicated over dp / ep GPUs only
     (each expert-parallel group holds every expert once), so ZeRO shards them that many ways.
@@ -276,7 +281,7 @@ def memory_per_gpu(
         in_flight = stage_layers * min(p - stage, m)
     acts = act_bytes_per_layer * layout.micro * in_flight
     if w.recomputes != "none":  # the layer being recomputed regenerates what it did not keep
-        acts += (full_act_bytes_per_layer - act_bytes_per_layer) * layout.micro
+        acts += recompute_extra_bytes * layout.micro
     if stage == p - 1:  # the loss's fp32 logits (``logits_bytes``: one micro-batch's)
         acts += logits_bytes * (m if layout.schedule == "gpipe" and p > 1 else 1)
     return Memory(

@@ -27,7 +27,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BeforeValidator, Field, ValidationError
 
@@ -41,28 +41,36 @@ from collsim.topology.loader import load_topology
 from collsim.topology.schema import Strict
 
 Pos = Annotated[int, Field(ge=1)]
+T = TypeVar("T")
+Choices = Annotated[list[T], Field(min_length=1)]
+"""Values to search: at least one (an empty list is an error, not "search nothing")."""
+
+
+def _listed(value: Any) -> Any:
+    """One node count is a list of one (so ``nodes: 0`` reads as a bad count, not a bad list)."""
+    return value if isinstance(value, list) else [value]
 
 
 class ClusterIn(Strict):
     name: str | None = None
     topology: str
-    nodes: Annotated[list[Pos], Field(min_length=1)] | Pos
+    nodes: Annotated[Choices[Pos], BeforeValidator(_listed)]
     gpu_hour_usd: Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
     def node_counts(self) -> list[int]:
         """The node counts to try, each once, smallest first."""
-        return sorted(set(self.nodes)) if isinstance(self.nodes, list) else [self.nodes]
+        return sorted(set(self.nodes))
 
 
 class SearchIn(Strict):
-    tp: list[Pos] | None = None
-    pp: list[Pos] | None = None
-    micro_batch: list[Pos] | None = None
-    zero: list[Literal[0, 1, 2, 3]] | None = None
-    sequence_parallel: list[bool] | None = None
-    recompute: list[Literal["none", "selective", "full"]] | None = None
-    schedule: list[Literal["1f1b", "gpipe", "interleaved"]] | None = None
-    virtual_stages: list[Pos] | None = None
+    tp: Choices[Pos] | None = None
+    pp: Choices[Pos] | None = None
+    micro_batch: Choices[Pos] | None = None
+    zero: Choices[Literal[0, 1, 2, 3]] | None = None
+    sequence_parallel: Choices[bool] | None = None
+    recompute: Choices[Literal["none", "selective", "full"]] | None = None
+    schedule: Choices[Literal["1f1b", "gpipe", "interleaved"]] | None = None
+    virtual_stages: Choices[Pos] | None = None
 
 
 class CandidatesIn(Strict):

@@ -32,9 +32,12 @@ Per micro-batch and pipeline stage (one GPU's view; ``b`` sequences, TP size ``t
 * optimizer: memory-bound (Adam: 34 bytes per local parameter, SGD: 14);
 * stragglers: per-GPU compute multipliers (mean 1, seeded), the synchronous step waits for the
   slowest of all GPUs: ``(E[max] - 1) x (compute + bubble)``;
-* local SGD divides the data-parallel time by the period; asynchronous training hides it behind
-  ``staleness`` steps and does not wait for stragglers; compression divides gradient bytes by the
-  ratio and adds encode + decode time.
+* local SGD divides the data-parallel time by the period, and waits for the slowest GPU only
+  at the averaging step, over ``k`` steps whose per-GPU noise partly cancels: the multipliers'
+  coefficient of variation is taken as ``cv / sqrt(k)`` (the mean of ``k`` independent steps);
+  asynchronous training (``staleness >= 1``) hides it behind ``staleness`` steps and does not
+  wait for stragglers (with staleness 0 it is synchronous); compression divides gradient bytes
+  by the ratio and adds encode + decode time.
 """
 
 from __future__ import annotations
@@ -246,9 +249,12 @@ class StepModel:
         pp_comm = 0.0
         if p > 1:
             act = self._stage_bytes(w, b, elem)
-            per_rank = act / lay.tp if w.parallel.scatter_gather and lay.tp > 1 else act
+            # Sequence parallelism leaves the activations split by sequence already: each rank
+            # sends its 1/tp and the next stage starts on it (Megatron-LM gathers nothing then).
+            split = lay.sequence_parallel or w.parallel.scatter_gather
+            per_rank = act / lay.tp if split and lay.tp > 1 else act
             hop = self._coll("sendrecv", groups.pp_pair, per_rank, algo)
-            if per_rank < act:
+            if per_rank < act and not lay.sequence_parallel:
                 hop += self._coll("all_gather", groups.tp, act, algo)
             pp_comm = (m * v + p - 1) * 2 * hop
         compute = m * crit["compute"]
@@ -269,9 +275,10 @@ class StepModel:
 
         sync = w.training.sync
         strag = w.training.stragglers
-        mult = expected_max_multiplier(n, strag.cv, strag.distribution, strag.seed, strag.samples)
+        cv = strag.cv / np.sqrt(sync.period) if sync.mode == "local_sgd" else strag.cv
+        mult = expected_max_multiplier(n, cv, strag.distribution, strag.seed, strag.samples)
         wait = (mult - 1.0) * (compute + bubble)
-        if sync.mode == "async":
+        if sync.mode == "async" and sync.staleness > 0:
             wait = 0.0
         breakdown = {
             "compute": compute,
@@ -285,7 +292,7 @@ class StepModel:
             "straggler_wait": wait,
         }
         step = sum(breakdown.values())
-        mem = self._memory(w, lay, stages, costs, counts)
+        mem = self._memory(w, lay, stages, costs, ranges)
         samples = w.global_batch
         if w.model.kind == "transformer":
             model_flops = samples * model_flops_per_sample(w.model)
@@ -443,17 +450,18 @@ class StepModel:
         lay: Layout,
         stages: list[dict[str, float]],
         costs: list[LayerCosts],
-        counts: list[int],
+        ranges: list[range],
     ) -> Memory:
         capacity = float(self.topology.gpu.memory_bytes)
         worst: Memory | None = None
         logits = loss_logits_bytes(w.model, lay.tp, lay.micro)
         for i in range(lay.pp):  # stages differ in layers, embeddings, micro-batches in flight
-            layer = costs[sum(counts[:i])]
+            mine = [costs[j] for j in ranges[i]]  # dense and expert layers alike
+            kept = sum(c.act_bytes_recompute for c in mine) / len(mine)
+            extra = max(c.act_bytes - c.act_bytes_recompute for c in mine)
             mem = memory_per_gpu(
-                w, lay, stages[i]["params"], layer.act_bytes_recompute, layer.act_bytes,
-                counts[i], capacity, expert_params_per_gpu=stages[i]["expert_params"], stage=i,
-                logits_bytes=logits,
+                w, lay, stages[i]["params"], kept, extra, len(mine), capacity,
+                expert_params_per_gpu=stages[i]["expert_params"], stage=i, logits_bytes=logits,
             )  # fmt: skip
             if worst is None or mem.total > worst.total:
                 worst = mem

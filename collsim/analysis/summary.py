@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collsim.analysis.amdahl import ScalingCurve
 from collsim.analysis.step import BREAKDOWN_KEYS, StepResult
-from collsim.report.tables import table
+from collsim.report.tables import plural, table
 
 _LABELS = {
     "compute": "compute (GEMMs, elementwise, recompute)",
@@ -80,10 +80,19 @@ def scaling_report(curve: ScalingCurve, results: list[StepResult], skipped: list
                 "comm+bubble_%": 100
                 * (r.step_time_s - r.breakdown["compute"] - r.breakdown["optimizer"])
                 / r.step_time_s,
+                "mem_GB": r.memory.total / 1e9,
+                "fits": "yes" if r.fits else "NO",
             }
         )
     law = "Amdahl" if curve.mode == "strong" else "Gustafson"
     lines = [table(rows, list(rows[0])), f"{law} fit: serial/communication fraction f = "
              f"{curve.serial_fraction:.4g}"]  # fmt: skip
+    over = [r for r in results if not r.fits]
+    if over:
+        lines.append(
+            f"# WARNING: {plural(len(over), 'point')} (fits: NO) exceed the GPU's "
+            f"{over[0].memory.capacity / 1e9:.1f} GB of memory; their step times assume it "
+            "would hold them"
+        )
     lines += [f"# skipped {s}" for s in skipped]
     return "\n".join(lines)

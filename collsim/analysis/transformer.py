@@ -10,8 +10,8 @@ hidden size ``h``, ``a`` heads, vocabulary ``V``, sequence length ``s``, batch `
   ``72 B s l h^2 (1 + s/(6h) + V/(12 l h))`` (Korthikanti et al. 2022, arXiv:2205.05198, App. A)
   and, with full recomputation (one more forward of every layer, not of the logits),
   ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))`` (Narayanan et al. 2021, Eq. 3). Selective
-  recomputation re-runs only the attention core: ``+4 B s^2 h`` per layer (Korthikanti 2022,
-  section 5: hardware FLOPs ``72 B s l h^2 (1 + s/(3h) + V/(12 l h))``).
+  recomputation re-runs only the attention core's forward (Korthikanti 2022, section 5):
+  ``+4 B s^2 h`` per layer, hardware FLOPs ``72 B s l h^2 (1 + 2s/(9h) + V/(12 l h))``.
 * Parameters: ``12 l h^2 (1 + 13/(12 h) + (V + s)/(12 l h))`` (Narayanan 2021, section 5.1).
 * Activation memory of one layer for one micro-batch of ``b`` sequences, 16-bit activations
   (32-bit ones: twice),

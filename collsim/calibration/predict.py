@@ -188,8 +188,9 @@ def topology_for_log(
 ) -> Topology:
     """The measured system: ``topology`` sized to the log's ranks (and nodes), flags overriding.
 
-    Raises :class:`CalibrationError` naming the log, its ranks and the topology's GPUs when they
-    cannot be made to agree.
+    Raises :class:`CalibrationError` naming the log, its ranks (or nodes) and the topology's
+    GPUs when they cannot be made to agree: 8 ranks on one node are not two nodes of 4 GPUs,
+    whose network the run never used.
     """
     from collsim.topology.loader import load_topology
 
@@ -210,16 +211,19 @@ def topology_for_log(
                         nodes=nodes if nodes is not None else other,
                         gpus_per_node=gpus_per_node if gpus_per_node is not None else other,
                     )
-    if nodes is None and gpus_per_node is None and base.n_gpus != log.ranks and base.is_template:
+    flags = nodes is not None or gpus_per_node is not None
+    other_nodes = bool(log.nodes) and base.nodes != log.nodes
+    if not flags and (base.n_gpus != log.ranks or other_nodes) and base.is_template:
         log_nodes = log.nodes
         if log_nodes and log.ranks % log_nodes == 0 and not isinstance(topology, Topology):
             with contextlib.suppress(CollsimError):  # a fixed graph: the check below says why
                 base = load_topology(
                     topology, nodes=log_nodes, gpus_per_node=log.ranks // log_nodes
                 )
+    where = plural(log.nodes, "node") if log.nodes else "? nodes"
     if base.n_gpus != log.ranks:
         raise CalibrationError(
-            f"the log ran on {log.ranks} ranks ({log.nodes or '?'} nodes) but topology "
+            f"the log ran on {log.ranks} ranks ({where}) but topology "
             f"{base.name} has {base.n_gpus} GPUs ({plural(base.nodes, 'node')} x "
             f"{base.gpus_per_node}); "
             "pass --nodes / --gpus-per-node to size it",
@@ -227,7 +231,21 @@ def topology_for_log(
             field="ranks",
             value=log.ranks,
         )
+    if not flags and log.nodes and base.nodes != log.nodes:
+        raise CalibrationError(
+            f"the log ran on {where} ({log.ranks} ranks; hosts from "
+            f"{_NODES_FROM.get(log.nodes_source, 'the log')}) but topology {base.name} has "
+            f"{plural(base.nodes, 'node')} x {base.gpus_per_node} GPUs; pass --nodes / "
+            "--gpus-per-node to size it",
+            file=log.file,
+            field="nodes",
+            value=log.nodes,
+        )
     return base
+
+
+_NODES_FROM = {"devices": "its device lines", "NCCL INFO lines": "its NCCL INFO lines",
+               "given": "the index"}  # fmt: skip
 
 
 def _gpu_families(name: str) -> set[str]:

@@ -85,8 +85,10 @@ def load_profile(path: str | None) -> tuple[Any, float | None]:
             params = ModelParams.from_dict(params_data)
         except CollsimError as exc:
             raise exc.located(file=path) from None
-    if eff is not None and not (isinstance(eff, int | float) and 0 < eff <= 1):
-        raise CollsimError("must be in (0, 1]", file=path, field="gpu_efficiency", value=eff)
+    number = isinstance(eff, int | float) and not isinstance(eff, bool)
+    if eff is not None and not (number and 0 < eff <= 1):
+        raise CollsimError("must be a number in (0, 1]", file=path, field="gpu_efficiency",
+                           value=eff)  # fmt: skip
     return params, (float(eff) if eff is not None else None)
 
 
@@ -128,11 +130,14 @@ def _setup(  # type: ignore[no-untyped-def]
 
 
 def _read_measured(path: str) -> list[float]:
-    """Step times (seconds) from a CSV with a ``step_time_s`` column (or one number per line)."""
+    """Step times (seconds) from a CSV with a ``step_time_s`` column (or one number per line;
+    a spreadsheet's byte-order mark is fine). Which column holds the times is never guessed."""
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise CollsimError(f"cannot read file: {exc.strerror}", file=path) from None
+    except UnicodeDecodeError:
+        raise CollsimError("not a UTF-8 text (CSV) file", file=path, field="--measured") from None
     rows = list(csv.reader(text.splitlines()))
     if not rows:
         raise CollsimError("no step times", file=path, field="--measured")
@@ -143,6 +148,13 @@ def _read_measured(path: str) -> list[float]:
     for i, row in enumerate(body, start=2 if "step_time_s" in head else 1):
         if not any(cell.strip() for cell in row):
             continue
+        if "step_time_s" not in head and len([c for c in row if c.strip()]) > 1:
+            raise CollsimError(
+                f"line {i}: {len(row)} columns but no step_time_s header naming the times",
+                file=path,
+                field="step_time_s",
+                value=",".join(row),
+            )
         if len(row) <= col or not row[col].strip():
             raise CollsimError(
                 f"line {i}: no step_time_s value", file=path, field="step_time_s", value=row
@@ -342,6 +354,8 @@ def scale(
             if r is not None:
                 point["layout"] = r.layout.label()
                 point["breakdown"] = {k: r.breakdown[k] for k in BREAKDOWN_KEYS}
+                point["memory_gb_per_gpu"] = r.memory.total / 1e9
+                point["fits_in_memory"] = r.fits
         atomic_write_text(json_file, json.dumps(data, indent=2) + "\n")
         click.echo(f"# wrote {json_file}")
 

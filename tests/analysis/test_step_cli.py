@@ -42,6 +42,38 @@ def test_step_with_measured_times_reports_the_error(tmp_path):
     assert data["error"] == pytest.approx((data["step_time_s"] - 13.75) / 13.75)
 
 
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"1,2.0\n2,2.1\n3,2.2\n", "line 1: 2 columns but no step_time_s header"),
+        (b"\xff\xfe2\x00.\x001\x00", "not a UTF-8 text"),
+        (b"gpu_efficiency_is_not_here\n", "not a number"),
+    ],
+)
+def test_measured_times_are_never_guessed(tmp_path, content, expected):
+    """A header-less file with an iteration column was read as step times of 1, 2, 3 s
+    ('measured: 2 s'); a UTF-16 file was a traceback. A spreadsheet's UTF-8 byte-order mark
+    before the header is fine."""
+    bad = tmp_path / "m.csv"
+    bad.write_bytes(content)
+    args = ["step", "-w", "gpt-1.3b-ddp", "-t", "dgx-h100", "--measured", str(bad)]
+    res = runner.invoke(cli, args)
+    assert res.exit_code == 2 and expected in res.output, res.output
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes("\ufeffstep_time_s\n2.0\n2.2\n".encode())
+    res = runner.invoke(cli, [*args[:-1], str(bom)])
+    assert res.exit_code == 0 and "measured 2.1" in res.output.replace(":", ""), res.output
+
+
+def test_a_boolean_gpu_efficiency_is_refused(tmp_path):
+    profile = tmp_path / "p.json"
+    profile.write_text('{"gpu_efficiency": true}')
+    res = runner.invoke(
+        cli, ["step", "-w", "gpt-1.3b-ddp", "-t", "dgx-h100", "--profile", str(profile)]
+    )
+    assert res.exit_code == 2 and "gpu_efficiency" in res.output and "true" in res.output.lower()
+
+
 def test_step_with_profile_efficiency(tmp_path):
     prof = tmp_path / "p.json"
     prof.write_text(json.dumps({"gpu_efficiency": 0.5, "base_latency_s": 5e-6}))
@@ -64,6 +96,22 @@ def test_scale_prints_the_fit_and_plots(tmp_path):
         cli, ["scale", "-w", "gpt-1.3b-ddp", "-t", "selene", "--nodes", "1,2,4", "--mode", "weak"]
     )
     assert res.exit_code == 0 and "Gustafson" in res.output
+
+
+def test_scale_marks_points_that_do_not_fit_in_memory(tmp_path):
+    """gpt-1.3b DDP needs about 54 GB a GPU: on 40 GB A100s every point is flagged, in the
+    table, a warning and the JSON (the curve printed as if it ran)."""
+    out = tmp_path / "s.json"
+    args = ["scale", "-w", "gpt-1.3b-ddp", "--nodes", "1,2", "--json", str(out)]
+    res = runner.invoke(cli, [*args, "-t", "dgx-a100"])
+    assert res.exit_code == 0, res.output
+    assert "WARNING: 2 points (fits: NO) exceed the GPU's 40.0 GB" in res.output
+    points = json.loads(out.read_text())["points"]
+    assert [p["fits_in_memory"] for p in points] == [False, False]
+    assert all(p["memory_gb_per_gpu"] > 40 for p in points)
+    res = runner.invoke(cli, [*args, "-t", "dgx-h100"])
+    assert res.exit_code == 0 and "WARNING" not in res.output
+    assert all(p["fits_in_memory"] for p in json.loads(out.read_text())["points"])
 
 
 def test_plan_ranks_and_discards(tmp_path):

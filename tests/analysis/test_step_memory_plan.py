@@ -4,6 +4,7 @@ activations, and what `plan` keeps of a workload's layout (FSDP, refused combina
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from collsim.analysis.layout import memory_per_gpu, optimizer_state_bytes, resolve_layout
 from collsim.analysis.plan import CandidatesIn, plan
@@ -31,7 +32,7 @@ def test_memory_is_the_fullest_stage_not_only_the_first_and_last(dgx4):
     lay = resolve_layout(w, 32)
     c = layer_costs(w.model, tp=8, sequence_parallel=False, recompute="none", elem_bytes=2)
     stage1 = memory_per_gpu(w, lay, res.details["params_per_gpu"], c.act_bytes_recompute,
-                            c.act_bytes, 3, 80e9, stage=1)  # fmt: skip
+                            c.act_bytes - c.act_bytes_recompute, 3, 80e9, stage=1)  # fmt: skip
     assert res.memory.weights == pytest.approx(stage1.weights)
     assert res.memory.activations == pytest.approx(3 * 3 * c.act_bytes)  # 3 layers x 3 in flight
 
@@ -39,13 +40,13 @@ def test_memory_is_the_fullest_stage_not_only_the_first_and_last(dgx4):
 def test_micro_batches_in_flight_fall_along_the_pipeline():
     w = workload_from_dict(gpt(global_batch=64, micro_batch=1, parallel={"pp": 4}))
     lay = resolve_layout(w, 4)
-    acts = [memory_per_gpu(w, lay, 1e6, 1.0, 1.0, 2, 80e9, stage=i).activations for i in range(4)]
+    acts = [memory_per_gpu(w, lay, 1e6, 1.0, 0.0, 2, 80e9, stage=i).activations for i in range(4)]
     assert acts == [8.0, 6.0, 4.0, 2.0]  # 2 layers x (p - i) micro-batches of 1 byte
     inter = workload_from_dict(gpt(global_batch=64, micro_batch=1,
                                    parallel={"pp": 4, "schedule": "interleaved",
                                              "virtual_stages": 2}))  # fmt: skip
     lay = resolve_layout(inter, 4)
-    first = memory_per_gpu(inter, lay, 1e6, 1.0, 1.0, 2, 80e9, stage=0).activations
+    first = memory_per_gpu(inter, lay, 1e6, 1.0, 0.0, 2, 80e9, stage=0).activations
     assert first == pytest.approx(2 * (4 + 3 / 2))  # p + (p - 1)/v micro-batches (Narayanan)
 
 
@@ -128,7 +129,7 @@ def test_the_last_stage_keeps_the_losss_fp32_logits():
     lay = resolve_layout(w, 4)
     logits = loss_logits_bytes(w.model, lay.tp, lay.micro)
     assert logits == 4 * 1024 * 2 * 32000 / 2
-    args = (w, lay, 1e6, 1.0, 1.0, 4, 80e9)
+    args = (w, lay, 1e6, 1.0, 0.0, 4, 80e9)
     first = memory_per_gpu(*args, stage=0, logits_bytes=logits).activations
     last = memory_per_gpu(*args, stage=1, logits_bytes=logits).activations
     assert first == 4 * 2 * 2  # 4 layers x p micro-batches of 2 x 1 byte: no logits
@@ -138,3 +139,25 @@ def test_the_last_stage_keeps_the_losss_fp32_logits():
     lay = resolve_layout(gpipe, 4)
     held = memory_per_gpu(gpipe, lay, 1e6, 0.0, 0.0, 4, 80e9, stage=1, logits_bytes=logits)
     assert held.activations == lay.m * logits
+
+
+@pytest.mark.parametrize(
+    ("cluster", "search", "field", "message"),
+    [
+        ({"nodes": 0}, {}, "clusters.0.nodes.0", "greater than or equal to 1"),
+        ({"nodes": []}, {}, "clusters.0.nodes", "at least 1 item"),
+        ({"nodes": 2}, {"tp": []}, "search.tp", "at least 1 item"),
+    ],
+)
+def test_candidates_name_an_empty_or_bad_choice(tmp_path, cluster, search, field, message):
+    """``nodes: 0`` was 'Input should be a valid list'; ``search: {tp: []}`` searched the
+    workload's own tp as if the key were absent."""
+    from collsim.analysis.plan import load_candidates
+    from collsim.errors import CollsimError
+
+    path = tmp_path / "c.yaml"
+    doc = {"clusters": [{"topology": "dgx-h100", "gpu_hour_usd": 2, **cluster}], "search": search}
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(CollsimError) as err:
+        load_candidates(path)
+    assert err.value.field == field and message in err.value.message

@@ -13,7 +13,7 @@ from collsim.analysis.step import (
     overlapped_buckets,
 )
 from collsim.analysis.transformer import eq3_flops_per_sample, model_flops_per_sample
-from collsim.analysis.workload import workload_from_dict
+from collsim.analysis.workload import DTYPE_BYTES, workload_from_dict
 from collsim.protocols import get_protocol
 from collsim.topology.loader import load_topology
 from tests.analysis._step_fixtures import generic, gpt, ring_topology
@@ -179,3 +179,54 @@ def test_group_shapes_survive_a_freed_topologys_id_being_reused():
         assert group_shape(topo, gpus)[:3] == (len(gpus), tuple(range(8)), topo.nodes)
         del topo
         gc.collect()
+
+
+def test_zero1_and_zero2_time_one_weight_all_gather_a_step():
+    """Hand-timed ZeRO 0-2 without overlap on a 4-GPU ring: stage 0 is one all-reduce; stage 1
+    a reduce-scatter of the gradients and one all-gather of the updated weights (its time was
+    counted twice); stage 2 reduce-scatters every micro-batch's gradients. Local SGD defers only
+    the reduction: the weights are gathered every step. The codec runs once per reduction."""
+    topo = ring_topology(4)
+    timer = make_timer("analytic", topo)
+    gpus = ["g0", "g1", "g2", "g3"]
+
+    def run(zero, micro=16, **training):
+        data = generic(micro_batch=micro, parallel={"zero": zero}, training=training)
+        w = workload_from_dict(data)
+        return StepModel(topo, timer).evaluate(w), w
+
+    r0, w = run(0)
+    grads = 100e6 * DTYPE_BYTES[w.grad_dtype]
+    weights = 100e6 * DTYPE_BYTES[w.value_dtype]
+    rs = timer.time_s("reduce_scatter", gpus, grads, "ring")
+    ag = timer.time_s("all_gather", gpus, weights, "ring")
+    assert r0.breakdown["dp_comm"] == pytest.approx(timer.time_s("all_reduce", gpus, grads, "ring"))
+    assert run(1)[0].breakdown["dp_comm"] == pytest.approx(rs + ag)
+    two = run(2, micro=4)[0]
+    assert two.details["micro_batches"] == 4
+    assert two.breakdown["dp_comm"] == pytest.approx(4 * rs + ag)
+    local = run(1, sync={"mode": "local_sgd", "period": 4})[0]
+    assert local.breakdown["dp_comm"] == pytest.approx(rs / 4 + ag)
+    assert local.details["dp_bytes_per_gpu"] == pytest.approx(0.75 * (grads / 4 + weights))
+    packed = run(2, micro=4, compression={"ratio": 4, "codec_gbps": 100})[0]
+    assert packed.breakdown["compression"] == pytest.approx(4 * 2 * grads / 100e9)
+
+
+def test_local_sgd_waits_for_stragglers_at_its_averaging_step_only():
+    """Local SGD meets the other GPUs every k steps, by when each GPU's k step times have
+    averaged out: the wait is that of synchronous training with cv / sqrt(k) (same seed).
+    Async with staleness 0 is synchronous and waits like it; with staleness 1 it does not."""
+    topo = ring_topology(4)
+    timer = make_timer("analytic", topo)
+
+    def wait(cv, **sync):
+        training = {"stragglers": {"cv": cv, "seed": 5}}
+        if sync:
+            training["sync"] = sync
+        res = StepModel(topo, timer).evaluate(workload_from_dict(generic(training=training)))
+        return res.breakdown["straggler_wait"]
+
+    assert wait(0.1) > 0
+    assert wait(0.1, mode="local_sgd", period=4) == pytest.approx(wait(0.05))
+    assert wait(0.1, mode="async", staleness=0) == pytest.approx(wait(0.1))
+    assert wait(0.1, mode="async", staleness=1) == 0.0

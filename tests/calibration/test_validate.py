@@ -161,6 +161,34 @@ def test_truncated_log_and_rank_mismatch_are_clear_errors(tmp_path):
     assert ok.exit_code == 0, ok.output
 
 
+def test_a_log_is_not_modelled_on_other_nodes_than_it_ran_on(tmp_path):
+    """8 ranks on one host are not h100-4gpu-ib's default 2 nodes x 4 GPUs, although the GPU
+    counts agree: its network was never used (it was modelled there silently, 55% off). A
+    template resizes to the log's nodes (as it does for another rank count); a fixed graph
+    cannot, which is an error naming the nodes; the flags still decide."""
+    from collsim.calibration.nccltests import read_log
+    from collsim.calibration.predict import topology_for_log
+    from collsim.topology.loader import load_topology
+
+    log = read_log(AR)
+    sized = topology_for_log("h100-4gpu-ib", log)
+    assert (sized.nodes, sized.gpus_per_node) == (1, 8)
+    fixed = load_topology("h100-4gpu-ib")  # a built topology is taken as it is
+    with pytest.raises(CalibrationError) as err:
+        topology_for_log(fixed, log)
+    assert err.value.field == "nodes" and "ran on 1 node (8 ranks" in err.value.message
+    assert "2 nodes x 4 GPUs" in err.value.message
+    forced = ["validate", AR, "-t", "h100-4gpu-ib", "--nodes", "2", "--summary"]
+    result = CliRunner().invoke(cli, forced)
+    assert result.exit_code == 0 and "(1 node)" in result.output
+    two = str(LOGS / "h100-snellius-ib-2n-all_reduce-1.txt")  # 2 hosts x 4 GPUs
+    result = CliRunner().invoke(cli, ["validate", two, "-t", "dgx-h100", "--summary"])
+    assert result.exit_code == 0 and "(2 nodes)" in result.output  # 2 DGX nodes of 4 GPUs
+    one = str(LOGS / "h100-snellius-1n4g-all_reduce-1.txt")  # the template shrinks to 1 x 4
+    result = CliRunner().invoke(cli, ["validate", one, "-t", "h100-4gpu-ib", "--summary"])
+    assert result.exit_code == 0 and "(1 node)" in result.output
+
+
 def test_nccl_settings_a_log_does_not_record_can_be_given(tmp_path):
     """The Together AI H100 logs ran with NCCL_ALGO=RING, which only their source says (the
     dataset's notes): --nccl-env gives it, and validate then reproduces the report's number
