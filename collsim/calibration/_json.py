@@ -9,12 +9,18 @@ be ``null``) and ``average_bus_bandwidth``/``out_of_bounds``. nccl-tests writes 
 goes, so a killed run leaves it truncated: the results completed before the cut are read (and the
 cut is noted); a document cut before its first complete result is an error naming the line where
 it stops.
+
+Every header field is type-checked as the results are: a list given as a string, a count that is
+not a whole number or an object that is not one is a :class:`CalibrationError` naming the field
+(``config.ngpus``) and its value, never a crash or a misreading. ``nccl_version`` may also be a
+version string (``"2.27.3"``); ``out_of_bounds.okay``, when given, must agree with its count.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +29,8 @@ from collsim.errors import CalibrationError
 
 if TYPE_CHECKING:
     from collsim.calibration._text import Section
+
+_VERSION_TEXT = re.compile(r"\d+\.\d+\.\d+\S*")
 
 
 @dataclass
@@ -129,6 +137,124 @@ def _salvage(text: str) -> tuple[dict[str, Any], int] | None:
     return head, len(results)
 
 
+def _bad(message: str, file: str, name: str, value: Any) -> CalibrationError:
+    return CalibrationError(message, file=file, field=name, value=value, has_value=True)
+
+
+def _whole(value: Any, file: str, name: str, least: int, what: str = "a whole number") -> int:
+    """A count nccl-tests writes as a JSON int (a digit string or a whole float is taken too)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(f"not {what}", file, name, value)
+    if value < least:
+        raise _bad(f"must be >= {least}", file, name, value)
+    return value
+
+
+def _object(doc: dict[str, Any], key: str, file: str) -> dict[str, Any]:
+    """``doc[key]`` as an object ({} where absent or null); anything else is an error."""
+    value = doc.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _bad(f"not a JSON object ({type(value).__name__})", file, key, value)
+    return value
+
+
+def _strings(doc: dict[str, Any], key: str, file: str, what: str) -> list[str]:
+    """``doc[key]`` as a list of strings ([] where absent or null); anything else is an error
+    (a string would otherwise be read character by character)."""
+    value = doc.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _bad(f"not a list of {what}", file, key, value)
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise _bad(f"not a string ({what})", file, f"{key}[{i}]", item)
+    return value
+
+
+def _devices(config: dict[str, Any], file: str) -> list[dict[str, Any]]:
+    """``config.devices``: one object per process; host and GPU name, where given, are strings."""
+    devices = config.get("devices")
+    if devices is None:
+        return []
+    if not isinstance(devices, list):
+        raise _bad("not a list of device objects", file, "config.devices", devices)
+    for i, d in enumerate(devices):
+        if not isinstance(d, dict):
+            raise _bad("not a device object", file, f"config.devices[{i}]", d)
+        for key in ("hostname", "device_info"):
+            if d.get(key) is not None and not isinstance(d[key], str):
+                raise _bad("not a string", file, f"config.devices[{i}].{key}", d[key])
+    return devices
+
+
+def _header(doc: dict[str, Any], file: str, facts: Facts) -> None:
+    """Fill ``facts`` from the document's header fields, each type-checked: a wrongly typed one
+    is an error naming it (it used to crash the reader, or be misread: ``args`` given as a string
+    made the collective its first character)."""
+    args = _strings(doc, "args", file, "command-line words")
+    facts.collective = args[0] if args and args[0] else None
+    for entry in _strings(doc, "env", file, "NAME=value settings"):
+        name, sep, value = entry.partition("=")
+        if sep and name.startswith("NCCL_"):
+            facts.env[name] = value
+    version = doc.get("nccl_version")
+    if isinstance(version, str) and _VERSION_TEXT.fullmatch(version.strip()):
+        facts.nccl_version = version.strip()  # "2.27.3": a version, not a code
+    elif version is not None:
+        facts.library_code = _whole(version, file, "nccl_version", 0,
+                                    "an NCCL version code (22703) or version (2.27.3)")  # fmt: skip
+    config = _object(doc, "config", file)
+    counts = {}
+    for key in ("ngpus", "nthreads"):
+        if config.get(key) is not None:
+            counts[key] = _whole(config[key], file, f"config.{key}", 1)
+    facts.gpus_per_thread = counts.get("ngpus")
+    devices = _devices(config, file)
+    if devices:
+        per_process = counts.get("nthreads", 1) * counts.get("ngpus", 1)
+        facts.ranks, facts.ranks_source = len(devices) * per_process, "devices"
+        hosts = [d.get("hostname") for d in devices]
+        facts.hosts = list(dict.fromkeys(hosts)) if all(hosts) else []  # one missing: unknown
+        names = [d["device_info"] for d in devices if d.get("device_info")]
+        facts.gpu = " / ".join(dict.fromkeys(names)) or None
+    average = _object(doc, "average_bus_bandwidth", file)
+    if average.get("bandwidth") is not None:
+        facts.avg_busbw = _bandwidth(average["bandwidth"], file, facts)
+    oob = _object(doc, "out_of_bounds", file)
+    if oob.get("count") is not None:
+        count = _whole(oob["count"], file, "out_of_bounds.count", 0)
+        okay = oob.get("okay")  # nccl-tests writes booleans as "true" / "false"
+        if isinstance(okay, str) and okay.strip().lower() in ("true", "false"):
+            okay = okay.strip().lower() == "true"
+        if okay is not None and not isinstance(okay, bool):
+            raise _bad("not true or false", file, "out_of_bounds.okay", oob["okay"])
+        if okay is not None and okay != (count == 0):  # nccl-tests: okay is count == 0
+            raise _bad(f"says {'OK' if okay else 'FAILED'} for {count} out-of-bounds values",
+                       file, "out_of_bounds.okay", oob["okay"])  # fmt: skip
+        facts.oob = (count, "OK" if count == 0 else "FAILED")
+
+
+def _bandwidth(value: Any, file: str, facts: Facts) -> float | None:
+    """The average bus bandwidth, a number (nccl-tests writes a NaN as ``"nan"``: noted, None)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = float(value)
+    except (TypeError, ValueError):
+        raise _bad("not a number", file, "average_bus_bandwidth.bandwidth", value) from None
+    if not math.isfinite(number):
+        facts.notes.append(f"average bus bandwidth is {value!r}: not a number, left out")
+        return None
+    return number
+
+
 def read(text: str, file: str) -> tuple[Facts, list[Draft]]:
     """Facts and draft rows from a ``-J`` JSON document (a truncated one: what it completed)."""
     cut: str | None = None
@@ -152,30 +278,10 @@ def read(text: str, file: str) -> tuple[Facts, list[Draft]]:
         raise CalibrationError(
             "no nccl-tests results in this JSON document", file=file, field="results"
         )
-    config = doc.get("config") or {}
-    devices = config.get("devices") or []
-    facts = Facts(json=True, library_code=doc.get("nccl_version"))
+    facts = Facts(json=True)
     if cut:
         facts.notes.append(cut)
-    args = doc.get("args") or []
-    facts.collective = str(args[0]) if args else None
-    facts.gpus_per_thread = int(config["ngpus"]) if config.get("ngpus") else None
-    if devices:
-        per_process = int(config.get("nthreads") or 1) * (facts.gpus_per_thread or 1)
-        facts.ranks, facts.ranks_source = len(devices) * per_process, "devices"
-        facts.hosts = list(dict.fromkeys(str(d.get("hostname")) for d in devices))
-        facts.gpu = " / ".join(dict.fromkeys(str(d.get("device_info")) for d in devices))
-    for entry in doc.get("env") or []:
-        name, sep, value = str(entry).partition("=")
-        if sep and name.startswith("NCCL_"):
-            facts.env[name] = value
-    avg = doc.get("average_bus_bandwidth") or {}
-    facts.avg_busbw = avg.get("bandwidth")
-    oob = doc.get("out_of_bounds") or {}
-    if "count" in oob:
-        okay = oob.get("okay", True)  # nccl-tests writes booleans as "true" / "false"
-        okay = okay.strip().lower() == "true" if isinstance(okay, str) else bool(okay)
-        facts.oob = (int(oob["count"]), "OK" if okay else "FAILED")
+    _header(doc, file, facts)
     drafts = []
     for i, r in enumerate(results):
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 import subprocess
 import threading
@@ -24,6 +25,40 @@ from collsim.io import atomic_write_text
 
 if TYPE_CHECKING:
     from collsim.calibration.runners import Step
+
+
+_NCCL_TESTS_FAILURE = re.compile(
+    r"Test (NCCL|CUDA) failure|Test failure|NCCL WARN|Out of bounds values : [1-9]\d* FAILED"
+    r"|below the (minimum|expected) bandwidth|NCCL_TESTS_MIN_BW"
+)
+"""What nccl-tests prints (to stdout, with printf) when it fails: NCCLCHECK / CUDACHECK /
+TESTCHECK messages, NCCL's own warnings, and its summary of wrong results."""
+
+
+def failure_reason(err: str, status: int, out: str = "") -> str:
+    """The line that says why a command failed: the first failure nccl-tests printed (stdout),
+    else the benchmark's own message (stderr), else the last stderr line naming an error, else the
+    last stderr line with words (not a ruler of '=')."""
+    lines = [e.strip() for e in err.splitlines() if e.strip()]
+    ours = [e for e in lines if "collsim torchbench:" in e]
+    told = [e.strip() for e in (*err.splitlines(), *out.splitlines())
+            if _NCCL_TESTS_FAILURE.search(e)]  # fmt: skip
+    named = [e for e in lines if re.search(r"Error|error:|Exception|No such|not found", e)]
+    worded = [e for e in lines if re.search(r"[A-Za-z]{2}", e)]
+    if told:  # the first: what went wrong, before what it made fail after it
+        return told[0].lstrip("#. ")
+    pick = ours or named or worded
+    return pick[-1] if pick else _exit_status(status)
+
+
+def _exit_status(status: int) -> str:
+    """``exit status 3``, or for a command a signal ended (``-11``) the signal's name."""
+    if status < 0:
+        try:
+            return f"killed by signal {signal.Signals(-status).name} ({-status})"
+        except ValueError:
+            return f"killed by signal {-status}"
+    return f"exit status {status}"
 
 
 def _pump(stream: object, sink: queue.Queue[str | None]) -> None:
@@ -60,8 +95,13 @@ def _follow(
     label: str,
     timeout: float,
     on_line: Callable[[str], None],
+    per_point: bool = False,
 ) -> None:
-    """Copy the output to ``partial`` line by line; fail after ``timeout`` s of silence."""
+    """Copy the output to ``partial`` line by line; fail after ``timeout`` s of silence.
+
+    ``per_point``: the command records each point itself (the torch benchmark), so a rerun
+    resumes after the last; an nccl-tests log is recorded only whole, so a rerun measures its
+    collective again from the first size (this output is kept aside, never used)."""
     last = ""
     with partial.open("w", encoding="utf-8") as sink:
         while True:
@@ -71,9 +111,15 @@ def _follow(
                 first = last.split()[0] if last.split() else ""
                 where = (f"after the {first} B row: the size after it did not finish"
                          if first.isdigit() else f"after '{last.strip()[:60]}'")  # fmt: skip
+                after = (
+                    "the points it completed are kept, and a rerun resumes after them"
+                    if per_point
+                    else f"its output so far stays in {partial}, unused; a rerun moves it aside "
+                    f"({label}.interrupted-<k>.txt) and measures {label} again from its first size"
+                )
                 raise CalibrationError(
                     f"{label}: no output for {timeout:g} s {where}; a hung collective? "
-                    "(stopped; completed results are kept, rerun to resume)",
+                    f"(stopped; {after})",
                     field="--timeout",
                     value=timeout,
                 ) from None
@@ -132,7 +178,7 @@ def execute(
         on_note(f"{partial}: output of an interrupted run, kept as {kept}")
     stdout: list[str] = []
     try:
-        _follow(proc, lines, partial, stdout, label, timeout, on_line)
+        _follow(proc, lines, partial, stdout, label, timeout, on_line, step.collective is None)
     finally:  # interrupted (Ctrl-C, SIGTERM) or timed out: take the whole launch down with us
         if proc.poll() is None:
             _stop(proc)

@@ -7,7 +7,8 @@ a summary, but real logs wrap that in much else. This module copes with, in orde
 * launcher prefixes: ``[1,0]<stdout>:`` (Open MPI ``--tag-output``, also in the middle of a line,
   where it acts as a line break) and ``  0: `` (``srun -l``);
 * NCCL's own ``host:pid:tid [dev] NCCL INFO ...`` lines, between rows *and* inside one: the text
-  before the marker is kept as a row fragment and the row is completed by the next numeric line;
+  before the marker is kept as a row fragment and the row is completed by the next numeric line
+  (a number the marker is glued to, ``3.00nodeA:...``, stays in the row while the row lacks it);
 * headers and device lines with or without their ``#`` (documentation often strips it);
 * both table layouts: current (``redop root ... #wrong``) and legacy (no ``root`` column for most
   collectives, an ``error`` column holding the maximum deviation instead of a count), with an
@@ -34,6 +35,8 @@ _NCCL_MARKER = re.compile(
     r"(?: \S+)? "
     r"NCCL (?:INFO|WARN|TRACE|ERROR|ABORT)\b ?"
 )
+# a number nccl-tests printed with a host glued on ("0nodeA", "3.00nodeA"): see Scanner.unglue
+_GLUED_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?=[A-Za-z])")
 _DEVICE = re.compile(
     r"^Rank\s+(?P<rank>\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(?P<host>\S+)\s+device\s+"
     r"(?P<dev>\d+)\s+\[[^\]]*\]\s+(?P<name>.+?)\s*$"
@@ -236,28 +239,49 @@ class Scanner:
         return CalibrationError(message, file=self.file, field=f"line {line}", value=value)
 
     def scan(self, text: str) -> list[Section]:
-        lineno = 0
-        for lineno, raw in enumerate(text.splitlines(), start=1):
+        lines = text.splitlines()
+        for lineno, raw in enumerate(lines, start=1):
             for segment in clean_segments(raw):
                 marker = _NCCL_MARKER.search(segment)
                 if marker:
-                    who = (marker["host"], marker["pid"], marker["dev"])
-                    fragment = segment[: marker.start()]
+                    start, host = self.unglue(segment, marker)
+                    fragment = segment[:start]
                     if fragment.strip():
                         self.text(fragment, lineno)
                         if self.pending and self.current is not None:
                             self.current.info_inside_row += 1
-                    self.info(segment[marker.end() :], who)
+                    self.info(segment[marker.end() :], (host, marker["pid"], marker["dev"]))
                 else:
                     self.text(segment, lineno)
         if self.pending:
+            at_end = not any(line.strip() for line in lines[self.pending_line :])
             raise self.error(
                 self.pending_line,
-                "result row is cut short (file ends inside it)",
+                "result row is cut short (file ends inside it)"
+                if at_end
+                else "result row incomplete: no numbers after it complete it",
                 " ".join(self.pending),
             )
         self.close()
         return self.sections
+
+    def unglue(self, segment: str, marker: re.Match[str]) -> tuple[int, str]:
+        """(where the row fragment before an INFO marker ends, the host). NCCL can print its
+        line right after a number of a row (``... 3.00      0nodeA:11:99 [0] NCCL INFO``), and a
+        host may start with a digit: the leading number is given back to the row when that row
+        still lacks values, else the host keeps it (a complete row needs no more numbers)."""
+        host, start = marker["host"], marker.start()
+        number = _GLUED_NUMBER.match(host)
+        fragment = segment[:start]
+        if number is None or self.current is None or not fragment.strip():
+            return start, host
+        tokens = [*self.pending, *fragment.split()]
+        if not tokens[0].isdigit():
+            return start, host  # not a row: leave the host whole
+        shape = split_row(tokens, self.current.columns)
+        if shape is not None and len(tokens) >= shape[1]:
+            return start, host
+        return start + number.end(), host[number.end() :]
 
     def close(self) -> None:
         if self.current is not None:
@@ -338,14 +362,16 @@ class Scanner:
         """More tokens for a row that an INFO line (or a launcher prefix) cut in two."""
         assert self.current is not None
         cols = self.current.columns
+        # a whole row of its own: the cut row's rest never came (checked before the noise test,
+        # which once took such a row, words and all, for noise and dropped it)
+        own = split_row(tokens, cols) if tokens else None
+        if own is not None and tokens[0].isdigit() and len(tokens) == own[1] and cols.tail:
+            raise self.error(self.pending_line, "result row is cut short", " ".join(self.pending))
         words_allowed = len(self.pending) < 5  # the text columns may still be missing
         if not tokens or not all(
             is_number(t) or t == "N/A" or (words_allowed and t.isalpha()) for t in tokens
         ):
             return  # job noise between the two halves
-        own = split_row(tokens, cols)
-        if tokens[0].isdigit() and own is not None and len(tokens) == own[1] and cols.tail:
-            raise self.error(self.pending_line, "result row is cut short", " ".join(self.pending))
         joined = self.pending + tokens
         shape = split_row(joined, cols)
         if shape is None or len(joined) < shape[1]:

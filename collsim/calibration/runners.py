@@ -3,7 +3,8 @@
 :func:`plan_commands` turns a :class:`RunConfig` into command lines (what ``--dry-run`` prints);
 :func:`check_tools` says, in one line, what is missing (binary, launcher, torch);
 :func:`run` executes the commands, streams their output into the result store (one nccl-tests log
-per collective, recorded only when complete; the torch benchmark records every point itself),
+per collective, recorded only when complete: every size asked for and nccl-tests' summary line;
+the torch benchmark records every point itself),
 reports each finished row to a progress callback, and stops a command that prints nothing for
 longer than the timeout (a hung collective) with a message saying what it was running.
 """
@@ -14,7 +15,6 @@ import contextlib
 import json
 import os
 import platform
-import re
 import shlex
 import shutil
 import signal
@@ -28,11 +28,12 @@ from importlib import metadata
 from pathlib import Path
 
 from collsim import units
-from collsim.calibration._process import execute
-from collsim.calibration.nccltests import read_log
+from collsim.calibration._process import execute, failure_reason, keep_interrupted
+from collsim.calibration.nccltests import NcclTestsLog, read_log
 from collsim.calibration.store import MANIFEST, ResultStore
 from collsim.errors import CalibrationError, CollsimError
 from collsim.io import atomic_write_text, directory_lock
+from collsim.report.tables import plural
 
 RUNNERS = ("nccl-tests", "torch")
 LAUNCHERS = ("local", "torchrun", "mpirun", "srun")
@@ -46,6 +47,13 @@ NCCL_TESTS_DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "hal
 
 LOCAL = ("local", "torchrun")
 """Launchers that start every process on this machine."""
+
+_TORCH_STARTUP_S = 60.0
+"""Time allowed for torch's start-up on top of ``--timeout`` (the benchmark guards each point)."""
+
+MAX_TIMEOUT = threading.TIMEOUT_MAX - _TORCH_STARTUP_S
+"""The longest ``--timeout``: the silence timer waits on a queue, which takes no longer wait than
+``threading.TIMEOUT_MAX`` (``inf`` or ``1e300`` overflowed there, a traceback)."""
 
 
 @dataclass
@@ -66,6 +74,8 @@ class RunConfig:
     out: Path = Path("calibration")
     binary_dir: Path | None = None
     timeout: float = 300.0
+    """Seconds of silence after which a command counts as hung: finite and at most
+    :data:`MAX_TIMEOUT` (there is no "never": a hung collective would hold the run forever)."""
     backend: str = "auto"
     launcher_args: list[str] = field(default_factory=list)
     master_port: int | None = None
@@ -115,6 +125,13 @@ class RunConfig:
                 raise CalibrationError(f"must be >= {least}", field=flag, value=value)
         if not self.timeout > 0:
             raise CalibrationError("must be > 0 seconds", field="--timeout", value=self.timeout)
+        if not self.timeout <= MAX_TIMEOUT:  # inf, or more than a wait can take: say so
+            raise CalibrationError(
+                f"must be a finite number of seconds, at most {MAX_TIMEOUT:.0f} (about "
+                f"{MAX_TIMEOUT / 3.15576e7:.0f} years)",
+                field="--timeout",
+                value=self.timeout,
+            )
         try:  # the size range first: -f must be a finite number > 1
             self.sizes()
         except CollsimError as exc:
@@ -142,30 +159,6 @@ class RunConfig:
                 value=self.stepfactor,
             )
         self.sizes()
-
-
-_NCCL_TESTS_FAILURE = re.compile(
-    r"Test (NCCL|CUDA) failure|Test failure|NCCL WARN|Out of bounds values : [1-9]\d* FAILED"
-    r"|below the (minimum|expected) bandwidth|NCCL_TESTS_MIN_BW"
-)
-"""What nccl-tests prints (to stdout, with printf) when it fails: NCCLCHECK / CUDACHECK /
-TESTCHECK messages, NCCL's own warnings, and its summary of wrong results."""
-
-
-def failure_reason(err: str, status: int, out: str = "") -> str:
-    """The line that says why a command failed: the first failure nccl-tests printed (stdout),
-    else the benchmark's own message (stderr), else the last stderr line naming an error, else the
-    last stderr line with words (not a ruler of '=')."""
-    lines = [e.strip() for e in err.splitlines() if e.strip()]
-    ours = [e for e in lines if "collsim torchbench:" in e]
-    told = [e.strip() for e in (*err.splitlines(), *out.splitlines())
-            if _NCCL_TESTS_FAILURE.search(e)]  # fmt: skip
-    named = [e for e in lines if re.search(r"Error|error:|Exception|No such|not found", e)]
-    worded = [e for e in lines if re.search(r"[A-Za-z]{2}", e)]
-    if told:  # the first: what went wrong, before what it made fail after it
-        return told[0].lstrip("#. ")
-    pick = ours or named or worded
-    return pick[-1] if pick else f"exit status {status}"
 
 
 @dataclass
@@ -391,7 +384,6 @@ def run(
             _settle(cfg)
 
 
-@contextlib.contextmanager
 def _settle(cfg: RunConfig) -> None:
     """Bring every per-point log up to date with its recorded points (a stopped run may lag)."""
     if cfg.runner == "torch" and (cfg.out / MANIFEST).exists():
@@ -433,7 +425,7 @@ def _run(
             on_skip(step.points)
             continue
         # the torch benchmark guards each point itself; allow for torch's start-up around it
-        silence = cfg.timeout + (60.0 if cfg.runner == "torch" else 0.0)
+        silence = cfg.timeout + (_TORCH_STARTUP_S if cfg.runner == "torch" else 0.0)
         status, stdout, err = execute(step, run_dir, label, silence, on_line, notify)
         if status != 0:
             detail = failure_reason(err, status, stdout)
@@ -447,10 +439,19 @@ def _run(
             log = read_log(staged, collective=step.collective)  # refuse what does not parse
             if log.ranks != cfg.nprocs:
                 raise CalibrationError(
-                    f"{label} ran on {log.ranks} ranks, not the {cfg.nprocs} asked for (output "
-                    f"kept in {run_dir}; not recorded)",
+                    f"{label} ran on {plural(log.ranks, 'rank')}, not the {cfg.nprocs} asked "
+                    f"for (output kept in {run_dir}; not recorded)",
                     field="--nprocs",
                     value=cfg.nprocs,
+                )
+            short = _cut_short(cfg, log)
+            if short:  # exited 0 all the same: not done, or a rerun would skip it
+                kept = keep_interrupted(staged) or staged
+                raise CalibrationError(
+                    f"{label} exited 0 but {short}: cut short, not recorded (a rerun measures "
+                    f"{label} again)",
+                    file=str(kept),
+                    field="rows",
                 )
             store.record(
                 step.collective,
@@ -464,6 +465,21 @@ def _run(
     logs = sorted((cfg.out / "logs").glob("*.txt"))
     _note_versions(cfg.out, logs)
     return logs
+
+
+def _cut_short(cfg: RunConfig, log: NcclTestsLog) -> str | None:
+    """Why a table from a command that exited 0 is still not a whole measurement, or None: its
+    rows stop short of the largest size asked for (more than nccl-tests' rounding of a size down
+    to whole elements of every rank), or it lacks the ``Avg bus bandwidth`` line nccl-tests
+    prints after the last size."""
+    asked = cfg.sizes()[-1]
+    last = max((r.size_bytes for r in log.rows), default=0)
+    why = []
+    if last + 16 * log.ranks < asked:
+        why.append(f"its rows stop at {last} B of the {asked} B asked for")
+    if log.avg_busbw is None:
+        why.append("it has no 'Avg bus bandwidth' line")
+    return " and ".join(why) or None
 
 
 def _note_versions(out: Path, logs: list[Path]) -> None:
