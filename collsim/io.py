@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import stat
@@ -20,6 +21,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     so a shell's ``>>`` keeps what came before), as replacing it would destroy it. A new file
     gets the permissions the umask allows (as ``open`` gives), a replaced one keeps its own."""
     given = os.fspath(path)
+    if given.endswith(("/", os.sep)):  # a folder's name: "ro/" must not become a file "ro"
+        raise IsADirectoryError(errno.EISDIR, "names a folder, not a file", given)
     try:
         regular = stat.S_ISREG(os.stat(given).st_mode)  # follows links; a loop raises OSError
         exists = True

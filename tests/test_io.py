@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from collsim.errors import CollsimError
-from collsim.io import atomic_write_text, save_figure
+from collsim.io import atomic_write_bytes, atomic_write_text, save_figure
 
 
 def test_a_new_file_follows_the_umask_and_a_replaced_one_keeps_its_mode(tmp_path):
@@ -60,3 +60,11 @@ def test_yaml_refuses_repeated_keys_but_keeps_merges():
     assert yaml_load("b: &b {x: 1, y: 2}\nd:\n  <<: *b\n  y: 3\n")["d"] == {"x": 1, "y": 3}
     with pytest.raises(yaml.YAMLError, match="duplicate key 'nodes'"):
         yaml_load("nodes: 4\nnodes: 1\n")
+
+
+def test_a_folder_name_is_not_written_as_a_file(tmp_path):
+    """``--plot out/`` (a folder that does not exist yet) wrote a file named ``out``."""
+    target = tmp_path / "out"
+    with pytest.raises(IsADirectoryError):
+        atomic_write_bytes(f"{target}/", b"x")
+    assert not target.exists()

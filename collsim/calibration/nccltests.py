@@ -154,7 +154,7 @@ def _build(
         hinted = _collective_name(hints.collective, file)
         if collective and hinted != collective:
             raise CalibrationError(
-                f"the log is a {collective} test, not {hinted}",
+                f"the log is of {collective}, not {hinted}",
                 file=file,
                 field="collective",
                 value=hints.collective,

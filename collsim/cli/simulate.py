@@ -116,6 +116,11 @@ def simulate(
             click.echo(f"# note: {note}")
         whatif = whatif_with_profile(topo, prof, engine)
         click.echo(f"# calibrated with {profile}")
+        click.echo(
+            f"# note: times are for {protocol} on {channels} channel(s), as asked; NCCL picks "
+            "the protocol and channels per size (`collsim tune --profile` shows which win "
+            "where; `collsim validate` compares NCCL's choices with measured logs)"
+        )
         doc = prof.doc
         if engine == "des" and (
             doc.base_latency_us or doc.launch_floor_us or doc.size_efficiency

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from collsim.cli.base import cli, size_option
+from collsim.cli.base import cli, refuse_overwriting_inputs, size_option
 from collsim.collectives.registry import COLLECTIVES
 from collsim.errors import CollsimError
 from collsim.report.tables import plural
@@ -22,6 +22,13 @@ from collsim.report.tables import plural
 @click.option("-f", "--stepfactor", type=float, default=2.0, show_default=True, help="Size step.")
 @click.option("-d", "--datatype", default="float", show_default=True, help="nccl-tests type.")
 @click.option("--model", default="collsim", show_default=True, help="collsim or nccl.")
+@click.option(
+    "--profile",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Calibration profile (collsim calibrate fit) for this topology: the collsim model "
+    "prices every candidate under it.",
+)
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here.")
 def tune(
     collective: str,
@@ -33,6 +40,7 @@ def tune(
     stepfactor: float,
     datatype: str,
     model: str,
+    profile: str | None,
     json_file: str | None,
 ) -> None:
     """Print the size ranges where each (algorithm, protocol, channels) is fastest.
@@ -49,13 +57,26 @@ def tune(
     from collsim.topology.loader import load_topology
     from collsim.whatif import WhatIf, dtype_bytes
 
+    refuse_overwriting_inputs([topology, profile], json=json_file)
     try:
         sizes = units.size_range(
             size_option("-b", minbytes), size_option("-e", maxbytes), stepfactor
         )
     except CollsimError as exc:
         raise (exc if exc.field else exc.located(field="-b/-e/-f")) from None
-    whatif = WhatIf(load_topology(topology, nodes=nodes, gpus_per_node=gpus_per_node))
+    topo = load_topology(topology, nodes=nodes, gpus_per_node=gpus_per_node)
+    if profile:
+        from collsim.model.profile import load_profile, whatif_with_profile
+
+        if model != "collsim":
+            raise CollsimError("NCCL's model takes no profile", field="--profile", value=profile)
+        prof = load_profile(profile)
+        for note in prof.check_topology(topo):
+            click.echo(f"# note: {note}")
+        whatif = whatif_with_profile(topo, prof, "analytic")
+        click.echo(f"# calibrated with {profile}")
+    else:
+        whatif = WhatIf(topo)
     cost = whatif.cost_model(model)
     result = Tuner(cost).tune(collective, sizes, elem_bytes=dtype_bytes(datatype))
     spans = ranges(result)

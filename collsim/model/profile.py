@@ -30,7 +30,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from collsim.errors import CalibrationError
 from collsim.io import yaml_load
@@ -46,7 +54,19 @@ format 1 stored the floor of the measured calls whatever the GPUs per thread, so
 
 
 class _Strict(BaseModel):
+    """Unknown keys are errors, and a number is a number: pydantic's lax mode would read
+    ``bandwidth_efficiency: true`` as 1.0 and ``base_latency_us: '5'`` as 5.0."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, value: object, info: ValidationInfo) -> object:
+        field = cls.model_fields.get(info.field_name or "")
+        numeric = field is not None and field.annotation in (float, int, float | None)
+        if numeric and isinstance(value, bool | str):
+            raise ValueError("expected a number")
+        return value
 
 
 class TopologyRef(_Strict):

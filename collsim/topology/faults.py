@@ -244,7 +244,11 @@ def apply_faults(topology: Topology, faults: Sequence[Fault]) -> Topology:
     topo = topology
     for fault in faults:  # validate every name against the healthy system first
         _resolve(topology, fault)
+    failed: set[tuple[str, str]] = set()
     for fault in (f for f in faults if f.fail):
+        if (fault.kind, fault.target) in failed:  # gone already: its name no longer resolves
+            raise fault.error("an earlier fault already failed it (given twice?)")
+        failed.add((fault.kind, fault.target))
         topo = _fail(topo, fault)
         try:
             check_connected(topo)

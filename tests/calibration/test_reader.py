@@ -254,7 +254,7 @@ def test_unknown_collective_and_conflicting_hint(write):
         read_log(write(HEADER + ROWS[0] + "\n", "mystery.txt"), ranks=4)
     with pytest.raises(CalibrationError, match="not supported by collsim"):
         read_log(write(standard_log(start="hypercube_perf")))
-    with pytest.raises(CalibrationError, match="is a all_reduce test, not all_gather"):
+    with pytest.raises(CalibrationError, match="is of all_reduce, not all_gather"):
         read_log(write(standard_log()), collective="all_gather")
 
 

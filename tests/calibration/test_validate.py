@@ -84,6 +84,25 @@ def test_simulate_and_step_accept_the_profile(profile):
         cal = CliRunner().invoke(cli, [*base, "--engine", engine, "--profile", str(profile)])
         assert raw.exit_code == 0 and cal.exit_code == 0, cal.output
         assert "calibrated with" in cal.output and cal.output != raw.output
+        assert "NCCL picks the protocol and channels per size" in cal.output
+
+
+def test_tune_prices_its_candidates_under_the_profile(profile, tmp_path):
+    """simulate times what it is asked (Simple on one channel by default); tune shows what NCCL
+    would pick per size, now under a fitted profile too (the bundled profile's links are
+    slower than the datasheet, so every candidate takes longer)."""
+    base = ["tune", "all_reduce", "-t", "dgx-h100", "--nodes", "1", "-b", "1M", "-e", "1G"]
+    raw = CliRunner().invoke(cli, [*base, "--json", str(tmp_path / "raw.json")])
+    cal = CliRunner().invoke(
+        cli, [*base, "--profile", str(profile), "--json", str(tmp_path / "cal.json")]
+    )
+    assert raw.exit_code == 0 and cal.exit_code == 0, cal.output
+    assert "calibrated with" in cal.output
+    before = json.loads((tmp_path / "raw.json").read_text())["points"]
+    after = json.loads((tmp_path / "cal.json").read_text())["points"]
+    assert all(a["time_us"] > b["time_us"] for a, b in zip(after, before, strict=True))
+    refused = CliRunner().invoke(cli, [*base, "--model", "nccl", "--profile", str(profile)])
+    assert refused.exit_code == 2 and "NCCL's model takes no profile" in refused.output
 
 
 @pytest.mark.parametrize(

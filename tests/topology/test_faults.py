@@ -333,3 +333,13 @@ def test_sweep_compares_healthy_and_faulty(tmp_path):
     col = COLUMNS.index("time_us")
     assert float(rows[1][col]) > 3.5 * float(rows[0][col])
     assert rows[1][COLUMNS.index("faults")] == "nic:n1.nic0:bw=0.25"
+
+
+def test_a_failure_given_twice_says_so():
+    """The second copy looked its (removed) switch up again: 'no switch named spine0; did you
+    mean spine30?', for a name the user had spelled right."""
+    topo = load_topology("dgx-h100")
+    fault = parse_fault("switch:spine0:fail")
+    assert apply_faults(topo, [fault]) is not topo
+    with pytest.raises(TopologyError, match="earlier fault already failed it"):
+        apply_faults(topo, [fault, fault])
