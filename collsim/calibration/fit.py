@@ -45,6 +45,7 @@ from collsim.calibration.predict import (
 from collsim.errors import CalibrationError
 from collsim.model.params import (
     DEFAULT_PARAMS,
+    HOST_LAUNCH_S,
     HOST_P2P_OP_S,
     ModelParams,
     ProtocolParams,
@@ -89,15 +90,17 @@ PRIOR_WEIGHT = 0.1
 efficiency does not depend on size (size factors 1), that links are full duplex (residuals
 ``PRIOR_WEIGHT * ln(x)``) and that a fixed cost is the host's launch floor rather than a per-call
 GPU cost (residual ``PRIOR_WEIGHT * base / smallest time measured``), and that the floor is the
-fastest call measured, per launch (``PRIOR_WEIGHT * (floor / that - 1)``: where the logs cannot
-place the floor -- an all_reduce whose ring latencies exceed it at every size -- it stays where
-the measurements of other collectives would put it, not wherever the search wanders).
+fastest call measured per launch, or a launch's a-priori cost (``HOST_LAUNCH_S``) if less
+(``PRIOR_WEIGHT * (floor / that - 1)``: where the logs cannot place the floor -- an all_reduce
+whose ring latencies exceed it at every size -- it stays where the measurements of other
+collectives would put it, not wherever the search wanders, and no higher than a launch costs:
+a floor fitted on one GPU per thread multiplies on logs whose thread drives several).
 Where the data can tell (a 1% misfit over one log's rows outweighs a factor 1.2), it decides;
 where it cannot -- a fixed ~35 us is as well explained by a launch floor as by 14 slower ring
-hops or an additive base when only all_reduce was measured -- the prior puts it in the floor,
-which carries over unchanged to collectives with other step counts and to other scales
-(nccl-tests' small messages cost about the same for every collective of a system, and on one or
-two nodes)."""
+hops or an additive base when only all_reduce was measured -- the priors put it in the floor, up
+to a launch's cost, and the rest in the per-call base, both of which carry over unchanged to
+collectives with other step counts (nccl-tests' small messages cost about the same for every
+collective of a system, and on one or two nodes)."""
 
 
 FIT_BASE = dataclasses.replace(DEFAULT_PARAMS, tree_correction=True)
@@ -190,6 +193,10 @@ class _Problem:
             for s in samples
         ))  # fmt: skip
         self.floor_max_us = self.floor_start_us * (1 + FLOOR_NOISE)
+        # A launch costs the host about HOST_LAUNCH_S; a fixed cost above that where the logs
+        # cannot say what it is (one all_reduce on two nodes: 17 us, of which the network's
+        # hops are most) is not put in the floor, which multiplies with the GPUs a thread drives.
+        self.floor_prior_us = min(self.floor_start_us, HOST_LAUNCH_S * 1e6)
         self.kinds = ["eff", "lat", "base", "floor"] + ["size"] * len(SIZE_KNOTS_BYTES)
         if self.split:
             self.kinds += ["rel", "rel_lat"]
@@ -262,7 +269,7 @@ class _Problem:
         over = max(0.0, floor / self.floor_max_us - 1.0)
         r = np.concatenate(
             [*parts, PRIOR_WEIGHT * np.log(x[self.prior]), [PRIOR_WEIGHT * base_share],
-             [PRIOR_WEIGHT * (floor / self.floor_start_us - 1.0)], [FLOOR_PENALTY * over]]
+             [PRIOR_WEIGHT * (floor / self.floor_prior_us - 1.0)], [FLOOR_PENALTY * over]]
         )  # fmt: skip
         return np.where(np.isfinite(r), r, 10.0)
 
