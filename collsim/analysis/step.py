@@ -16,7 +16,8 @@ Per micro-batch and pipeline stage (one GPU's view; ``b`` sequences, TP size ``t
   virtual stages, ``m x max(stage) + (p-1)/v x mean(stage)``: the bubble fraction
   ``(p-1)/(m+p-1)`` for GPipe and 1F1B, ``/v`` interleaved; each micro-batch sends ``b s h``
   elements forward and back (``/t`` per rank with the scatter/gather optimisation, plus an
-  all-gather inside the TP group), ``m v + p - 1`` times on the critical path;
+  all-gather inside the TP group; with sequence parallelism ``/t`` and no all-gather, the
+  activations being split by sequence already), ``m v + p - 1`` times on the critical path;
 * data parallelism: gradients (the fullest stage's parameters) all-reduced in buckets that
   overlap the last micro-batch's backward (PyTorch DDP; Li et al. 2020, arXiv:2006.15704): with
   ``n`` buckets of ``c`` seconds each in a backward of ``W``, ``max(n c - W (1 - 1/n), c)`` is

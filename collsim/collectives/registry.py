@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from collsim.collectives import (
     alltoall,
     direct,
@@ -150,7 +152,7 @@ def build_schedule(
             field="algorithm",
             value=algorithm,
         )
-    nranks = _int(nranks, "nranks", 2 if collective == "sendrecv" else 1)
+    nranks = _int(nranks, "nranks", 1)
     count = _int(count, "count", 0)
     elem_bytes = _int(elem_bytes, "elem_bytes", 1)
     channels = _int(channels, "channels", 1)
@@ -180,4 +182,18 @@ def build_schedule(
         chunk_bytes=chunk,
         root=root,
     )
-    return builders[algorithm](spec)
+    return lone_rank(spec) if nranks == 1 else builders[algorithm](spec)
+
+
+def lone_rank(spec: BuildSpec) -> Schedule:
+    """Any collective on one rank: a copy of the input into the output (NCCL copies an
+    out-of-place buffer on a lone rank; a send to oneself is the same copy), whatever the
+    algorithm, so every algorithm and both engines agree there."""
+    from collsim.collectives.common import self_copy
+    from collsim.collectives.schedule import ScheduleBuilder
+
+    b = ScheduleBuilder()
+    zero = np.zeros(1, dtype=np.int64)
+    self_copy(b, zero, np.array([spec.count]), "input", zero, "output", zero,
+              np.full((1, 0), -1), 0)  # fmt: skip
+    return spec.finish(b)

@@ -229,11 +229,12 @@ class AnalyticModel:
         eff = effective_bytes(collective, sizes, elem_bytes, self.nranks)
         stretch = self.params.stretch(collective, algorithm, protocol, eff)
         p = self.params
-        t = np.where(
-            eff == 0,
-            0.0,
-            p.base_latency_s + st.time_s(eff, chunk_bytes=chunk_bytes, stretch=stretch),
-        )
+        if self.nranks == 1:  # a lone rank copies its buffer, whatever the algorithm
+            rate = float(self.fabric.copy_bytes_per_s[0]) * p.copy_efficiency
+            busy = eff * stretch / rate
+        else:
+            busy = st.time_s(eff, chunk_bytes=chunk_bytes, stretch=stretch)
+        t = np.where(eff == 0, 0.0, p.base_latency_s + busy)
         return under_floor(t, self.floor_s(collective)) if floor else t
 
     def floor_s(self, collective: str) -> float:

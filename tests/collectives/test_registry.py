@@ -54,7 +54,6 @@ def test_catalogue() -> None:
         ({"root": 4}, "root"),
         ({"root": -1}, "root"),
         ({"layout": RankLayout(3, 1)}, "layout"),
-        ({"collective": "sendrecv", "algorithm": "p2p", "nranks": 1}, "nranks"),
     ],
 )
 def test_bad_requests_name_the_field(kwargs: dict, field: str) -> None:

@@ -59,3 +59,26 @@ def test_nvls_moves_one_share_more_than_the_buffer_at_the_switchs_efficiency():
     model = float(wi.cost_model("collsim").predict("all_reduce", "in_network", [size])[0])
     assert sim.time_s == pytest.approx(model, rel=1e-6)
     assert size / sim.time_s / 1e9 == pytest.approx(450 * 8 / 9 * 0.85, rel=0.01)
+
+
+def test_one_rank_is_a_copy_of_the_buffer_for_every_algorithm_and_engine() -> None:
+    """On one GPU NCCL copies the out-of-place buffer: every collective and algorithm costs
+    that copy (2 bytes of memory traffic per byte), on both engines. The analytic model had
+    ring all-reduce at 0 us and tree at 1.5x the copy, the engine tree at half of it, and the
+    engine refused a one-rank sendrecv, which nccl-tests runs."""
+    from collsim.collectives.registry import algorithms_for
+    from collsim.collectives.verify import COLLECTIVES
+    from collsim.topology.loader import load_topology
+    from collsim.whatif import WhatIf
+
+    whatif = WhatIf(load_topology("dgx-h100", nodes=1, gpus_per_node=1))
+    size = 1 << 20
+    copy_s = size / (whatif.topology.gpu.memory_bandwidth_bytes_per_s / 2)
+    for collective in COLLECTIVES:
+        for algorithm in algorithms_for(collective):
+            if algorithm == "in_network":
+                continue  # needs an NVSwitch that reduces, which one GPU has no use for
+            for engine in ("analytic", "des"):
+                sweep = whatif.sweep(collective, algorithm, [size], engine=engine)
+                got = sweep.points[0].time_s
+                assert got == pytest.approx(copy_s, rel=1e-6), (collective, algorithm, engine)
