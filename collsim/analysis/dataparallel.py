@@ -12,9 +12,9 @@
 * Expert parallelism: expert gradients are reduced only among the ``dp / ep`` GPUs holding the
   same experts (DeepSpeed-MoE's expert-data-parallel group), the rest over the whole DP group.
 * Local SGD (communicate every ``k`` steps) divides the exposed gradient communication by
-  ``k``; asynchronous training hides it behind ``staleness`` steps of compute. Neither applies
-  to ZeRO's weight all-gathers: stages 1-2 gather the weights every step's update leaves sharded,
-  stage 3 every forward and backward. Compression divides gradient bytes by its ratio and costs
+  ``k``; asynchronous training hides it behind ``staleness`` steps of compute. Both need every
+  replica to hold its whole state (the workload refuses them with ZeRO, whose shards must meet
+  every step). Compression divides gradient bytes by its ratio and costs
   ``2 x bytes / codec`` (encode + decode) per gradient reduction: once a step, or once per
   micro-batch where stages 2-3 reduce every micro-batch's gradients.
 * Stragglers: per-GPU compute multipliers (mean 1, coefficient of variation ``cv``, seeded);
@@ -44,13 +44,46 @@ def expected_max_multiplier(n: int, cv: float, distribution: str, seed: int, sam
     chunk = max(1, 2_000_000 // n)
     for start in range(0, samples, chunk):
         k = min(chunk, samples - start)
-        if distribution == "lognormal":
-            sigma = math.sqrt(math.log1p(cv * cv))
-            draws = rng.lognormal(-sigma * sigma / 2, sigma, size=(k, n))
-        else:
-            draws = np.clip(rng.normal(1.0, cv, size=(k, n)), 0.05, None)
-        best[start : start + k] = draws.max(axis=1)
+        best[start : start + k] = _multipliers(rng, cv, distribution, (k, n)).max(axis=1)
     return float(best.mean())
+
+
+def straggler_multiplier(sync: Any, strag: Any, replicas: int, per_replica: int) -> float:
+    """E[the step's compute multiplier] with ``replicas`` data-parallel replicas of
+    ``per_replica`` GPUs (TP x PP), which meet every step whatever the sync mode.
+
+    Synchronous: the slowest of all GPUs, every step. Asynchronous (staleness >= 1): each
+    replica waits only for its own slowest GPU. Local SGD over ``k`` steps: each replica runs
+    ``k`` steps at its own pace (each waiting for its slowest GPU), then all wait for the
+    slowest replica: ``E[max over replicas of the mean over k steps of max over its GPUs]``,
+    by seeded Monte Carlo."""
+    n = replicas * per_replica
+    if strag.cv <= 0 or n <= 1:
+        return 1.0
+    args = (strag.cv, strag.distribution, strag.seed, strag.samples)
+    if sync.mode == "async" and sync.staleness > 0:
+        return expected_max_multiplier(per_replica, *args)
+    if sync.mode != "local_sgd" or sync.period <= 1 or replicas <= 1:
+        return expected_max_multiplier(n, *args)
+    k, rng = sync.period, np.random.default_rng(strag.seed)
+    best = np.empty(strag.samples)
+    chunk = max(1, 2_000_000 // (k * n))
+    for start in range(0, strag.samples, chunk):
+        size = min(chunk, strag.samples - start)
+        draws = _multipliers(rng, strag.cv, strag.distribution, (size, k, replicas, per_replica))
+        best[start : start + size] = draws.max(axis=3).mean(axis=1).max(axis=1)
+    return float(best.mean())
+
+
+def _multipliers(
+    rng: np.random.Generator, cv: float, distribution: str, shape: tuple[int, ...]
+) -> np.ndarray:
+    """Compute multipliers with mean 1 and coefficient of variation ``cv``: lognormal, or
+    normal clipped at 0.05."""
+    if distribution == "lognormal":
+        sigma = math.sqrt(math.log1p(cv * cv))
+        return rng.lognormal(-sigma * sigma / 2, sigma, size=shape)
+    return np.clip(rng.normal(1.0, cv, size=shape), 0.05, None)
 
 
 def overlapped_buckets(total_s: float, n_buckets: int, window_s: float) -> float:

@@ -32,13 +32,13 @@ Per micro-batch and pipeline stage (one GPU's view; ``b`` sequences, TP size ``t
   groups running the same collective at once leave it (:mod:`collsim.analysis.sharing`);
 * optimizer: memory-bound (Adam: 34 bytes per local parameter, SGD: 14);
 * stragglers: per-GPU compute multipliers (mean 1, seeded), the synchronous step waits for the
-  slowest of all GPUs: ``(E[max] - 1) x (compute + bubble)``;
-* local SGD divides the data-parallel time by the period, and waits for the slowest GPU only
-  at the averaging step, over ``k`` steps whose per-GPU noise partly cancels: the multipliers'
-  coefficient of variation is taken as ``cv / sqrt(k)`` (the mean of ``k`` independent steps);
-  asynchronous training (``staleness >= 1``) hides it behind ``staleness`` steps and does not
-  wait for stragglers (with staleness 0 it is synchronous); compression divides gradient bytes
-  by the ratio and adds encode + decode time.
+  slowest of all GPUs: ``(E[max] - 1) x (compute + bubble)``; a replica's own GPUs (TP, PP)
+  meet every step whatever the sync mode (:func:`~.dataparallel.straggler_multiplier`);
+* local SGD divides the data-parallel time by the period, and its replicas wait for the
+  slowest one only at the averaging step, over ``k`` steps whose noise partly cancels;
+  asynchronous training (``staleness >= 1``) hides it behind ``staleness`` steps and its
+  replicas wait for no other (with staleness 0 it is synchronous); compression divides
+  gradient bytes by the ratio and adds encode + decode time.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from collsim.analysis.dataparallel import (
     data_parallel,
     expected_max_multiplier,
     overlapped_buckets,
+    straggler_multiplier,
 )
 from collsim.analysis.layout import (
     Groups,
@@ -276,11 +277,8 @@ class StepModel:
 
         sync = w.training.sync
         strag = w.training.stragglers
-        cv = strag.cv / np.sqrt(sync.period) if sync.mode == "local_sgd" else strag.cv
-        mult = expected_max_multiplier(n, cv, strag.distribution, strag.seed, strag.samples)
+        mult = straggler_multiplier(sync, strag, lay.dp, n // lay.dp)
         wait = (mult - 1.0) * (compute + bubble)
-        if sync.mode == "async" and sync.staleness > 0:
-            wait = 0.0
         breakdown = {
             "compute": compute,
             "tp_comm": tp_comm,

@@ -352,6 +352,20 @@ class WorkloadIn(Strict):
                              "are not described)")  # fmt: skip
         return rec
 
+    @field_validator("training")
+    @classmethod
+    def _replicas_hold_their_state(cls, tr: TrainingIn, info: ValidationInfo) -> TrainingIn:
+        par = info.data.get("parallel")
+        zero = 0 if par is None else (3 if par.fsdp else par.zero)
+        deferred = tr.sync.mode == "local_sgd" or (tr.sync.mode == "async" and tr.sync.staleness)
+        if zero and deferred:
+            raise ValueError(
+                f"sync mode {tr.sync.mode} lets each data-parallel replica step on its own, but "
+                f"ZeRO stage {zero} shards the optimizer (and more) over those replicas, which "
+                "must then meet every step: use zero: 0 with it"
+            )
+        return tr
+
     @field_validator("micro_batch")
     @classmethod
     def _batch(cls, micro: int, info: ValidationInfo) -> int:

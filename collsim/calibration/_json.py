@@ -141,9 +141,14 @@ def _bad(message: str, file: str, name: str, value: Any) -> CalibrationError:
     return CalibrationError(message, file=file, field=name, value=value, has_value=True)
 
 
+MOST = 10**9
+"""No count in a header is larger (ranks, GPUs, threads, out-of-bounds values): 1e30 is not a
+rank count."""
+
+
 def _whole(value: Any, file: str, name: str, least: int, what: str = "a whole number") -> int:
     """A count nccl-tests writes as a JSON int (a digit string or a whole float is taken too)."""
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isdecimal():
         value = int(value)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
@@ -151,6 +156,8 @@ def _whole(value: Any, file: str, name: str, least: int, what: str = "a whole nu
         raise _bad(f"not {what}", file, name, value)
     if value < least:
         raise _bad(f"must be >= {least}", file, name, value)
+    if value > MOST:
+        raise _bad(f"must be <= {MOST:.0e}", file, name, value)
     return value
 
 

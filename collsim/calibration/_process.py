@@ -70,7 +70,7 @@ def _pump(stream: object, sink: queue.Queue[str | None]) -> None:
 def _is_progress(line: str) -> bool:
     body = line.split(":", 1)[1] if line.startswith("[") and "]<std" in line else line
     tokens = body.split()
-    return bool(tokens) and (tokens[0].isdigit() or "done in an earlier run" in line)
+    return bool(tokens) and (tokens[0].isdecimal() or "done in an earlier run" in line)
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
@@ -110,7 +110,7 @@ def _follow(
             except queue.Empty:
                 first = last.split()[0] if last.split() else ""
                 where = (f"after the {first} B row: the size after it did not finish"
-                         if first.isdigit() else f"after '{last.strip()[:60]}'")  # fmt: skip
+                         if first.isdecimal() else f"after '{last.strip()[:60]}'")  # fmt: skip
                 after = (
                     "the points it completed are kept, and a rerun resumes after them"
                     if per_point

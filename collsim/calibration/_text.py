@@ -276,7 +276,7 @@ class Scanner:
         if number is None or self.current is None or not fragment.strip():
             return start, host
         tokens = [*self.pending, *fragment.split()]
-        if not tokens[0].isdigit():
+        if not tokens[0].isdecimal():
             return start, host  # not a row: leave the host whole
         shape = split_row(tokens, self.current.columns)
         if shape is not None and len(tokens) >= shape[1]:
@@ -319,7 +319,7 @@ class Scanner:
             return
         section = self.current
         tokens = body.split()
-        if section is not None and not stripped.startswith("#") and tokens[0].isdigit():
+        if section is not None and not stripped.startswith("#") and tokens[0].isdecimal():
             self.start_row(tokens, lineno)
             return
         self.fact(body, lineno)
@@ -365,7 +365,7 @@ class Scanner:
         # a whole row of its own: the cut row's rest never came (checked before the noise test,
         # which once took such a row, words and all, for noise and dropped it)
         own = split_row(tokens, cols) if tokens else None
-        if own is not None and tokens[0].isdigit() and len(tokens) == own[1] and cols.tail:
+        if own is not None and tokens[0].isdecimal() and len(tokens) == own[1] and cols.tail:
             raise self.error(self.pending_line, "result row is cut short", " ".join(self.pending))
         words_allowed = len(self.pending) < 5  # the text columns may still be missing
         if not tokens or not all(

@@ -127,7 +127,7 @@ def check_env(env: dict[str, str]) -> None:
                     value=f"{key}={env[key]}",
                 )
     for key in ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS"):
-        if key in env and not (env[key].strip().isdigit() and int(env[key]) >= 1):
+        if key in env and not (env[key].strip().isdecimal() and int(env[key]) >= 1):
             raise CalibrationError("must be a positive integer", field="--nccl-env",
                                    value=f"{key}={env[key]}")  # fmt: skip
 

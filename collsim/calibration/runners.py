@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -444,7 +445,7 @@ def _run(
                     field="--nprocs",
                     value=cfg.nprocs,
                 )
-            short = _cut_short(cfg, log)
+            short = _cut_short(cfg, log, staged.read_text(encoding="utf-8", errors="replace"))
             if short:  # exited 0 all the same: not done, or a rerun would skip it
                 kept = keep_interrupted(staged) or staged
                 raise CalibrationError(
@@ -467,12 +468,19 @@ def _run(
     return logs
 
 
-def _cut_short(cfg: RunConfig, log: NcclTestsLog) -> str | None:
+_REDUCED = re.compile(r"Reducing maxBytes to (\d+)")
+
+
+def _cut_short(cfg: RunConfig, log: NcclTestsLog, text: str) -> str | None:
     """Why a table from a command that exited 0 is still not a whole measurement, or None: its
     rows stop short of the largest size asked for (more than nccl-tests' rounding of a size down
-    to whole elements of every rank), or it lacks the ``Avg bus bandwidth`` line nccl-tests
-    prints after the last size."""
-    asked = cfg.sizes()[-1]
+    to whole elements of every rank; nccl-tests' own ``Reducing maxBytes to N due to memory
+    limitation`` lowers that to the last size up to ``N``), or it lacks the ``Avg bus
+    bandwidth`` line nccl-tests prints after the last size."""
+    sizes = cfg.sizes()
+    asked = sizes[-1]
+    if reduced := _REDUCED.search(text):
+        asked = max((s for s in sizes if s <= int(reduced.group(1))), default=sizes[0])
     last = max((r.size_bytes for r in log.rows), default=0)
     why = []
     if last + 16 * log.ranks < asked:

@@ -184,8 +184,8 @@ def test_group_shapes_survive_a_freed_topologys_id_being_reused():
 def test_zero1_and_zero2_time_one_weight_all_gather_a_step():
     """Hand-timed ZeRO 0-2 without overlap on a 4-GPU ring: stage 0 is one all-reduce; stage 1
     a reduce-scatter of the gradients and one all-gather of the updated weights (its time was
-    counted twice); stage 2 reduce-scatters every micro-batch's gradients. Local SGD defers only
-    the reduction: the weights are gathered every step. The codec runs once per reduction."""
+    counted twice); stage 2 reduce-scatters every micro-batch's gradients. The codec runs once
+    per reduction."""
     topo = ring_topology(4)
     timer = make_timer("analytic", topo)
     gpus = ["g0", "g1", "g2", "g3"]
@@ -205,28 +205,34 @@ def test_zero1_and_zero2_time_one_weight_all_gather_a_step():
     two = run(2, micro=4)[0]
     assert two.details["micro_batches"] == 4
     assert two.breakdown["dp_comm"] == pytest.approx(4 * rs + ag)
-    local = run(1, sync={"mode": "local_sgd", "period": 4})[0]
-    assert local.breakdown["dp_comm"] == pytest.approx(rs / 4 + ag)
-    assert local.details["dp_bytes_per_gpu"] == pytest.approx(0.75 * (grads / 4 + weights))
     packed = run(2, micro=4, compression={"ratio": 4, "codec_gbps": 100})[0]
     assert packed.breakdown["compression"] == pytest.approx(4 * 2 * grads / 100e9)
 
 
-def test_local_sgd_waits_for_stragglers_at_its_averaging_step_only():
-    """Local SGD meets the other GPUs every k steps, by when each GPU's k step times have
-    averaged out: the wait is that of synchronous training with cv / sqrt(k) (same seed).
-    Async with staleness 0 is synchronous and waits like it; with staleness 1 it does not."""
-    topo = ring_topology(4)
+def test_replicas_meet_every_step_whatever_the_sync_mode():
+    """A replica's TP/PP GPUs wait for their slowest every step in every sync mode; only the
+    data-parallel replicas wait less: local SGD for the slowest replica's mean over k steps,
+    async for none (staleness 0 is synchronous). TP 2 x DP 4 on one DGX H100, cv 0.1."""
+    from collsim.analysis.dataparallel import expected_max_multiplier
+
+    topo = load_topology("dgx-h100", nodes=1)
     timer = make_timer("analytic", topo)
 
-    def wait(cv, **sync):
-        training = {"stragglers": {"cv": cv, "seed": 5}}
-        if sync:
-            training["sync"] = sync
-        res = StepModel(topo, timer).evaluate(workload_from_dict(generic(training=training)))
-        return res.breakdown["straggler_wait"]
+    def run(**sync):
+        training = {"stragglers": {"cv": 0.1, "seed": 5}, **({"sync": sync} if sync else {})}
+        data = gpt(global_batch=16, micro_batch=1, training=training, parallel={"tp": 2})
+        return StepModel(topo, timer).evaluate(workload_from_dict(data))
 
-    assert wait(0.1) > 0
-    assert wait(0.1, mode="local_sgd", period=4) == pytest.approx(wait(0.05))
-    assert wait(0.1, mode="async", staleness=0) == pytest.approx(wait(0.1))
-    assert wait(0.1, mode="async", staleness=1) == 0.0
+    sync = run()
+    work = sync.breakdown["compute"] + sync.breakdown["bubble"]
+    pair = expected_max_multiplier(2, 0.1, "lognormal", 5, 64) - 1  # the 2 TP GPUs
+    every = expected_max_multiplier(8, 0.1, "lognormal", 5, 64) - 1
+    assert sync.breakdown["straggler_wait"] == pytest.approx(every * work)
+    asyn = run(mode="async", staleness=1).breakdown["straggler_wait"]
+    assert asyn == pytest.approx(pair * work) and asyn > 0  # was 0: no one waited at all
+    assert run(mode="async", staleness=0).breakdown["straggler_wait"] == pytest.approx(
+        sync.breakdown["straggler_wait"]
+    )
+    local = run(mode="local_sgd", period=16).breakdown["straggler_wait"]
+    assert asyn < local < sync.breakdown["straggler_wait"]
+    assert run(mode="local_sgd", period=16).breakdown["straggler_wait"] == local  # seeded

@@ -68,27 +68,20 @@ def test_zero2_reduce_scatters_every_micro_batchs_gradients(node):
     assert run(2, 1).breakdown["dp_comm"] > 3 * run(1, 1).breakdown["dp_comm"]
 
 
-def test_local_sgd_does_not_amortise_zero3_weight_gathers(node):
-    """Every forward and backward needs its layers' weights gathered, whatever the sync period;
-    only the gradients' reduce-scatters can wait for the k-th step."""
+@pytest.mark.parametrize("parallel", [{"zero": 1}, {"zero": 3, "fsdp": True}, {"fsdp": True}])
+@pytest.mark.parametrize("sync", [{"mode": "local_sgd", "period": 4}, {"mode": "async"}])
+def test_replicas_stepping_on_their_own_cannot_shard_their_state(parallel, sync):
+    """Local SGD and async let each data-parallel replica step alone, but ZeRO shards the
+    optimizer over the replicas, which must then meet every step: refused, naming the field
+    (local SGD under ZeRO-1 was priced as a deferred reduce-scatter, meaningless)."""
+    from collsim.analysis.workload import WorkloadError
 
-    def run(**sync):
-        training = {"dp_overlap": False, "sync": sync} if sync else {"dp_overlap": False}
-        data = gpt(global_batch=16, micro_batch=2, training=training,
-                   parallel={"tp": 1, "pp": 1, "zero": 3, "fsdp": True})  # fmt: skip
-        return _evaluate(node, data)
-
-    every = run()
-    local = run(mode="local_sgd", period=4)
-    params = every.details["params_per_gpu"]
-    m, share = every.details["micro_batches"], 7 / 8
-    gathered = m * share * 2 * params * 2
-    reduced = m * share * params * 2
-    assert every.details["dp_bytes_per_gpu"] == pytest.approx(gathered + reduced)
-    assert local.details["dp_bytes_per_gpu"] == pytest.approx(gathered + reduced / 4)
-    comm = every.breakdown["dp_comm"]
-    assert comm / 4 < local.breakdown["dp_comm"] < comm
-    assert local.breakdown["dp_comm"] > 0.6 * comm  # the gathers (2/3 of the bytes) stay
+    data = gpt(parallel={"tp": 1, "pp": 1, **parallel}, training={"sync": sync})
+    with pytest.raises(WorkloadError) as err:
+        workload_from_dict(data)
+    assert err.value.field == "training" and "must then meet every step" in err.value.message
+    stale0 = {"sync": {"mode": "async", "staleness": 0}}  # synchronous: fine
+    workload_from_dict(gpt(parallel={"tp": 1, "pp": 1, **parallel}, training=stale0))
 
 
 def test_moe_activation_memory_grows_with_top_k():

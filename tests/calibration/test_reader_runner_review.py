@@ -101,6 +101,8 @@ def test_the_reference_document_reads_cleanly(write):
         ("config.devices", [1, 2], r"config\.devices\[0\]", "not a device object"),
         ("config.devices", "nodeA", r"config\.devices", "not a list of device objects"),
         ("config.ngpus", "x", r"config\.ngpus", "not a whole number"),
+        ("config.ngpus", "\u00b2", r"config\.ngpus", "not a whole number"),  # '2' superscript
+        ("config.ngpus", 1e30, r"config\.ngpus", "must be <= 1e\\+09"),
         ("config.nthreads", 0, r"config\.nthreads", "must be >= 1"),
         ("nccl_version", "two", "nccl_version", "not an NCCL version code"),
         ("nccl_version", [2, 27], "nccl_version", "not an NCCL version code"),
@@ -237,6 +239,24 @@ def test_a_table_cut_short_is_not_recorded_as_done(tmp_path, body, why):
     assert again.exit_code == 0, again.output
     assert "done in an earlier run" not in again.output
     assert (out / "logs" / "all_reduce.txt").exists()
+
+
+def test_a_run_nccl_tests_shortened_for_memory_is_whole(tmp_path):
+    """nccl-tests lowers -e to what the GPUs hold ("Reducing maxBytes to N due to memory
+    limitation") and exits 0 after its last size up to N: a whole run, recorded (it was refused
+    as cut short on every rerun). This bundled log asked for 16 GiB and stopped at 8 GiB."""
+    from collsim.calibration.dataset import DATA_DIR
+
+    shortened = DATA_DIR / "logs" / "a100pcie-extgpu-2gpu-all_reduce-1.txt"
+    assert "Reducing maxBytes to 12703629312" in shortened.read_text()
+    bins, out = _fake(tmp_path / "bin", "all_reduce", f"cat {shortened}\n"), tmp_path / "res"
+    result = _run(bins, out, "--nprocs", "2", "-e", "16G")
+    assert result.exit_code == 0, result.output
+    assert (out / "logs" / "all_reduce.txt").exists()
+    cut = _fake(bins, "all_reduce", f"awk '/^ *[0-9]+ +[0-9]+ /{{n++}} {{print}} n==10{{exit}}' "
+                                    f"{shortened}\n")  # fmt: skip
+    result = _run(cut, tmp_path / "res2", "--nprocs", "2", "-e", "16G")
+    assert result.exit_code == 2 and "of the 8589934592 B asked for" in result.output
 
 
 def test_a_crash_names_its_signal(tmp_path):
