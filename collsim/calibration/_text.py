@@ -232,6 +232,7 @@ class Scanner:
         self.current: Section | None = None  # the section whose table is open
         self.pending: list[str] = []
         self.pending_line = 0
+        self.pending_last = 0  # the last line that added to the pending row
         # facts seen outside any table, handed to the next section
         self.ctx = Section(columns=Columns(False, False, [], 0, False), header_line=0)
 
@@ -254,7 +255,11 @@ class Scanner:
                 else:
                     self.text(segment, lineno)
         if self.pending:
-            at_end = not any(line.strip() for line in lines[self.pending_line :])
+            at_end = not any(  # only blank, INFO or launcher-prefix lines after the row's last
+                seg.strip() and not _NCCL_MARKER.search(seg)
+                for line in lines[self.pending_last :]
+                for seg in clean_segments(line)
+            )
             raise self.error(
                 self.pending_line,
                 "result row is cut short (file ends inside it)"
@@ -356,7 +361,7 @@ class Scanner:
         if shape is not None and len(tokens) == shape[1]:
             self.current.rows.append(make_row(tokens, self.current.columns, lineno))
             return
-        self.pending, self.pending_line = tokens, lineno
+        self.pending, self.pending_line, self.pending_last = tokens, lineno, lineno
 
     def continue_row(self, tokens: list[str], lineno: int) -> None:
         """More tokens for a row that an INFO line (or a launcher prefix) cut in two."""
@@ -375,7 +380,7 @@ class Scanner:
         joined = self.pending + tokens
         shape = split_row(joined, cols)
         if shape is None or len(joined) < shape[1]:
-            self.pending = joined
+            self.pending, self.pending_last = joined, lineno
             return
         if len(joined) > shape[1]:
             raise self.error(self.pending_line, "result row is cut short", " ".join(self.pending))

@@ -118,8 +118,9 @@ def simulate(
         click.echo(f"# calibrated with {profile}")
         click.echo(
             f"# note: times are for {protocol} on {channels} channel(s), as asked; NCCL picks "
-            "the protocol and channels per size (`collsim tune --profile` shows which win "
-            "where; `collsim validate` compares NCCL's choices with measured logs)"
+            "the protocol and channels per size (`collsim validate` compares its choices with "
+            "measured logs; `collsim tune --profile` shows which of collsim's algorithms the "
+            "model finds fastest)"
         )
         doc = prof.doc
         if engine == "des" and (

@@ -27,18 +27,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
 
 from collsim.errors import CalibrationError
 from collsim.io import yaml_load
@@ -53,26 +45,27 @@ format 1 stored the floor of the measured calls whatever the GPUs per thread, so
 (refit: the logs say how many GPUs each thread drove)."""
 
 
+def _number(value: object) -> object:
+    """A number is a number: pydantic's lax mode would read ``true`` as 1 and ``'5'`` as 5."""
+    if isinstance(value, bool | str):
+        raise ValueError("expected a number")
+    return value
+
+
+Num = Annotated[float, BeforeValidator(_number)]
+Int = Annotated[int, BeforeValidator(_number)]
+
+
 class _Strict(BaseModel):
-    """Unknown keys are errors, and a number is a number: pydantic's lax mode would read
-    ``bandwidth_efficiency: true`` as 1.0 and ``base_latency_us: '5'`` as 5.0."""
+    """Unknown keys are errors (numbers are :data:`Num` / :data:`Int`, wherever they sit)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _numbers_are_numbers(cls, value: object, info: ValidationInfo) -> object:
-        field = cls.model_fields.get(info.field_name or "")
-        numeric = field is not None and field.annotation in (float, int, float | None)
-        if numeric and isinstance(value, bool | str):
-            raise ValueError("expected a number")
-        return value
 
 
 class TopologyRef(_Strict):
     name: str
-    nodes: int = Field(ge=1)
-    gpus_per_node: int = Field(ge=1)
+    nodes: Int = Field(ge=1)
+    gpus_per_node: Int = Field(ge=1)
     links: dict[str, str] | None = None
     """Fingerprints of the GPU model and of each kind of link's datasheet figures
     (:func:`link_fingerprint`): a kind's is the same at every scale of one system (a scale
@@ -99,16 +92,16 @@ def link_fingerprint(topology: Topology) -> dict[str, str]:
 
 
 class LinkClass(_Strict):
-    bandwidth_efficiency: float = Field(ge=0.001, le=10)
-    latency_scale: float = Field(ge=0, le=1000)
-    duplex_efficiency: float | None = Field(default=None, ge=0.5, le=1)
+    bandwidth_efficiency: Num = Field(ge=0.001, le=10)
+    latency_scale: Num = Field(ge=0, le=1000)
+    duplex_efficiency: Num | None = Field(default=None, ge=0.5, le=1)
     """Both directions together carry 2 x this x the rate (absent: full duplex)."""
 
 
 class Provenance(_Strict):
     logs: list[str]
     collectives: list[str]
-    ranks: list[int]
+    ranks: list[Int]
     method: str
     fitted: list[str]
     at_bounds: list[str] = []
@@ -117,9 +110,9 @@ class Provenance(_Strict):
 
 
 class FitError(_Strict):
-    mape: float = Field(ge=0)
-    median_mape: float = Field(ge=0)
-    per_log: dict[str, float]
+    mape: Num = Field(ge=0)
+    median_mape: Num = Field(ge=0)
+    per_log: dict[str, Num]
 
 
 class ProfileDoc(_Strict):
@@ -128,12 +121,12 @@ class ProfileDoc(_Strict):
     collsim_profile: Literal[2]
     topology: TopologyRef
     link_classes: dict[Literal["nvlink", "pci", "net"], LinkClass]
-    base_latency_us: float = Field(ge=0, le=1e6)
-    launch_floor_us: float = Field(default=0.0, ge=0, le=1e6)
-    p2p_op_us: float = Field(default=round(HOST_P2P_OP_S * 1e6, 4), ge=0, le=1e3)
+    base_latency_us: Num = Field(ge=0, le=1e6)
+    launch_floor_us: Num = Field(default=0.0, ge=0, le=1e6)
+    p2p_op_us: Num = Field(default=round(HOST_P2P_OP_S * 1e6, 4), ge=0, le=1e3)
     """Host cost per point-to-point operation a call enqueues (a priori, not fitted)."""
-    memory_efficiency: float = Field(default=1.0, ge=0.001, le=4)
-    size_efficiency: list[tuple[float, float]] = []
+    memory_efficiency: Num = Field(default=1.0, ge=0.001, le=4)
+    size_efficiency: list[tuple[Num, Num]] = []
     tree_correction: StrictBool = False
     """Whether tree all-reduces take NCCL's medium-size correction (fits since it existed do;
     files without the key were fitted without it)."""

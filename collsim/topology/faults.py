@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from collsim import units
 from collsim.errors import CollsimError, TopologyError
 from collsim.topology.spec import Device, Topology
+
+T = TypeVar("T")
 
 KINDS = ("link", "nic", "switch", "gpu", "background")
 PATTERNS = ("ring", "alltoall")
@@ -244,12 +247,10 @@ def apply_faults(topology: Topology, faults: Sequence[Fault]) -> Topology:
     topo = topology
     for fault in faults:  # validate every name against the healthy system first
         _resolve(topology, fault)
-    failed: set[tuple[str, str]] = set()
+    failed: list[Fault] = []
     for fault in (f for f in faults if f.fail):
-        if (fault.kind, fault.target) in failed:  # gone already: its name no longer resolves
-            raise fault.error("an earlier fault already failed it (given twice?)")
-        failed.add((fault.kind, fault.target))
-        topo = _fail(topo, fault)
+        topo = _after(failed, _fail, topo, fault)
+        failed.append(fault)
         try:
             check_connected(topo)
         except TopologyError:
@@ -266,7 +267,7 @@ def apply_faults(topology: Topology, faults: Sequence[Fault]) -> Topology:
         if fault.kind == "gpu":
             slow[fault.target] = slow.get(fault.target, 1.0) * (fault.slow or 1.0)
             continue
-        for i, direction in _resolve(topo, fault):
+        for i, direction in _after(failed, _resolve, topo, fault):
             bw[i][direction] *= fault.bw if fault.bw is not None else 1.0
             lat[i][direction] += fault.lat_s
     links = list(topo.links)
@@ -364,6 +365,20 @@ def _split_link(topo: Topology, fault: Fault) -> tuple[str, str, bool]:
         raise fault.error("a link is A-B (both directions) or A>B (one direction)", fault.text)
     bad = a if a not in names else b
     raise _unknown(fault, bad, names, "device")
+
+
+def _after(failed: list[Fault], apply: Callable[[Topology, Fault], T], topo: Topology,
+           fault: Fault) -> T:  # fmt: skip
+    """``apply(topo, fault)`` on the system the ``failed`` faults left. Every name resolved on the
+    healthy system, so one that no longer does was removed by them: say so (the lookup's own
+    "no switch named spine0; did you mean spine30?" misleads)."""
+    try:
+        return apply(topo, fault)
+    except TopologyError:
+        if not failed:
+            raise
+        gone = ", ".join(f.text for f in failed)
+        raise fault.error(f"what it names is gone: an earlier fault ({gone}) removed it") from None
 
 
 def _resolve(topo: Topology, fault: Fault) -> list[tuple[int, int]]:

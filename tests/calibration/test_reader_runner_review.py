@@ -197,6 +197,11 @@ def test_an_incomplete_row_not_at_the_end_is_not_called_the_files_end(write):
         read_log(path)
     with pytest.raises(CalibrationError, match=r"line 14': result row is cut short \(file ends"):
         read_log(write(text + "\n\n", "ends.txt"))
+    # a killed run: the row, an INFO line, more of the row, an INFO line, then the end
+    more = ROWS[1][60:70]
+    killed = text + f"\nnodeA:11:98 [0] NCCL INFO z\n{more}\nnodeA:11:97 [0] NCCL INFO w\n"
+    with pytest.raises(CalibrationError, match=r"line 14': result row is cut short \(file ends"):
+        read_log(write(killed, "killed.txt"))
 
 
 # --- the nccl-tests runner ---------------------------------------------------------------------
@@ -314,9 +319,19 @@ def test_an_endless_timeout_is_refused_in_one_line(tmp_path, value):
     assert ok.exit_code == 0, ok.output
 
 
-def test_settle_is_a_plain_call(tmp_path):
-    """``_settle`` was decorated as a context manager without a yield, yet called plainly."""
+def test_settle_brings_a_torch_runs_lagging_log_up_to_date(tmp_path):
+    """``_settle`` was decorated as a context manager without a yield (so it never ran); a run
+    killed between keeping a point and re-rendering its log leaves the log a row behind, which
+    the runner now brings up to date when it ends."""
     from collsim.calibration.runners import RunConfig, _settle
+    from tests.calibration.test_store import _filled, _row
 
-    cfg = RunConfig("torch", "local", 1, 1, ["all_reduce"], out=tmp_path)
-    assert _settle(cfg) is None
+    store = _filled(tmp_path, sizes=(1024, 2048))
+    log = tmp_path / "logs" / "all_reduce.txt"
+    lagging = log.read_text()
+    store.record_point("all_reduce", _row(4096))
+    log.write_text(lagging)  # as if killed before the render
+    assert _settle(RunConfig("nccl-tests", "local", 4, 1, ["all_reduce"], out=tmp_path)) is None
+    assert len(read_log(log, ranks=4).rows) == 2  # only a torch run's points are kept apart
+    _settle(RunConfig("torch", "local", 4, 1, ["all_reduce"], out=tmp_path))
+    assert [r.size_bytes for r in read_log(log, ranks=4).rows] == [1024, 2048, 4096]

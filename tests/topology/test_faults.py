@@ -335,11 +335,16 @@ def test_sweep_compares_healthy_and_faulty(tmp_path):
     assert rows[1][COLUMNS.index("faults")] == "nic:n1.nic0:bw=0.25"
 
 
-def test_a_failure_given_twice_says_so():
-    """The second copy looked its (removed) switch up again: 'no switch named spine0; did you
-    mean spine30?', for a name the user had spelled right."""
+@pytest.mark.parametrize(
+    "second",
+    ["switch:spine0:fail", "link:leaf0-spine0:fail", "link:leaf0-spine0:bw=0.5",
+     "link:spine0>leaf0:lat=+1us"],
+)  # fmt: skip
+def test_a_fault_on_what_an_earlier_failure_removed_says_so(second):
+    """The second fault looked up a switch (or its link) the first had removed: 'no switch
+    named spine0; did you mean spine30?', for a name the user had spelled right."""
     topo = load_topology("dgx-h100")
-    fault = parse_fault("switch:spine0:fail")
-    assert apply_faults(topo, [fault]) is not topo
-    with pytest.raises(TopologyError, match="earlier fault already failed it"):
-        apply_faults(topo, [fault, fault])
+    first = parse_fault("switch:spine0:fail")
+    assert apply_faults(topo, [first]) is not topo
+    with pytest.raises(TopologyError, match=r"gone: an earlier fault \(switch:spine0:fail\)"):
+        apply_faults(topo, [first, parse_fault(second)])
