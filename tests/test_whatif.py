@@ -123,10 +123,6 @@ def test_simulate_cli_table_json_and_trace(tmp_path):
         (["simulate", "all_reduce", "-t", "dgx-h100", "-b", "8X"], ["-b", "8X"]),
         (["simulate", "all_reduce", "-t", "dgx-h100", "-d", "float7"], ["dtype", "float7"]),
         (["simulate", "all_reduce", "-t", "dgx-h100", "--channels", "0"], ["channels", "0"]),
-        (
-            ["simulate", "sendrecv", "-t", "dgx-h100", "--nodes", "1", "--gpus-per-node", "1"],
-            ["2", "ranks"],
-        ),
     ],
 )
 def test_simulate_bad_input_is_one_line(args, words):

@@ -51,8 +51,12 @@ def step_report(r: StepResult, measured_s: float | None = None) -> str:
         f"{mem.reserve / 1e9:.1f}"
     )
     if r.details.get("straggler_max_multiplier", 1.0) > 1.0:
+        waits_for = {"async": "each replica's slowest GPU",  # whom the step waits for, per mode
+                     "local_sgd": "the slowest replica, averaged over the period"}  # fmt: skip
+        whom = waits_for.get(r.details.get("sync", ""), "the slowest GPU")
         lines.append(
-            f"stragglers: the slowest GPU is {r.details['straggler_max_multiplier']:.3f}x the mean "
+            f"stragglers: the step waits for {whom}, "
+            f"{r.details['straggler_max_multiplier']:.3f}x the mean "
             f"(expected wait {r.breakdown['straggler_wait']:.4g} s per step)"
         )
     if measured_s is not None:

@@ -357,7 +357,9 @@ class WorkloadIn(Strict):
     def _replicas_hold_their_state(cls, tr: TrainingIn, info: ValidationInfo) -> TrainingIn:
         par = info.data.get("parallel")
         zero = 0 if par is None else (3 if par.fsdp else par.zero)
-        deferred = tr.sync.mode == "local_sgd" or (tr.sync.mode == "async" and tr.sync.staleness)
+        deferred = (tr.sync.mode == "local_sgd" and tr.sync.period > 1) or (
+            tr.sync.mode == "async" and tr.sync.staleness > 0
+        )
         if zero and deferred:
             raise ValueError(
                 f"sync mode {tr.sync.mode} lets each data-parallel replica step on its own, but "

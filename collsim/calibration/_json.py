@@ -141,9 +141,9 @@ def _bad(message: str, file: str, name: str, value: Any) -> CalibrationError:
     return CalibrationError(message, file=file, field=name, value=value, has_value=True)
 
 
-MOST = 10**9
-"""No count in a header is larger (ranks, GPUs, threads, out-of-bounds values): 1e30 is not a
-rank count."""
+MOST = 2**31 - 1
+"""No count in a header is larger: nccl-tests prints them as C ints (ranks, GPUs, threads,
+out-of-bounds values); 1e30 is not a rank count."""
 
 
 def _whole(value: Any, file: str, name: str, least: int, what: str = "a whole number") -> int:
@@ -157,7 +157,7 @@ def _whole(value: Any, file: str, name: str, least: int, what: str = "a whole nu
     if value < least:
         raise _bad(f"must be >= {least}", file, name, value)
     if value > MOST:
-        raise _bad(f"must be <= {MOST:.0e}", file, name, value)
+        raise _bad(f"must be <= {MOST}", file, name, value)
     return value
 
 

@@ -191,3 +191,12 @@ def execute(
     atomic_write_text(out / f"{label}.stdout", "".join(stdout))
     said = "".join(e for e in err if e.strip() and "Warning" not in e)
     return status, "".join(stdout), said
+
+
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 (the torch rendezvous of a local run binds only there)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

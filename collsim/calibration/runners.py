@@ -29,7 +29,12 @@ from importlib import metadata
 from pathlib import Path
 
 from collsim import units
-from collsim.calibration._process import execute, failure_reason, keep_interrupted
+from collsim.calibration._process import (
+    execute,
+    failure_reason,
+    free_loopback_port,
+    keep_interrupted,
+)
 from collsim.calibration.nccltests import NcclTestsLog, read_log
 from collsim.calibration.store import MANIFEST, ResultStore
 from collsim.errors import CalibrationError, CollsimError
@@ -174,13 +179,6 @@ class Step:
     def shell(self) -> str:
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
         return (prefix + " " if prefix else "") + shlex.join(self.argv)
-
-
-def free_loopback_port() -> int:
-    """A TCP port free on 127.0.0.1 (the torch rendezvous of a local run binds only there)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _binary(cfg: RunConfig, collective: str) -> str:

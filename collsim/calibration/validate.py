@@ -97,7 +97,7 @@ class Validation:
             out.append(f"# note: {note}")
         for r in self.logs:
             nodes = plural(r.nodes, "node") if r.nodes else "? nodes"
-            out.append(f"# {r.file}: {r.collective} on {r.ranks} ranks ({nodes})")
+            out.append(f"# {r.file}: {r.collective} on {plural(r.ranks, 'rank')} ({nodes})")
             if points:
                 out.append(
                     f"#{'size':>13} {'meas us':>11} {'pred us':>11} {'meas busbw':>10} "

@@ -200,7 +200,7 @@ def read_cmd(
         return
     for log in parsed:
         click.echo(
-            f"# {log.file}: {log.collective} on {log.ranks} ranks "
+            f"# {log.file}: {log.collective} on {plural(log.ranks, 'rank')} "
             f"({plural(log.nodes, 'node') if log.nodes is not None else '? nodes'}), "
             f"GPU {log.gpu or '?'}, NCCL {log.nccl_version or '?'}, {log.layout} layout, "
             f"{log.gpus_per_thread} GPU(s) per host thread"

@@ -334,6 +334,13 @@ class NcclModel:
         ``floor`` changes nothing)."""
         from collsim.model.analytic import effective_bytes
 
+        if self.nranks == 1:
+            raise ScheduleError(
+                "NCCL's tuning model prices no single rank (NCCL copies the "
+                "buffer there): use --model collsim",
+                field="model",
+                value="nccl",
+            )
         proto = {p.lower(): p for p in PROTOS}.get(str(protocol).lower())
         if proto is None:
             raise ScheduleError("unknown protocol (choose from LL, LL128, Simple)",

@@ -13,7 +13,7 @@ _ROOTED = {"broadcast", "reduce"}
 def sweep_table(sweep: Sweep) -> str:
     """Header, one row per size (size, count, type, redop, root, time, algbw, busbw), average."""
     lines = [
-        f"# collsim: {sweep.collective} on {sweep.topology}: {sweep.ranks} ranks "
+        f"# collsim: {sweep.collective} on {sweep.topology}: {plural(sweep.ranks, 'rank')} "
         f"({plural(sweep.nodes, 'node')}), algorithm {sweep.algorithm}, protocol {sweep.protocol}, "
         f"{sweep.channels} channel(s)",
         "#",

@@ -280,7 +280,7 @@ def apply_faults(topology: Topology, faults: Sequence[Fault]) -> Topology:
     topo = dataclasses.replace(topo, links=tuple(links))
     background = [f for f in faults if f.kind == "background"]
     if background:
-        topo = _background(topo, background)
+        topo = _background(topo, background, failed)
     if slow:
         worst = max(slow.values())
         # Topology.gpu becomes the slowest GPU (what a synchronous step waits for); each GPU's
@@ -438,7 +438,7 @@ def _keep_shared(topo: Topology) -> Topology:
     return dataclasses.replace(topo, shared=tuple(shared))
 
 
-def _background(topo: Topology, faults: Sequence[Fault]) -> Topology:
+def _background(topo: Topology, faults: Sequence[Fault], failed: list[Fault]) -> Topology:
     """Subtract other jobs' load from link capacities (never below :data:`BACKGROUND_FLOOR`)."""
     from collsim.topology.graph import Network
 
@@ -447,7 +447,7 @@ def _background(topo: Topology, faults: Sequence[Fault]) -> Topology:
     for fault in faults:
         rate = fault.rate_bytes_per_s or 0.0
         if fault.target not in PATTERNS:
-            for i, direction in _resolve(topo, fault):
+            for i, direction in _after(failed, _resolve, topo, fault):
                 load[2 * i + direction] += rate
             continue
         gpus = [g.name for g in topo.gpus if g.node in fault.nodes]
@@ -489,16 +489,10 @@ def parse_cli_faults(texts: Iterable[str]) -> list[Fault]:
     return [parse_fault(t) for t in texts]
 
 
-def describe_faults(topo: Topology) -> str | None:
-    """The ``# faults: ...`` header line, or ``None`` for a healthy system."""
-    return f"# faults: {'; '.join(topo.faults)}" if topo.faults else None
-
-
 __all__ = [
     "BACKGROUND_FLOOR",
     "Fault",
     "apply_faults",
-    "describe_faults",
     "faults_from_file",
     "parse_cli_faults",
     "parse_fault",

@@ -47,10 +47,22 @@ def _device_kind(value: str) -> str:
     return value
 
 
-Rate = Annotated[float, _unit(units.parse_rate), Field(gt=0)]
-"""Bytes per second, strictly positive (``400Gbps``, ``50GB/s``)."""
-Time = Annotated[float, _unit(units.parse_time), Field(ge=0)]
-"""Seconds, not negative (``1.5us``)."""
+def _within(low: float, high: float, what: str) -> AfterValidator:
+    """A physical range: outside it a figure is a slip of the unit, whose times would
+    overflow or print 300 digits."""
+
+    def check(value: float) -> float:
+        if not low <= value <= high:
+            raise ValueError(f"must be from {what}")
+        return value
+
+    return AfterValidator(check)
+
+
+Rate = Annotated[float, _unit(units.parse_rate), Field(gt=0), _within(1e3, 1e16, "1kB/s to 10PB/s")]
+"""Bytes per second (``400Gbps``, ``50GB/s``), from 1 kB/s to 10 PB/s."""
+Time = Annotated[float, _unit(units.parse_time), Field(ge=0), _within(0.0, 10.0, "0 to 10s")]
+"""Seconds (``1.5us``), from 0 to 10 s."""
 Size = Annotated[int, _unit(units.parse_size), Field(gt=0)]
 """Bytes, strictly positive (``80GB``, ``80GiB``)."""
 LinkKind = Annotated[str, AfterValidator(_link_kind)]

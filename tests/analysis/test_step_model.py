@@ -236,3 +236,20 @@ def test_replicas_meet_every_step_whatever_the_sync_mode():
     local = run(mode="local_sgd", period=16).breakdown["straggler_wait"]
     assert asyn < local < sync.breakdown["straggler_wait"]
     assert run(mode="local_sgd", period=16).breakdown["straggler_wait"] == local  # seeded
+
+
+@pytest.mark.parametrize("distribution", ["lognormal", "normal"])
+def test_local_sgd_wait_is_the_slowest_replicas_mean_of_its_step_maxima(distribution):
+    """The closed-form draw of each step's replica maximum (the U^(1/p) quantile) equals brute
+    force: max over GPUs of a replica, mean over k steps, max over replicas."""
+    import numpy as np
+
+    from collsim.analysis.dataparallel import _local_sgd_multiplier, _multipliers
+
+    k, replicas, per_replica, cv, n = 8, 4, 3, 0.1, 20000
+    got = _local_sgd_multiplier(k, replicas, per_replica, cv, distribution, 1, n)
+    draws = _multipliers(np.random.default_rng(2), cv, distribution, (n, k, replicas, per_replica))
+    brute = draws.max(axis=3).mean(axis=1).max(axis=1).mean()
+    assert got == pytest.approx(brute, abs=1e-3)
+    swapped = draws.max(axis=3).max(axis=1).mean(axis=1).mean()  # the axes the other way round
+    assert abs(got - swapped) > 5e-3

@@ -338,7 +338,7 @@ def test_sweep_compares_healthy_and_faulty(tmp_path):
 @pytest.mark.parametrize(
     "second",
     ["switch:spine0:fail", "link:leaf0-spine0:fail", "link:leaf0-spine0:bw=0.5",
-     "link:spine0>leaf0:lat=+1us"],
+     "link:spine0>leaf0:lat=+1us", "background:leaf0-spine0:rate=100Gbps"],
 )  # fmt: skip
 def test_a_fault_on_what_an_earlier_failure_removed_says_so(second):
     """The second fault looked up a switch (or its link) the first had removed: 'no switch
