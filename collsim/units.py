@@ -82,14 +82,18 @@ def _split(text: str | int | float, what: str) -> tuple[float, str]:
     return value, unit
 
 
+MAX_SIZE_BYTES = 2**50
+"""1 PiB: no buffer, memory or checkpoint is larger; past 2^63 bytes sizes overflow int64."""
+
+
 def parse_size(text: str | int) -> int:
     """Bytes in ``text``: ``8``, ``1K`` (1024), ``8G`` (8 GiB), ``1GiB``, ``1GB`` (1e9)."""
     value, unit = _split(text, "size")
     if unit not in _SIZE_UNITS:
         raise UnitError(f"unknown size unit {unit!r} in {text!r} (use B, K, M, G, KiB, MB, ...)")
     size = value * _SIZE_UNITS[unit]
-    if not math.isfinite(size):
-        raise UnitError(f"size {text!r} is too large")
+    if not math.isfinite(size) or size > MAX_SIZE_BYTES:
+        raise UnitError(f"size {text!r} is too large (at most 1 PiB)")
     if size != int(size):
         raise UnitError(f"size {text!r} is not a whole number of bytes")
     return int(size)

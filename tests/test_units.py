@@ -77,7 +77,11 @@ def test_bad_times_quote_the_text(bad):
 @given(st.integers(min_value=0, max_value=2**50), st.sampled_from(["", "K", "M", "G"]))
 def test_size_roundtrip_with_suffixes(n, suffix):
     scale = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}[suffix]
-    assert units.parse_size(f"{n}{suffix}") == n * scale
+    if n * scale > units.MAX_SIZE_BYTES:
+        with pytest.raises(UnitError, match="too large"):
+            units.parse_size(f"{n}{suffix}")
+    else:
+        assert units.parse_size(f"{n}{suffix}") == n * scale
 
 
 @given(st.floats(min_value=1e-3, max_value=1e6, allow_nan=False))
@@ -106,3 +110,12 @@ def test_size_range_like_nccl_tests():
     assert units.size_range(8, 8, 2) == [8]
     with pytest.raises(UnitError, match="larger than"):
         units.size_range(1024, 8, 2)
+
+
+def test_a_size_past_a_pebibyte_is_refused():
+    """1e19 bytes overflowed int64 into a traceback (simulate, sweeps); 1e18 printed a time of
+    7.7e12 us. No buffer, memory or checkpoint is larger than 1 PiB."""
+    assert units.parse_size(f"{2**40}K") == 2**50
+    for text in ("1e19", f"{2**40 + 1}K", "1e30"):
+        with pytest.raises(UnitError, match="too large"):
+            units.parse_size(text)

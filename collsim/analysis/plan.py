@@ -46,6 +46,10 @@ Choices = Annotated[list[T], Field(min_length=1)]
 """Values to search: at least one (an empty list is an error, not "search nothing")."""
 
 
+def _is_file(name: str) -> bool:
+    return name.endswith((".yaml", ".yml"))
+
+
 def _listed(value: Any) -> Any:
     """One node count is a list of one (so ``nodes: 0`` reads as a bad count, not a bad list)."""
     return value if isinstance(value, list) else [value]
@@ -56,6 +60,11 @@ class ClusterIn(Strict):
     topology: str
     nodes: Annotated[Choices[Pos], BeforeValidator(_listed)]
     gpu_hour_usd: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+    @property
+    def label(self) -> str:
+        """Its name, else its topology's (a file's name without its folder)."""
+        return self.name or (Path(self.topology).name if _is_file(self.topology) else self.topology)
 
     def node_counts(self) -> list[int]:
         """The node counts to try, each once, smallest first."""
@@ -97,13 +106,18 @@ def load_candidates(path: str | os.PathLike[str]) -> CandidatesIn:
         raise WorkloadError(
             err.message, file=str(p), field=err.field, value=err.value, has_value=err.has_value
         ) from None
+    clusters = []
     for i, cl in enumerate(cand.clusters):  # a misspelt topology, named before any work
+        local = p.parent / cl.topology  # a file next to the candidates file, wherever one runs
+        if _is_file(cl.topology) and not Path(cl.topology).is_absolute() and local.is_file():
+            cl = cl.model_copy(update={"topology": str(local.resolve())})
         try:
             _topo_loader.resolve(cl.topology)
         except CollsimError as exc:
             raise WorkloadError(exc.message, file=str(p), field=f"clusters.{i}.topology",
                                 value=cl.topology) from None  # fmt: skip
-    return cand
+        clusters.append(cl)
+    return cand.model_copy(update={"clusters": clusters})
 
 
 @dataclass
@@ -280,11 +294,10 @@ def plan(
             if fitted.doc.topology.name != biggest.name:  # a profile is one system's
                 cluster_params = None
                 rejected.notes.append(
-                    f"{cl.name or cl.topology}: not calibrated (the profile is "
-                    f"{fitted.doc.topology.name}'s)"
+                    f"{cl.label}: not calibrated (the profile is {fitted.doc.topology.name}'s)"
                 )
             else:
-                rejected.notes += [f"{cl.name or cl.topology}: {note}"
+                rejected.notes += [f"{cl.label}: {note}"
                                    for note in fitted.check_topology(biggest)]  # fmt: skip
                 if engine == "des":
                     simulated = fitted.apply_to_topology(biggest)
@@ -298,7 +311,7 @@ def plan(
                 try:
                     res = model.evaluate(v, n)
                 except WorkloadError as exc:
-                    where = f"{cl.name or cl.topology} x {nodes}: {_label(v)}"
+                    where = f"{cl.label} x {nodes}: {_label(v)}"
                     rejected.invalid(where, exc.message)
                     continue
                 if not res.fits:
@@ -311,7 +324,7 @@ def plan(
                 fail = for_job(v, n, gpn, dp_step_time(res.step_time_s, n, gpn, replica))
                 found.append(
                     Option(
-                        cluster=cl.name or f"{cl.topology} x {nodes}",
+                        cluster=cl.name or f"{cl.label} x {nodes}",
                         topology=cl.topology,
                         nodes=nodes,
                         result=res,

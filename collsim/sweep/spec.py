@@ -320,8 +320,8 @@ def _resolve_file(name: str, base: Path | None) -> str:
     p = Path(name)
     if base is not None and not p.is_absolute() and (p.suffix in (".yaml", ".yml") or "/" in name):
         candidate = base / p
-        if candidate.exists():
-            return str(candidate)
+        if candidate.exists():  # absolute: a Dask worker may run in another folder
+            return str(candidate.resolve())
     return name
 
 

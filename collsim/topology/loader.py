@@ -186,12 +186,22 @@ def _sources(spec: BaseModel, prefix: str = "") -> dict[str, str]:
     return found
 
 
+MAX_GPUS = 1 << 20
+"""The largest system a template expands to (over 10x today's largest clusters)."""
+
+
 def _from_template(
     spec: TemplateIn, nodes: int | None, gpus_per_node: int | None, file: str | None
 ) -> Topology:
     n_nodes = nodes if nodes is not None else spec.nodes
     gpus = gpus_per_node if gpus_per_node is not None else spec.node.gpus
     fabric = spec.fabric
+    if n_nodes * gpus > MAX_GPUS:  # refused before building (a million nodes took minutes)
+        raise TopologyError(
+            f"{n_nodes} nodes x {gpus} GPUs is more than the {MAX_GPUS:,} GPUs collsim models",
+            field="--nodes" if nodes is not None else "nodes",
+            value=n_nodes,
+        )
 
     def build(fabric: FabricIn) -> Parts:
         parts = Parts()

@@ -161,3 +161,18 @@ def test_candidates_name_an_empty_or_bad_choice(tmp_path, cluster, search, field
     with pytest.raises(CollsimError) as err:
         load_candidates(path)
     assert err.value.field == field and message in err.value.message
+
+
+def test_a_candidates_topology_file_is_found_next_to_it(tmp_path, monkeypatch):
+    """A relative topology file in a candidates file is looked up beside it (as a sweep spec's
+    are), not in whatever folder plan runs from; the cluster is labelled by the file's name."""
+    from collsim.analysis.plan import load_candidates
+    from collsim.topology.loader import resolve
+
+    (tmp_path / "mine.yaml").write_text(resolve("dgx-h100").read_text())
+    doc = {"clusters": [{"topology": "mine.yaml", "nodes": 1, "gpu_hour_usd": 2}]}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(doc))
+    monkeypatch.chdir(tmp_path.parent)
+    (cluster,) = load_candidates(tmp_path / "c.yaml").clusters
+    assert cluster.topology == str((tmp_path / "mine.yaml").resolve())
+    assert cluster.label == "mine.yaml"

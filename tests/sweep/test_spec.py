@@ -106,3 +106,17 @@ def test_two_files_naming_one_topology_are_refused(tmp_path):
     with pytest.raises(SweepError, match=r"as topologies\.0 does"):
         spec_from_dict({"topologies": ["a.yaml", "b.yaml"], "collectives": ["all_reduce"],
                         "sizes": ["1M"]}, base=tmp_path)  # fmt: skip
+
+
+def test_a_topology_file_named_relative_to_the_spec_is_found_from_anywhere(tmp_path, monkeypatch):
+    """A Dask worker runs in its own folder: a spec's relative file name, kept relative, was
+    looked up there (not found, or another file of that name hashed to an unknown task)."""
+    from collsim.sweep.spec import spec_from_dict
+    from collsim.topology.loader import resolve
+
+    (tmp_path / "mine.yaml").write_text(resolve("dgx-h100").read_text())
+    monkeypatch.chdir(tmp_path.parent)
+    doc = {"topologies": ["mine.yaml"], "collectives": ["all_reduce"], "sizes": ["1M"]}
+    spec = spec_from_dict(doc, base=tmp_path.relative_to(tmp_path.parent))
+    paths = {task.topology_path for task in spec.tasks}
+    assert paths == {str((tmp_path / "mine.yaml").resolve())}

@@ -188,3 +188,13 @@ def test_nodes_that_even_three_tiers_cannot_hold_name_the_flag():
     with pytest.raises(TopologyError) as info:
         topology_from_dict(doc, nodes=100)  # radix 4: 3 tiers hold 4 pods of 2 leaves of 2
     assert info.value.field == "--nodes" and "even 3 tiers of radix 4" in info.value.message
+
+
+def test_a_system_past_a_million_gpus_is_refused_before_it_is_built():
+    """``--nodes 1000000`` built every node before the fabric's capacity check (minutes)."""
+    from collsim.errors import TopologyError
+    from collsim.topology.loader import MAX_GPUS, load_topology
+
+    with pytest.raises(TopologyError, match="more than the 1,048,576 GPUs") as err:
+        load_topology("dgx-h100", nodes=MAX_GPUS // 8 + 1)
+    assert err.value.field == "--nodes"
