@@ -149,12 +149,16 @@ def parse_spec(what: str, spec: str) -> Distribution:
             values.append(_number(what, text, sigma, time=False))
         if values[0] < 0 or (kind == "lognormal" and values[1] < 0):
             raise _bad(what, text, "must be >= 0")
+        if values[0] > 3600 or (kind == "lognormal" and values[1] > 10):
+            raise _bad(what, text, "too large (a skew of at most 1 h, a sigma of at most 10)")
     else:
         values = [_number(what, text, parts[0], time=False)]
         if kind == "lognormal" and values[0] < 0:
             raise _bad(what, text, "sigma must be >= 0")
         if kind != "lognormal" and values[0] < 1:
             raise _bad(what, text, "a slowdown factor must be >= 1")
+        if values[0] > (10 if kind == "lognormal" else 1e6):
+            raise _bad(what, text, "too large (a factor of at most 1e6, a sigma of at most 10)")
     return Distribution(what, kind, tuple(values), rank, text)
 
 

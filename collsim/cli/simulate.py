@@ -128,10 +128,12 @@ def simulate(
             or doc.tree_correction
         ):  # fmt: skip
             click.echo(
-                f"# note: the discrete-event engine takes the profile's links only; its base "
-                f"latency ({doc.base_latency_us:g} us), launch floor ({doc.launch_floor_us:g} us "
-                f"per launch, {doc.p2p_op_us:g} us per point-to-point operation), size "
-                "factors and NCCL's tree correction apply with --engine analytic"
+                f"# note: the discrete-event engine takes the profile's link rates and link "
+                f"latencies only; its base latency ({doc.base_latency_us:g} us), launch floor "
+                f"({doc.launch_floor_us:g} us per launch, {doc.p2p_op_us:g} us per "
+                "point-to-point operation), latency scales of NCCL's per-hop protocol latencies, "
+                "size factors and NCCL's tree correction apply with --engine analytic, so the "
+                "two engines differ most at small sizes"
             )
     else:
         whatif = WhatIf(topo)

@@ -198,6 +198,9 @@ def test_specs_parse(what, spec, kind, params) -> None:
         ("slowdown", "one:0.5"),
         ("slowdown", "uniform:nan"),
         ("slowdown", "lognormal:-0.1"),
+        ("skew", "one:1e300"),  # these printed 200-digit times
+        ("slowdown", "one:1e300"),
+        ("skew", "lognormal:5us,1e300"),
     ],
 )
 def test_bad_specs_are_one_line_errors(what, spec) -> None:
