@@ -81,6 +81,17 @@ class ResultStore:
                 )
         doc.setdefault("points", {})
         doc.setdefault("preambles", {})
+        points = doc["points"]
+        bad = (
+            [points] if not isinstance(points, dict)
+            else [k for k, e in points.items() if not isinstance(e, dict)
+                  or not isinstance(e.get("file"), str) or not isinstance(e.get("sha256"), str)]
+        )  # fmt: skip
+        if bad:  # hand-edited: every entry names its file and checksum
+            raise CalibrationError(
+                "a manifest entry is not {file, sha256, ...}; move the directory aside",
+                file=path, field="points", value=bad[0],
+            )  # fmt: skip
         doc["identity"] = {**theirs, **self.identity}
         self.manifest = doc
 

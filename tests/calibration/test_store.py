@@ -91,3 +91,16 @@ def test_a_different_run_is_refused(tmp_path):
     (tmp_path / "manifest.json").write_text("{ not json")
     with pytest.raises(CalibrationError, match="unreadable manifest"):
         ResultStore(tmp_path, IDENTITY)
+
+
+@pytest.mark.parametrize("points", [{"x": 5}, [1, 2], {"x": {"file": 3, "sha256": "ab"}}])
+def test_a_hand_edited_manifest_entry_is_a_one_line_error(tmp_path, points):
+    """``{"points": {"x": 5}}`` was a TypeError traceback on the next run."""
+    _filled(tmp_path, sizes=(1024,))
+    manifest = tmp_path / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    doc["points"] = points
+    manifest.write_text(json.dumps(doc))
+    with pytest.raises(CalibrationError, match="manifest entry") as err:
+        ResultStore(tmp_path, IDENTITY)
+    assert err.value.field == "points"
