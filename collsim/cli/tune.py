@@ -52,6 +52,7 @@ def tune(
     xGMI, ICI; compute capability 7.0/8.0/9.0).
     """
     from collsim import units
+    from collsim.analysis.metrics import busbw_gbps
     from collsim.io import atomic_write_text
     from collsim.model.tuner import Tuner, ranges
     from collsim.topology.loader import load_topology
@@ -88,8 +89,10 @@ def tune(
         f"speed-up vs {base.algorithm}/{base.protocol}/{base.channels}ch"
     )
     click.echo(
-        f"{'from':>10} {'to':>10}  {'algorithm':<13}{'protocol':<9}{'channels':>8}  speed-up"
+        f"{'from':>10} {'to':>10}  {'algorithm':<13}{'protocol':<9}{'channels':>8}  "
+        f"{'time (us)':>21}  {'busbw at to':>11}  speed-up"
     )
+    best_s = dict(zip(result.sizes_bytes.tolist(), result.best_s.tolist(), strict=True))
     for span in spans:
         c = span.choice
         speed = (
@@ -97,9 +100,12 @@ def tune(
             if abs(span.speedup_max - span.speedup_min) < 5e-3
             else f"{span.speedup_min:.2f}-{span.speedup_max:.2f}x"
         )
+        lo_s, hi_s = best_s[span.lo_bytes], best_s[span.hi_bytes]
+        busbw = busbw_gbps(collective, topo.n_gpus, span.hi_bytes, hi_s) if hi_s > 0 else 0.0
         click.echo(
             f"{units.format_size(span.lo_bytes):>10} {units.format_size(span.hi_bytes):>10}  "
-            f"{c.algorithm:<13}{c.protocol:<9}{c.channels:>8}  {speed}"
+            f"{c.algorithm:<13}{c.protocol:<9}{c.channels:>8}  "
+            f"{f'{lo_s * 1e6:.4g}-{hi_s * 1e6:.4g}':>21}  {busbw:>6.2f} GB/s  {speed}"
         )
     if json_file:
         doc = {

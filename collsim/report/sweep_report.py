@@ -296,6 +296,7 @@ def _measured_section(coll: list[dict[str, str]], measured: list[dict[str, str]]
     them would not measure the model), and is left out if it has none."""
     optional = ("topology", "nodes", "algorithm")
     pairs = []
+    unpicked = 0  # rows that match several algorithms' points but no ``auto`` one
     for m in measured:
         t = _f(m, "time_us")
         if t is None:
@@ -308,10 +309,15 @@ def _measured_section(coll: list[dict[str, str]], measured: list[dict[str, str]]
         ]  # fmt: skip
         if not m.get("algorithm") and len({r["algorithm"] for r in found}) > 1:
             found = [r for r in found if r["algorithm"] == "auto"]
+            unpicked += not found
         pairs += [(t, _f(r, "time_us"), r["algorithm"]) for r in found]
     blocks: list[Block] = [("h2", "Predicted vs measured")]
     if not pairs:
-        return [*blocks, ("p", "No measured point matches a predicted one.")]
+        why = ""
+        if unpicked:
+            why = (f" ({unpicked} measured row(s) name no algorithm and the sweep ran several "
+                   "without `auto`: give the algorithm, or add `auto` to the sweep)")  # fmt: skip
+        return [*blocks, ("p", f"No measured point matches a predicted one{why}.")]
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.5, 5))
     for algo, items in _groups([{"a": p[2], "i": str(i)} for i, p in enumerate(pairs)],

@@ -68,15 +68,21 @@ def code_version() -> str:
     return f"{version}+{digest.hexdigest()[:12]}"
 
 
-def _store(root: Path):  # type: ignore[no-untyped-def]
-    from collsim.calibration.store import ResultStore
-
+def _check_folder(root: Path) -> None:
+    """A folder holding anything else is not ours to write in (checked before the lock, whose
+    file would be left in it)."""
     ours = {"spec.json", POINTS, "parts", ".lock"}  # what a run writes before its first record
     if (root.exists() and not (root / "manifest.json").exists()
             and any(p.name not in ours for p in root.iterdir())):  # fmt: skip
         raise SweepError(
             "exists and is not a sweep results directory; use another -o", file=str(root)
         )
+
+
+def _store(root: Path):  # type: ignore[no-untyped-def]
+    from collsim.calibration.store import ResultStore
+
+    _check_folder(root)
     try:
         store = ResultStore(root, {"kind": "collsim-sweep"})
     except CollsimError as exc:
@@ -246,6 +252,7 @@ def run_sweep(
     if executor == "dask" and not scheduler:
         raise SweepError("--executor dask needs --scheduler tcp://HOST:PORT", field="--scheduler")
     root = Path(output)
+    _check_folder(root)
     with directory_lock(root, "sweep", "--output", SweepError):
         return _run(spec, root, executor, jobs, scheduler, progress)
 

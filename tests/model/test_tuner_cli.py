@@ -178,3 +178,20 @@ def test_a_chunk_the_pipeline_must_coarsen_is_noted():
     as_ring = [a if a != "tree" else "ring" for a in args]
     ring = runner.invoke(cli, [*as_ring, "--chunk-bytes", "4K"])
     assert ring.exit_code == 0 and "may be larger" not in ring.output  # rings do not pipeline
+
+
+def test_tune_prints_each_ranges_times_and_busbw(tmp_path):
+    """Comparing clusters needed the JSON: each range now shows its time at both ends and the
+    bus bandwidth at its largest size, the same numbers the JSON's points hold."""
+    import json
+
+    out = tmp_path / "t.json"
+    result = runner.invoke(cli, ["tune", "all_reduce", "-t", "dgx-h100", "--nodes", "2",
+                                 "-b", "1G", "-e", "1G", "--json", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (point,) = json.loads(out.read_text())["points"]
+    row = next(line for line in result.output.splitlines() if line.strip().startswith("1G"))
+    t_us = point["time_us"]
+    assert f"{t_us:.4g}-{t_us:.4g}" in row
+    busbw = 2 * 15 / 16 * 2**30 / (t_us * 1e-6) / 1e9
+    assert f"{busbw:.2f} GB/s" in row

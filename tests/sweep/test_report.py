@@ -66,3 +66,18 @@ def test_measured_rows_must_be_numbers_and_big_sweeps_say_what_is_not_plotted(
         main(["report", str(tmp_path / "res"), "-o", str(tmp_path / "r2")])
     md = (tmp_path / "r2" / "report.md").read_text()
     assert "more cases not plotted (the first 1 are" in md
+
+
+def test_unpicked_measured_rows_say_why_nothing_matched(tmp_path):
+    """Rows without an algorithm matched several algorithms' points and were dropped because
+    the sweep had no ``auto``: the report said only that nothing matched."""
+    from collsim.report.sweep_report import _measured_section
+
+    coll = [{"collective": "all_reduce", "size_bytes": "1024", "bytes": "1024", "error": "",
+             "algorithm": a, "time_us": "10", "topology": "t", "nodes": "1"}
+            for a in ("ring", "tree")]  # fmt: skip
+    measured = [{"collective": "all_reduce", "size_bytes": "1024", "time_us": "12"}]
+    blocks = _measured_section(coll, measured, tmp_path)
+    assert "1 measured row(s) name no algorithm" in blocks[-1][1]
+    measured[0]["algorithm"] = "ring"
+    assert "No measured point" not in str(_measured_section(coll, measured, tmp_path))

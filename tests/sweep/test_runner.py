@@ -115,6 +115,7 @@ def test_not_a_results_directory(spec_file, tmp_path):
     (tmp_path / "other" / "file.txt").write_text("x")
     with pytest.raises(SweepError, match="not a sweep results directory"):
         run_sweep(load_spec(spec_file()), tmp_path / "other", jobs=1)
+    assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["file.txt"]  # no .lock
 
 
 def test_another_spec_into_the_same_folder_warns(spec_file, tmp_path, capsys):
