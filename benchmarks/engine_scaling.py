@@ -152,8 +152,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="only the 64 and 256 GPU cases")
     parser.add_argument("--case", nargs=2, metavar=("ALGORITHM", "GPUS"), help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, default=ROOT / "reports")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="report folder (default reports/; with --quick, none unless given: "
+                        "a partial run must not replace the full report)")  # fmt: skip
     args = parser.parse_args()
+    if args.out is None and not args.quick:
+        args.out = ROOT / "reports"
     if args.case:
         print(json.dumps(run_case(args.case[0], int(args.case[1]))))
         return
@@ -173,6 +177,9 @@ def main() -> None:
             flush=True,
         )
         rows.append(row)
+    if args.out is None:
+        print("--quick: no report written (give --out to write one)")
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     write_report(rows, args.out)
     print(f"wrote {args.out / 'engine_scaling.md'}")
