@@ -6,10 +6,11 @@ and a 1 GiB hierarchical all_reduce on 16,384 GPUs [<= 60 s]; peak memory [<= 2 
 growing linearly with transfers.
 
 Each case runs in a fresh process so that its peak memory (ru_maxrss) is its own. Writes
-``reports/engine_scaling.md`` and ``reports/engine_scaling.png``.
+``reports/engine_scaling.md`` and ``reports/engine_scaling.png`` (``--out`` another folder).
 
-    python benchmarks/engine_scaling.py            # all cases
-    python benchmarks/engine_scaling.py --quick    # 64 and 256 GPUs only
+    python benchmarks/engine_scaling.py                        # all cases, into reports/
+    python benchmarks/engine_scaling.py --quick                # 64 and 256 GPUs, printed only
+    python benchmarks/engine_scaling.py --quick --out /tmp/es  # and their report there
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def write_report(rows: list[dict], out_dir: Path) -> None:
         "",
         f"Machine: {platform.processor() or platform.machine()}, "
         f"{__import__('os').cpu_count()} cores, Python {platform.python_version()}. "
-        "Command: `python benchmarks/engine_scaling.py`.",
+        f"Command: `{' '.join(['python benchmarks/engine_scaling.py', *sys.argv[1:]])}`.",
         "",
         "1 GiB all_reduce (float), DGX-H100 nodes (8 GPUs, NVSwitch, 8x400G NDR) on a 3-tier "
         "fat-tree of radix-64 switches, Simple protocol, 1 channel. Each case in a fresh process.",

@@ -93,7 +93,7 @@ def parse_size(text: str | int) -> int:
         raise UnitError(f"unknown size unit {unit!r} in {text!r} (use B, K, M, G, KiB, MB, ...)")
     size = value * _SIZE_UNITS[unit]
     if not math.isfinite(size) or size > MAX_SIZE_BYTES:
-        raise UnitError(f"size {text!r} is too large (at most 1 PiB)")
+        raise UnitError(f"size {text!r} is too large (at most 1024T, 1 PiB)")
     if size != int(size):
         raise UnitError(f"size {text!r} is not a whole number of bytes")
     return int(size)

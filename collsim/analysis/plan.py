@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BeforeValidator, Field, ValidationError
+from pydantic import BeforeValidator, Field, PrivateAttr, ValidationError
 
 from collsim.analysis.comm import make_timer
 from collsim.analysis.resilience import dp_step_time, for_job
@@ -61,10 +61,18 @@ class ClusterIn(Strict):
     nodes: Annotated[Choices[Pos], BeforeValidator(_listed)]
     gpu_hour_usd: Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
+    _path: str | None = PrivateAttr(default=None)
+    """Where its topology file is, found beside the candidates file (:func:`load_candidates`)."""
+
     @property
     def label(self) -> str:
-        """Its name, else its topology's (a file's name without its folder)."""
-        return self.name or (Path(self.topology).name if _is_file(self.topology) else self.topology)
+        """Its name, else its topology as the candidates file writes it."""
+        return self.name or self.topology
+
+    @property
+    def source(self) -> str:
+        """What to load: the file found beside the candidates file, else the name as written."""
+        return self._path or self.topology
 
     def node_counts(self) -> list[int]:
         """The node counts to try, each once, smallest first."""
@@ -106,18 +114,16 @@ def load_candidates(path: str | os.PathLike[str]) -> CandidatesIn:
         raise WorkloadError(
             err.message, file=str(p), field=err.field, value=err.value, has_value=err.has_value
         ) from None
-    clusters = []
     for i, cl in enumerate(cand.clusters):  # a misspelt topology, named before any work
         local = p.parent / cl.topology  # a file next to the candidates file, wherever one runs
         if _is_file(cl.topology) and not Path(cl.topology).is_absolute() and local.is_file():
-            cl = cl.model_copy(update={"topology": str(local.resolve())})
+            cl._path = str(local.resolve())
         try:
-            _topo_loader.resolve(cl.topology)
+            _topo_loader.resolve(cl.source)
         except CollsimError as exc:
             raise WorkloadError(exc.message, file=str(p), field=f"clusters.{i}.topology",
                                 value=cl.topology) from None  # fmt: skip
-        clusters.append(cl)
-    return cand.model_copy(update={"clusters": clusters})
+    return cand
 
 
 @dataclass
@@ -288,7 +294,7 @@ def plan(
         fitted = load_profile(profile)
     for cl in cand.clusters:
         node_counts = cl.node_counts()
-        biggest = load_topology(cl.topology, nodes=max(node_counts))
+        biggest = load_topology(cl.source, nodes=max(node_counts))
         simulated, cluster_params = None, params
         if fitted is not None:
             if fitted.doc.topology.name != biggest.name:  # a profile is one system's
@@ -325,7 +331,7 @@ def plan(
                 found.append(
                     Option(
                         cluster=cl.name or f"{cl.label} x {nodes}",
-                        topology=cl.topology,
+                        topology=cl.source,
                         nodes=nodes,
                         result=res,
                         hours=hours,

@@ -87,9 +87,15 @@ class ResultStore:
             else [k for k, e in points.items() if not isinstance(e, dict)
                   or not isinstance(e.get("file"), str) or not isinstance(e.get("sha256"), str)]
         )  # fmt: skip
-        if bad:  # hand-edited: every entry names its file and checksum
+        preambles = doc["preambles"]
+        if not isinstance(preambles, dict) or not all(
+            isinstance(v, list) and all(isinstance(x, str) for x in v) for v in preambles.values()
+        ):
+            bad = bad or [preambles]
+        if bad:  # hand-edited: every entry names its file and checksum, a preamble its lines
             raise CalibrationError(
-                "a manifest entry is not {file, sha256, ...}; move the directory aside",
+                "a manifest entry is not {file, sha256, ...} (or a preamble not a list of "
+                "lines): edited by hand? move the directory aside",
                 file=path, field="points", value=bad[0],
             )  # fmt: skip
         doc["identity"] = {**theirs, **self.identity}

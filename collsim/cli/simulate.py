@@ -128,8 +128,9 @@ def simulate(
             or doc.tree_correction
         ):  # fmt: skip
             click.echo(
-                f"# note: the discrete-event engine takes the profile's link rates and link "
-                f"latencies only; its base latency ({doc.base_latency_us:g} us), launch floor "
+                f"# note: the discrete-event engine takes the profile's links only (rates, "
+                f"latencies, duplex, switch forwarding latencies); its base latency "
+                f"({doc.base_latency_us:g} us), launch floor "
                 f"({doc.launch_floor_us:g} us per launch, {doc.p2p_op_us:g} us per "
                 "point-to-point operation), latency scales of NCCL's per-hop protocol latencies, "
                 "size factors and NCCL's tree correction apply with --engine analytic, so the "

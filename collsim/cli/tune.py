@@ -105,7 +105,7 @@ def tune(
         click.echo(
             f"{units.format_size(span.lo_bytes):>10} {units.format_size(span.hi_bytes):>10}  "
             f"{c.algorithm:<13}{c.protocol:<9}{c.channels:>8}  "
-            f"{f'{lo_s * 1e6:.4g}-{hi_s * 1e6:.4g}':>21}  {busbw:>6.2f} GB/s  {speed}"
+            f"{f'{lo_s * 1e6:.4g}..{hi_s * 1e6:.4g}':>21}  {busbw:>6.2f} GB/s  {speed}"
         )
     if json_file:
         doc = {

@@ -318,10 +318,11 @@ def _check_collectives(spec: SweepIn, file: str | None) -> None:
 def _resolve_file(name: str, base: Path | None) -> str:
     """A relative path in a spec is relative to the spec's folder (catalog names are kept)."""
     p = Path(name)
-    if base is not None and not p.is_absolute() and (p.suffix in (".yaml", ".yml") or "/" in name):
-        candidate = base / p
-        if candidate.exists():  # absolute: a Dask worker may run in another folder
-            return str(candidate.resolve())
+    if p.suffix in (".yaml", ".yml") or "/" in name:  # absolute: a Dask worker runs elsewhere
+        if base is not None and not p.is_absolute() and (base / p).exists():
+            return str((base / p).resolve())
+        if p.exists():
+            return str(p.resolve())
     return name
 
 

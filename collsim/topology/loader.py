@@ -197,10 +197,13 @@ def _from_template(
     gpus = gpus_per_node if gpus_per_node is not None else spec.node.gpus
     fabric = spec.fabric
     if n_nodes * gpus > MAX_GPUS:  # refused before building (a million nodes took minutes)
+        flag, value = ("--nodes", n_nodes) if nodes is not None else ("nodes", n_nodes)
+        if gpus_per_node is not None and (nodes is None or gpus >= n_nodes):
+            flag, value = "--gpus-per-node", gpus  # the override that pushed it over
         raise TopologyError(
             f"{n_nodes} nodes x {gpus} GPUs is more than the {MAX_GPUS:,} GPUs collsim models",
-            field="--nodes" if nodes is not None else "nodes",
-            value=n_nodes,
+            field=flag,
+            value=value,
         )
 
     def build(fabric: FabricIn) -> Parts:

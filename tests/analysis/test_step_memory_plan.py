@@ -165,7 +165,7 @@ def test_candidates_name_an_empty_or_bad_choice(tmp_path, cluster, search, field
 
 def test_a_candidates_topology_file_is_found_next_to_it(tmp_path, monkeypatch):
     """A relative topology file in a candidates file is looked up beside it (as a sweep spec's
-    are), not in whatever folder plan runs from; the cluster is labelled by the file's name."""
+    are), not in whatever folder plan runs from; the cluster keeps the name as written."""
     from collsim.analysis.plan import load_candidates
     from collsim.topology.loader import resolve
 
@@ -174,5 +174,5 @@ def test_a_candidates_topology_file_is_found_next_to_it(tmp_path, monkeypatch):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(doc))
     monkeypatch.chdir(tmp_path.parent)
     (cluster,) = load_candidates(tmp_path / "c.yaml").clusters
-    assert cluster.topology == str((tmp_path / "mine.yaml").resolve())
-    assert cluster.label == "mine.yaml"
+    assert cluster.source == str((tmp_path / "mine.yaml").resolve())
+    assert cluster.label == cluster.topology == "mine.yaml"

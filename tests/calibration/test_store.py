@@ -93,13 +93,18 @@ def test_a_different_run_is_refused(tmp_path):
         ResultStore(tmp_path, IDENTITY)
 
 
-@pytest.mark.parametrize("points", [{"x": 5}, [1, 2], {"x": {"file": 3, "sha256": "ab"}}])
-def test_a_hand_edited_manifest_entry_is_a_one_line_error(tmp_path, points):
-    """``{"points": {"x": 5}}`` was a TypeError traceback on the next run."""
+@pytest.mark.parametrize(
+    "edit",
+    [{"points": {"x": 5}}, {"points": [1, 2]}, {"points": {"x": {"file": 3, "sha256": "ab"}}},
+     {"preambles": []}, {"preambles": {"all_reduce": "# one line"}}],
+)  # fmt: skip
+def test_a_hand_edited_manifest_entry_is_a_one_line_error(tmp_path, edit):
+    """``{"points": {"x": 5}}`` was a TypeError traceback on the next run, ``"preambles": []``
+    an AttributeError when the log was rendered."""
     _filled(tmp_path, sizes=(1024,))
     manifest = tmp_path / "manifest.json"
     doc = json.loads(manifest.read_text())
-    doc["points"] = points
+    doc.update(edit)
     manifest.write_text(json.dumps(doc))
     with pytest.raises(CalibrationError, match="manifest entry") as err:
         ResultStore(tmp_path, IDENTITY)

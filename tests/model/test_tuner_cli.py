@@ -192,6 +192,6 @@ def test_tune_prints_each_ranges_times_and_busbw(tmp_path):
     (point,) = json.loads(out.read_text())["points"]
     row = next(line for line in result.output.splitlines() if line.strip().startswith("1G"))
     t_us = point["time_us"]
-    assert f"{t_us:.4g}-{t_us:.4g}" in row
+    assert f"{t_us:.4g}..{t_us:.4g}" in row
     busbw = 2 * 15 / 16 * 2**30 / (t_us * 1e-6) / 1e9
     assert f"{busbw:.2f} GB/s" in row
