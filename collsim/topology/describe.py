@@ -48,7 +48,8 @@ def describe(topo: Topology) -> dict[str, Any]:
             if key in entry:
                 entry[key] = sorted(entry[key])
     reducing = sorted({d.kind for d in topo.devices if d.in_network_reduction})
-    affinity = net.nic_affinity()
+    # node 0's GPUs only (what is shown): every GPU's took 16 of 20 s on 1024 DGX nodes
+    affinity = {g.name: net.nics_of(g.name) for g in topo.gpus if g.name.startswith("n0.")}
     return {
         "name": topo.name,
         "description": topo.description,
@@ -85,7 +86,7 @@ def describe(topo: Topology) -> dict[str, Any]:
         "bisection_bandwidth_gbps": units.to_gbps(net.bisection_bandwidth_bytes_per_s()),
         "diameter_hops": net.diameter_hops(),
         "in_network_reduction": reducing,
-        "gpu_nic_affinity": {g: nics for g, nics in affinity.items() if g.startswith("n0.")},
+        "gpu_nic_affinity": affinity,
         **({"faults": list(topo.faults)} if topo.faults else {}),
     }
 
