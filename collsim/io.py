@@ -157,3 +157,16 @@ def directory_lock(
                 f"another {what} is writing to this directory", field=flag, value=str(out)
             ) from None
         yield  # closing the file releases the lock
+
+
+def beside(name: str, base: Path | None) -> str:
+    """A file named in another file (a sweep spec, a candidates file) is looked up in that
+    file's folder ``base`` first, then the working folder, and given as an absolute path (a Dask
+    worker runs elsewhere); catalog names are kept."""
+    p = Path(name)
+    if p.suffix in (".yaml", ".yml") or "/" in name:
+        if base is not None and not p.is_absolute() and (base / p).exists():
+            return str((base / p).resolve())
+        if p.exists():
+            return str(p.resolve())
+    return name

@@ -84,11 +84,11 @@ def _local_sgd_multiplier(
 
     rng = np.random.default_rng(seed)
     total = np.zeros((samples, replicas))
+    sigma = math.sqrt(math.log1p(cv * cv))  # the lognormal's
     for _ in range(k):
         u = rng.random((samples, replicas))
         z = -ndtri(-np.expm1(np.log(u) / per_replica))  # the standard normal quantile U^(1/p)
         if distribution == "lognormal":
-            sigma = math.sqrt(math.log1p(cv * cv))
             total += np.exp(sigma * z - sigma * sigma / 2)
         else:
             total += np.maximum(1.0 + cv * z, 0.05)

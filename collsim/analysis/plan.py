@@ -36,6 +36,7 @@ from collsim.analysis.resilience import dp_step_time, for_job
 from collsim.analysis.step import StepModel, StepResult
 from collsim.analysis.workload import WorkloadError, WorkloadIn, parse_count, with_changes
 from collsim.errors import CollsimError
+from collsim.io import beside
 from collsim.topology import loader as _topo_loader
 from collsim.topology.loader import load_topology
 from collsim.topology.schema import Strict
@@ -44,10 +45,6 @@ Pos = Annotated[int, Field(ge=1)]
 T = TypeVar("T")
 Choices = Annotated[list[T], Field(min_length=1)]
 """Values to search: at least one (an empty list is an error, not "search nothing")."""
-
-
-def _is_file(name: str) -> bool:
-    return name.endswith((".yaml", ".yml"))
 
 
 def _listed(value: Any) -> Any:
@@ -115,9 +112,8 @@ def load_candidates(path: str | os.PathLike[str]) -> CandidatesIn:
             err.message, file=str(p), field=err.field, value=err.value, has_value=err.has_value
         ) from None
     for i, cl in enumerate(cand.clusters):  # a misspelt topology, named before any work
-        local = p.parent / cl.topology  # a file next to the candidates file, wherever one runs
-        if _is_file(cl.topology) and not Path(cl.topology).is_absolute() and local.is_file():
-            cl._path = str(local.resolve())
+        found = beside(cl.topology, p.parent)  # wherever plan runs
+        cl._path = found if found != cl.topology else None
         try:
             _topo_loader.resolve(cl.source)
         except CollsimError as exc:

@@ -179,6 +179,25 @@ def nccl_env(items: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def whatif_for(topo: Any, profile: str | None, engine: str, model: str) -> tuple[Any, Any]:
+    """(the ``WhatIf`` of ``topo``, its loaded profile or None): under ``profile`` where given,
+    printing its notes (``simulate`` and ``tune`` share this). NCCL's model takes none."""
+    from collsim.whatif import WhatIf
+
+    if not profile:
+        return WhatIf(topo), None
+    from collsim.model.profile import load_profile, whatif_with_profile
+
+    if engine == "analytic" and model == "nccl":
+        raise CollsimError("NCCL's model takes no profile", field="--profile", value=profile)
+    prof = load_profile(profile)
+    for note in prof.check_topology(topo):
+        click.echo(f"# note: {note}")
+    whatif = whatif_with_profile(topo, prof, engine)
+    click.echo(f"# calibrated with {profile}")
+    return whatif, prof
+
+
 def size_option(flag: str, text: str) -> int:
     """Parse a size given to ``flag``; a bad one names the flag."""
     from collsim import units

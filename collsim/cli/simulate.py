@@ -16,6 +16,7 @@ from collsim.cli.base import (
     run_options,
     show_progress,
     size_option,
+    whatif_for,
 )
 from collsim.collectives.common import MAX_CHUNKS, PIPELINE_FILL
 from collsim.collectives.registry import COLLECTIVES
@@ -91,7 +92,6 @@ def simulate(
     from collsim.io import atomic_write_text
     from collsim.report.nccl_table import bottleneck_table, sweep_table
     from collsim.topology.loader import load_topology
-    from collsim.whatif import WhatIf
 
     refuse_overwriting_inputs([topology, profile], json=json_file, trace=trace)
     try:
@@ -106,16 +106,8 @@ def simulate(
     topo = load_topology(topology, nodes=nodes, gpus_per_node=gpus_per_node, faults=faults)
     if topo.faults:
         click.echo(f"# faults: {'; '.join(topo.faults)}")
-    if profile:
-        from collsim.model.profile import load_profile, whatif_with_profile
-
-        if engine == "analytic" and model == "nccl":
-            raise CollsimError("NCCL's model takes no profile", field="--profile", value=profile)
-        prof = load_profile(profile)
-        for note in prof.check_topology(topo):
-            click.echo(f"# note: {note}")
-        whatif = whatif_with_profile(topo, prof, engine)
-        click.echo(f"# calibrated with {profile}")
+    whatif, prof = whatif_for(topo, profile, engine, model)
+    if prof is not None:
         click.echo(
             f"# note: times are for {protocol} on {channels} channel(s), as asked; NCCL picks "
             "the protocol and channels per size (`collsim validate` compares its choices with "
@@ -136,8 +128,6 @@ def simulate(
                 "size factors and NCCL's tree correction apply with --engine analytic, so the "
                 "two engines differ most at small sizes"
             )
-    else:
-        whatif = WhatIf(topo)
     pipelined = algorithm in ("tree", "chain", "in_network") or (
         algorithm == "auto" and collective in ("all_reduce", "broadcast", "reduce")
     )

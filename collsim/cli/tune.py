@@ -6,7 +6,7 @@ import json
 
 import click
 
-from collsim.cli.base import cli, refuse_overwriting_inputs, size_option
+from collsim.cli.base import cli, refuse_overwriting_inputs, size_option, whatif_for
 from collsim.collectives.registry import COLLECTIVES
 from collsim.errors import CollsimError
 from collsim.report.tables import plural
@@ -56,7 +56,7 @@ def tune(
     from collsim.io import atomic_write_text
     from collsim.model.tuner import Tuner, ranges
     from collsim.topology.loader import load_topology
-    from collsim.whatif import WhatIf, dtype_bytes
+    from collsim.whatif import dtype_bytes
 
     refuse_overwriting_inputs([topology, profile], json=json_file)
     try:
@@ -66,18 +66,7 @@ def tune(
     except CollsimError as exc:
         raise (exc if exc.field else exc.located(field="-b/-e/-f")) from None
     topo = load_topology(topology, nodes=nodes, gpus_per_node=gpus_per_node)
-    if profile:
-        from collsim.model.profile import load_profile, whatif_with_profile
-
-        if model != "collsim":
-            raise CollsimError("NCCL's model takes no profile", field="--profile", value=profile)
-        prof = load_profile(profile)
-        for note in prof.check_topology(topo):
-            click.echo(f"# note: {note}")
-        whatif = whatif_with_profile(topo, prof, "analytic")
-        click.echo(f"# calibrated with {profile}")
-    else:
-        whatif = WhatIf(topo)
+    whatif, _ = whatif_for(topo, profile, "analytic", model)
     cost = whatif.cost_model(model)
     result = Tuner(cost).tune(collective, sizes, elem_bytes=dtype_bytes(datatype))
     spans = ranges(result)

@@ -315,29 +315,19 @@ def _check_collectives(spec: SweepIn, file: str | None) -> None:
         raise _fail(exc.message, file, field, getattr(spec, field)) from None
 
 
-def _resolve_file(name: str, base: Path | None) -> str:
-    """A relative path in a spec is relative to the spec's folder (catalog names are kept)."""
-    p = Path(name)
-    if p.suffix in (".yaml", ".yml") or "/" in name:  # absolute: a Dask worker runs elsewhere
-        if base is not None and not p.is_absolute() and (base / p).exists():
-            return str((base / p).resolve())
-        if p.exists():
-            return str(p.resolve())
-    return name
-
-
 def _topologies(
     spec: SweepIn, file: str | None, base: Path | None
 ) -> list[tuple[str, str, Any, tuple[str, ...]]]:
     """(label, file, topology, faults) of every topology x node count x fault scenario, checked
     by loading each one. A faulty scenario's label is ``NAME [FAULT; ...]``."""
+    from collsim.io import beside
     from collsim.topology.loader import load_topology, resolve
 
     out = []
     named: dict[str, tuple[int, str]] = {}  # rows carry the topology's name: one file per name
     for i, name in enumerate(spec.topologies):
         try:
-            path = str(resolve(_resolve_file(name, base)))
+            path = str(resolve(beside(name, base)))
         except CollsimError as exc:
             raise _fail(exc.message, file, f"topologies.{i}", name) from None
         for j, nodes in enumerate(spec.nodes or [None]):  # type: ignore[list-item]
@@ -417,13 +407,14 @@ def _algorithms(requested: tuple[str, ...], collective: str, topo: Any) -> tuple
 def _step_tasks(spec: SweepIn, file: str | None, base: Path | None) -> list[Task]:
     from collsim.analysis.workload import load_workload
     from collsim.analysis.workload import resolve as resolve_workload
+    from collsim.io import beside
 
     if spec.steps is None:
         return []
     workloads = []
     for i, name in enumerate(spec.steps.workloads):
         try:
-            path = str(resolve_workload(_resolve_file(name, base)))
+            path = str(resolve_workload(beside(name, base)))
             w = load_workload(path)
         except CollsimError as exc:
             raise _fail(exc.message, file, f"steps.workloads.{i}", name) from None
