@@ -111,9 +111,20 @@ def resolve_layout(w: WorkloadIn, n_gpus: int) -> Layout:
         )
     v = par.virtual_stages if par.schedule == "interleaved" else 1
     model = w.model
-    if model.layers < par.pp * v:
+    # Interleaved, the first model chunk may hold only the embedding and the last only the
+    # output layer and loss: Llama 3 405B ran 126 layers as 16 x 8 = 128 chunks (Dubey et al.
+    # 2024, section 3.3.2). Stage totals are the same (stage_layer_counts), so only this check
+    # changes.
+    empty = min(2, par.pp) if v > 1 else 0
+    if model.layers < par.pp * v - empty:
         raise WorkloadError(
-            f"{model.layers} layers cannot fill pp x virtual_stages = {par.pp * v} stages",
+            f"{model.layers} layers cannot fill pp x virtual_stages = {par.pp * v} stages"
+            + (
+                f" (at least {par.pp * v - empty}: only the first and last chunk may hold no "
+                "layer, the embedding and the loss)"
+                if empty
+                else ""
+            ),
             field="parallel.pp",
             value=par.pp,
         )
@@ -133,7 +144,8 @@ def resolve_layout(w: WorkloadIn, n_gpus: int) -> Layout:
     m = w.global_batch // (dp * w.micro_batch)
     if v > 1 and m % par.pp:
         raise WorkloadError(  # Megatron-LM's interleaved schedule runs micro-batches in groups of p
-            f"the interleaved schedule needs micro-batches per replica ({m}) divisible by pp",
+            f"the interleaved schedule (virtual_stages {v}) needs micro-batches per replica "
+            f"({m} = global_batch / (dp x micro_batch)) divisible by pp ({par.pp})",
             field="parallel.virtual_stages",
             value=v,
         )

@@ -34,7 +34,7 @@ def dgx():
         # one micro-batch cannot be interleaved over 4 stages (Megatron-LM: m % p == 0)
         ({"global_batch": 2, "micro_batch": 1,
           "parallel": {"pp": 4, "dp": 1, "schedule": "interleaved", "virtual_stages": 2}},
-         "parallel.virtual_stages", "divisible by pp"),
+         "parallel.virtual_stages", "divisible by pp (4)"),
         ({"model": {**MOE}, "parallel": {"ep": 16}}, "parallel.ep", "experts (8)"),
         ({"model": {**MOE, "heads": 16, "kv_heads": 4}, "parallel": {"tp": 8}},
          "parallel.tp", "4 key/value heads"),
@@ -44,6 +44,22 @@ def test_layouts_megatron_cannot_run_are_errors(dgx, changes, field, words):
     with pytest.raises(WorkloadError) as err:
         _evaluate(dgx, gpt(**changes), 4 if changes["parallel"].get("dp") == 1 else None)
     assert err.value.field == field and words in str(err.value)
+
+
+def test_interleaved_first_and_last_chunks_may_hold_only_embedding_and_loss(dgx):
+    """Llama 3 405B: 126 layers in 16 x 8 chunks, the first chunk only the embedding, the last
+    only the loss (Dubey et al. 2024, 3.3.2). Scaled down: 14 layers in 4 x 4 chunks runs, with
+    one layer fewer on the first and last stages; 13 would leave a middle chunk empty."""
+    inter = {"pp": 4, "dp": 1, "schedule": "interleaved", "virtual_stages": 4}
+    w = gpt(model={"layers": 14}, global_batch=8, micro_batch=1, parallel=inter)
+    r = _evaluate(dgx, w, 4)
+    assert r.step_time_s > 0
+    with pytest.raises(WorkloadError) as err:
+        _evaluate(dgx, gpt(model={"layers": 13}, global_batch=8, micro_batch=1, parallel=inter), 4)
+    assert err.value.field == "parallel.pp" and "at least 14" in str(err.value)
+    with pytest.raises(WorkloadError):  # not interleaved: every stage holds a layer
+        _evaluate(dgx, gpt(model={"layers": 3}, global_batch=8, micro_batch=1,
+                           parallel={"pp": 4, "dp": 1}), 4)  # fmt: skip
 
 
 def test_an_interleaved_pipeline_is_never_faster_than_its_micro_batches_allow(dgx):
