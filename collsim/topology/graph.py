@@ -29,6 +29,7 @@ from scipy.sparse.csgraph import dijkstra, maximum_flow
 
 from collsim.errors import TopologyError
 from collsim.topology.routing import (
+    BALANCED_KINDS,
     DijkstraRouter,
     Graph,
     Route,
@@ -144,6 +145,9 @@ class Network:
             cost=np.array([link_cost(b) for b in nominal], dtype=np.float64),
             n_vertices=self.n_vertices,
             key=self._vertex_keys(),
+            names=[d.name for d in self.devices],
+            # InfiniBand and EFA do not hash flows onto links (collsim.topology.routing)
+            by_destination=np.array([lk.kind in BALANCED_KINDS for lk in links for _ in range(2)]),
         )
         self._generic = DijkstraRouter(self.graph)
         server = np.array([-1 if d.node is None else d.node for d in self.devices], dtype=np.int64)

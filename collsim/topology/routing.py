@@ -13,12 +13,35 @@ ECMP: among equal-cost next hops a splitmix64 hash of (source, destination, hop)
 routes are the same on every run and machine and flows still spread over parallel switches. The
 hash and the order of the candidates are taken from the devices' *names* (:func:`name_key`), not
 their positions in the topology file, so listing the same devices or links in another order gives
-the same routes.
+the same routes. Hashing flows is what Ethernet (RoCE) switches do, and two flows that hash onto
+one uplink share it (Gangidi et al., "RDMA over Ethernet for Distributed AI Training at Meta
+Scale", SIGCOMM 2024, section 5: ECMP collisions; hence NCCL's several queue pairs per connection).
+
+InfiniBand does not hash: a switch forwards by destination only (its linear forwarding table
+maps each destination LID to one port), and the subnet manager fills the tables of a fat tree so
+that destinations spread evenly over the up-links, D-mod-k: at the i-th hop with several
+equal-cost candidates (on a fat tree, the up-going ones) the destination's index ``d`` picks
+candidate ``(d / (k_1 ... k_(i-1))) mod k_i`` (OpenSM's ftree
+engine; Zahavi et al., "Optimized InfiniBand fat-tree routing for shift all-to-all communication
+patterns", Concurrency and Computation 2010). Destinations under one leaf then come down distinct
+links, and the shift permutations a ring makes cross a non-blocking fat tree without collisions.
+Across InfiniBand switches the fabric walk does that (:class:`ServerFabricRouter`): ``d`` is the
+destination's edge switch (in natural name order) times its ports, plus its port there, and
+candidates are taken in natural name order (``agg3`` before ``agg10``), which the builders give
+in wiring order (:mod:`collsim.topology.builders`). AWS EFA takes the same balanced routes: its
+SRD transport sprays each flow's packets over many paths (Shalev et al., "A Cloud-Optimized
+Transport Protocol for Elastic and Scalable HPC", IEEE Micro 2020), so flows do not pile up on one
+uplink either; a flow-level model cannot spray, and spreading destinations evenly is the nearest
+single-path equivalent. Where a fat tree is only partly used (a job on some nodes of a leaf, a
+ring wrapping from the last leaf to the first), D-mod-k can still put two flows on one uplink, as
+it does on a real fabric without adaptive routing. Systems the fabric walk cannot route (servers
+linked to each other directly, GPUs that forward) take :class:`DijkstraRouter`, which hashes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -27,6 +50,9 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import dijkstra
 
 from collsim.errors import TopologyError
+
+BALANCED_KINDS = frozenset({"infiniband", "efa"})
+"""Link kinds whose switches spread destinations evenly (D-mod-k) instead of hashing flows."""
 
 _MASK64 = (1 << 64) - 1
 
@@ -87,6 +113,8 @@ class Graph:
     cost: np.ndarray  # directed link -> integer routing cost (as float)
     n_vertices: int
     key: list[int]  # vertex -> name_key of its device (an out-twin: of the name + "#out")
+    names: list[str] | None = None  # device -> name (for D-mod-k's natural order)
+    by_destination: np.ndarray | None = None  # directed link -> forwards by destination (IB)
 
 
 def _csr(
@@ -104,6 +132,23 @@ def _csr(
     return mat, order
 
 
+def natural_key(name: str) -> tuple[object, ...]:
+    """Sort key of a name with its numbers compared as numbers (``agg3`` before ``agg10``), the
+    name itself last so that names equal as numbers (``leaf01``, ``leaf1``) still differ."""
+    parts = re.split(r"(\d+)", name)
+    return (*(int(p) if i % 2 else p for i, p in enumerate(parts)), name)
+
+
+@dataclass(frozen=True)
+class DestinationRouting:
+    """D-mod-k on one fabric walk (see the module docstring): the destination's index, which
+    directed links forward by destination (InfiniBand), and each vertex's natural-name rank."""
+
+    index: int
+    by_destination: np.ndarray
+    rank: np.ndarray
+
+
 def _walk(
     start: int,
     goal: int,
@@ -113,13 +158,16 @@ def _walk(
     salt: tuple[int, int],
     key: list[int],
     ordered: bool = False,
+    dest: DestinationRouting | None = None,
 ) -> list[int]:
-    """Links from ``start`` to ``goal`` following equal-cost next hops (hashed choice);
-    ``key`` gives each vertex of ``fwd`` its device's name key (``ordered``: the vertex ids
-    already follow the keys, so the candidates need no sorting)."""
+    """Links from ``start`` to ``goal`` following equal-cost next hops (hashed choice, or D-mod-k
+    where ``dest`` says the links forward by destination); ``key`` gives each vertex of ``fwd``
+    its device's name key (``ordered``: the vertex ids already follow the keys, so the candidates
+    need no sorting)."""
     indptr, indices, data = fwd.indptr, fwd.indices, fwd.data
     hops: list[int] = []
     cur = start
+    stride = 1
     while cur != goal:
         lo, hi = indptr[cur], indptr[cur + 1]
         nbrs = indices[lo:hi]
@@ -128,6 +176,10 @@ def _walk(
             raise TopologyError("routing found no next hop", field="links")
         if len(ok) == 1:
             pick = int(ok[0])
+        elif dest is not None and bool(dest.by_destination[link_of[lo + ok]].all()):
+            ranked = ok[np.argsort(dest.rank[nbrs[ok]], kind="stable")]
+            pick = int(ranked[(dest.index // stride) % len(ranked)])
+            stride *= len(ranked)
         elif ordered:
             pick = int(ok[mix(*salt, key[cur]) % len(ok)])
         else:
@@ -195,6 +247,7 @@ class ServerFabricRouter:
         )
         self._fab_link = fabric_links[order]
         self._fab_key = [graph.key[d] for d in self.fabric_devices]
+        self._dmodk = self._destination_tables(tail_srv, head_srv, fabric_links)
         self._fab_dist: np.ndarray | None = None
         self._between: dict[tuple[int, int], np.ndarray] = {}
         # Links of each server's region: inside the server, or between it and the fabric.
@@ -203,6 +256,35 @@ class ServerFabricRouter:
         self._regions: dict[int, _Region] = {}
         self._src_search: dict[int, tuple[_Region, np.ndarray]] = {}
         self._dst_search: dict[int, tuple[_Region, np.ndarray]] = {}
+
+    def _destination_tables(
+        self, tail_srv: np.ndarray, head_srv: np.ndarray, fabric_links: np.ndarray
+    ) -> tuple[np.ndarray, dict[int, int]] | None:
+        """For D-mod-k, where some fabric links are InfiniBand: each fabric device's rank in
+        natural name order, and each link from an edge switch down to a server's device with
+        that destination's index (the switch's rank among edge switches x the most ports any
+        has, plus the port's rank among its own)."""
+        graph = self.graph
+        ib = graph.by_destination
+        if graph.names is None or ib is None or not ib[fabric_links].any():
+            return None
+        names = graph.names
+        order = sorted(range(len(self.fabric_devices)),
+                       key=lambda i: natural_key(names[self.fabric_devices[i]]))  # fmt: skip
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order))
+        down = np.flatnonzero((tail_srv < 0) & (head_srv >= 0))
+        tails = self._device_of_vertex(graph.link_tail[down])
+        ports: dict[int, list[int]] = {}
+        for link, sw in zip(down.tolist(), tails.tolist(), strict=True):
+            ports.setdefault(sw, []).append(link)
+        width = max((len(v) for v in ports.values()), default=1)
+        index: dict[int, int] = {}
+        for e, sw in enumerate(sorted(ports, key=lambda s: natural_key(names[s]))):
+            links = sorted(ports[sw], key=lambda k: natural_key(names[graph.link_head[k]]))
+            for p, k in enumerate(links):
+                index[k] = e * width + p
+        return rank, index
 
     @staticmethod
     def usable(graph: Graph, server: np.ndarray, gpu_forwards: np.ndarray) -> bool:
@@ -263,6 +345,12 @@ class ServerFabricRouter:
         i, j = cand[mix(*salt, -1) % len(cand)]
         exit_dev, entry_dev = int(exits[i]), int(entries[j])
         head = src_region.path_back(src, exit_dev, src_dist, salt)
+        tail = dst_region.path_forward(entry_dev, dst, dst_dist, salt)
+        dest = None
+        if self._dmodk is not None and tail:
+            rank, index = self._dmodk
+            assert self.graph.by_destination is not None
+            dest = DestinationRouting(index[tail[0]], self.graph.by_destination, rank)
         goal = self._fabric_local[entry_dev]
         middle = _walk(
             int(self._fabric_local[exit_dev]),
@@ -273,8 +361,8 @@ class ServerFabricRouter:
             salt,
             self._fab_key,
             ordered=True,
+            dest=dest,
         )
-        tail = dst_region.path_forward(entry_dev, dst, dst_dist, salt)
         return head + middle + tail
 
     def _from_source(self, src: int) -> tuple[_Region, np.ndarray]:

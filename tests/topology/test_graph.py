@@ -46,6 +46,52 @@ def test_ecmp_spreads_flows_over_spines():
     assert all(name.startswith("spine") for name in spines)
 
 
+def _rail_shift_load(kind: str) -> int:
+    """Most flows on one fabric link when GPU i of every node sends to GPU i of the next node
+    (a ring's node-to-node hops), on 8 nodes of 4 GPUs under radix-8 leaves (4 down, 4 spines)."""
+    doc = template(
+        nodes=8, gpus=4, nics={"count": 4, "link": {"kind": kind, "bandwidth": "200Gbps"}}
+    )
+    net = Network(topology_from_dict(doc))
+    load: dict[str, int] = {}
+    for node in range(8):
+        for i in range(4):
+            route = net.route(f"n{node}.gpu{i}", f"n{(node + 1) % 8}.gpu{i}")
+            for k in route.links:
+                name = net.link_names[k]
+                if "spine" in name:
+                    load[name] = load.get(name, 0) + 1
+    return max(load.values())
+
+
+def test_infiniband_routes_by_destination_without_collisions():
+    """InfiniBand forwards by destination, its subnet manager spreading destinations over the
+    up-links (D-mod-k): the shift a ring makes between nodes crosses the non-blocking fabric one
+    flow per link. Ethernet hashes flows (ECMP), and some up-link carries two of them."""
+    assert _rail_shift_load("infiniband") == 1
+    assert _rail_shift_load("efa") == 1
+    assert _rail_shift_load("roce") >= 2
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus", "node_rate"),
+    [("h100-4gpu-ib", 4, 100e9), ("p5", 8, 400e9), ("selene", 8, 200e9)],
+)
+def test_ring_keeps_the_nic_rate_across_the_fabric(name, gpus, node_rate):
+    """A ring all-reduce's bus bandwidth is the node's NIC rate on 16 nodes, as on 2: snellius-
+    like nodes (4 x 200G InfiniBand, 2-tier fat tree, 8 nodes a leaf) and p5 (32 x 100G EFA)
+    route by destination; hashed routes had halved both (two flows on an up-link). Selene's
+    rail-optimized leaves keep each rail's ring traffic on one leaf (a plain fat tree of 2.5
+    servers a leaf had halved it at 8 and 48 nodes)."""
+    from collsim.analysis.comm import make_timer
+
+    for nodes in (2, 8, 16, 48) if name == "selene" else (2, 16):
+        topo = load_topology(name, nodes=nodes)
+        size, n = 8 * 2**30, gpus * nodes
+        t = make_timer("analytic", topo).time_s("all_reduce", Network(topo).gpu_names, size, "ring")
+        assert size / t * 2 * (n - 1) / n == pytest.approx(node_rate, rel=0.02)
+
+
 def test_latency_sums_links_and_switches(net):
     route = net.route("n0.gpu0", "n3.gpu0")
     # gpu -pcie(0.5us)- nic -ib- leaf(0.1us) -ib- spine(0.1us) -ib- leaf(0.1us) -ib- nic -pcie- gpu
