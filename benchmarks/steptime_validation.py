@@ -129,7 +129,11 @@ def main() -> None:
         "",
         f"One parameter is calibrated: the GEMM efficiency, on **{v.calibration_run}** "
         f"(GPT 175B, 64 A100s, TP8 PP8 v3, SP + selective recompute, 13.75 s): "
-        f"**{v.efficiency:.4f}**. Every other run is predicted with that value on the `selene` "
+        f"**{v.efficiency:.4f}** of the GPU's best matmul rate (the A100's measured 271.2 of "
+        f"312 BF16 TFLOP/s, so {v.efficiency * 271.2 / 312:.3f} of its peak; the split lets "
+        "the value carry to GPUs that reach a different fraction of their peak, "
+        "`docs/topology-format.md`, `matmul_tflops`). Every other run is predicted with that "
+        "value on the `selene` "
         "topology (DGX A100 80GB, 8x HDR200 IB, 3-tier rail-optimized fat tree) sized to the "
         "run's GPU count. "
         "Errors are (predicted - measured) / measured step time; 'measured' is the published "

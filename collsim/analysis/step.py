@@ -2,8 +2,10 @@
 
 Per micro-batch and pipeline stage (one GPU's view; ``b`` sequences, TP size ``t``):
 
-* compute = GEMM FLOPs / (peak x ``efficiency``) + non-GEMM bytes x ``elementwise_traffic`` /
-  memory bandwidth; backward = 2 x forward; recomputation adds a forward (full) or the attention
+* compute = GEMM FLOPs / (best matmul rate x ``efficiency``) + non-GEMM bytes x
+  ``elementwise_traffic`` / memory bandwidth, the best matmul rate being the GPU's measured
+  maximum achievable one (:func:`matmul_flops`; below its peak by 13% on an A100, 20% on an
+  H100); backward = 2 x forward; recomputation adds a forward (full) or the attention
   core (selective) to the backward (FLOPs: :mod:`collsim.analysis.transformer`);
 * tensor parallelism: 2 all-reduces of ``b s h`` elements in the forward and 2 in the backward
   per layer (Shoeybi et al. 2019, arXiv:1909.08053, Fig. 4), reduce-scatter + all-gather pairs
@@ -78,9 +80,10 @@ from collsim.analysis.workload import DTYPE_BYTES, PEAK_KEY, WorkloadError, Work
 from collsim.analysis.zero3 import expert_tails, stage_tensors
 from collsim.topology.spec import Topology
 
-DEFAULT_EFFICIENCY = 0.67
-"""GEMM efficiency (achieved / peak tensor FLOP/s) when neither the workload nor a profile gives
-one: the value calibrated on korthikanti2022-t5-175B-seqsel (reports/steptime_validation.md)."""
+DEFAULT_EFFICIENCY = 0.765
+"""GEMM efficiency (achieved FLOP/s / the GPU's best matmul rate, :func:`matmul_flops`) when
+neither the workload nor a profile gives one: the value calibrated on
+korthikanti2022-t5-175B-seqsel (reports/steptime_validation.md)."""
 OPTIMIZER_BYTES = {"adam": 34.0, "sgd": 14.0, "none": 0.0}
 """Bytes read + written per local parameter by the optimizer step: Adam reads fp32 gradient,
 master weight, momentum, variance (16), writes the last three (12) and the 16-bit copy (2), plus
@@ -166,6 +169,16 @@ def peak_flops(topology: Topology, dtype: str) -> float:
     return topology.gpu.peak_flops[key]
 
 
+def matmul_flops(topology: Topology, dtype: str) -> float:
+    """FLOP/s of the GPU's best matrix multiply in ``dtype``: the rate the GEMM efficiency is a
+    fraction of (measured where the topology gives ``matmul_tflops``, else an assumed fraction
+    of the peak, :data:`collsim.topology.spec.DEFAULT_MATMUL_FRACTION`). Separating the GPU's
+    own shortfall (clocks held down at its power limit) from the software's keeps one calibrated
+    efficiency valid across GPU generations."""
+    peak_flops(topology, dtype)  # the error for a dtype the GPU lacks
+    return topology.gpu.matmul_rate(PEAK_KEY[dtype])
+
+
 def stage_layer_counts(layers: int, pp: int) -> list[int]:
     """Layers per pipeline stage: even, the remainder on the middle stages first (the first
     holds the embedding and the most activations in flight, the last the logits: Llama 3 405B
@@ -224,7 +237,7 @@ class StepModel:
         groups = self._place(lay)
         eff = self._efficiency(w)
         peak = peak_flops(self.topology, w.dtype)
-        flops_s = peak * eff
+        flops_s = matmul_flops(self.topology, w.dtype) * eff
         mem_bw = self.topology.gpu.memory_bandwidth_bytes_per_s
         elem = DTYPE_BYTES[w.value_dtype]
         algo = w.training.algorithm
@@ -338,7 +351,7 @@ class StepModel:
         costs = self._layer_costs(w, lay, DTYPE_BYTES[w.value_dtype])
         one = self._stage(
             w, lay, self._place(lay), costs[:1], -1, lay.micro,
-            peak_flops(self.topology, w.dtype) * eff,
+            matmul_flops(self.topology, w.dtype) * eff,
             self.topology.gpu.memory_bandwidth_bytes_per_s, w.compute.elementwise_traffic,
         )  # fmt: skip
         calls = 4 + (2 if w.recomputes == "full" else 0)

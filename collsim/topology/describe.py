@@ -57,6 +57,8 @@ def describe(topo: Topology) -> dict[str, Any]:
         "gpu": {
             "model": topo.gpu.model,
             "peak_tflops": {k: v / 1e12 for k, v in topo.gpu.peak_flops.items()},
+            "matmul_tflops": {k: topo.gpu.matmul_rate(k) / 1e12 for k in topo.gpu.peak_flops},
+            "matmul_measured": sorted(topo.gpu.matmul_flops),
             "memory_gb": topo.gpu.memory_bytes / 1e9,
             "memory_bandwidth_gbps": units.to_gbps(topo.gpu.memory_bandwidth_bytes_per_s),
         },
@@ -91,6 +93,15 @@ def describe(topo: Topology) -> dict[str, Any]:
     }
 
 
+def _matmul_words(gpu: dict[str, Any]) -> str:
+    """The GPU's best matmul rates for its first dtypes, measured or assumed."""
+    words = []
+    for key, rate in list(gpu["matmul_tflops"].items())[:3]:
+        how = "measured" if key in gpu["matmul_measured"] else "assumed"
+        words.append(f"{rate:.4g} {key} ({how}, {rate / gpu['peak_tflops'][key]:.0%} of peak)")
+    return ", ".join(words) + " TFLOP/s"
+
+
 def describe_text(info: dict[str, Any]) -> str:
     """``describe`` as lines a person reads."""
     gpu = info["gpu"]
@@ -103,6 +114,7 @@ def describe_text(info: dict[str, Any]) -> str:
         f"{info['gpus_per_node']})",
         f"  per GPU:     {peak_words} TFLOP/s; {gpu['memory_gb']:g} GB at "
         f"{gpu['memory_bandwidth_gbps']:g} GB/s",
+        f"  best matmul: {_matmul_words(gpu)}",
         f"  fabric:      intra-node {info['intra_fabric']}; scale-out {info['inter_fabric']}",
         "  devices:     " + ", ".join(f"{k} {v}" for k, v in info["devices"].items()),
         "  links:       "
@@ -147,6 +159,11 @@ def to_explicit_yaml(topo: Topology) -> str:
         "gpu": {
             "model": gpu.model,
             "peak_tflops": {k: v / 1e12 for k, v in gpu.peak_flops.items()},
+            **(
+                {"matmul_tflops": {k: v / 1e12 for k, v in gpu.matmul_flops.items()}}
+                if gpu.matmul_flops
+                else {}
+            ),
             "memory": f"{gpu.memory_bytes}B",
             "memory_bandwidth": f"{gpu.memory_bandwidth_bytes_per_s!r}B/s",
             **({"source": gpu.source} if gpu.source else {}),

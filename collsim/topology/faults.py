@@ -288,6 +288,7 @@ def apply_faults(topology: Topology, faults: Sequence[Fault]) -> Topology:
         gpu = dataclasses.replace(
             gpu,
             peak_flops={k: v / worst for k, v in gpu.peak_flops.items()},
+            matmul_flops={k: v / worst for k, v in gpu.matmul_flops.items()},
             memory_bandwidth_bytes_per_s=gpu.memory_bandwidth_bytes_per_s / worst,
             slowdown=gpu.slowdown * worst,
         )

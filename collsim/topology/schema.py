@@ -129,7 +129,27 @@ class GpuIn(Strict):
     peak_tflops: dict[str, Annotated[float, Field(gt=0)]]
     memory: Size
     memory_bandwidth: Rate
+    matmul_tflops: dict[str, Annotated[float, Field(gt=0)]] | None = None
+    """Measured maximum achievable matmul TFLOP/s by dtype (optional; see
+    :attr:`collsim.topology.spec.GpuModel.matmul_flops`)."""
     source: Source = None
+
+    @field_validator("matmul_tflops")
+    @classmethod
+    def _below_peak(cls, value: dict[str, float] | None, info: ValidationInfo) -> object:
+        """A measured rate names a dtype the GPU has a peak for and does not exceed it."""
+        peak = info.data.get("peak_tflops") or {}
+        for key, rate in (value or {}).items():
+            if key not in peak:
+                raise ValueError(
+                    f"{key!r} has no peak_tflops entry (has: {', '.join(peak) or 'none'})"
+                )
+            if rate > peak[key] * (1 + 1e-9):
+                raise ValueError(
+                    f"{key}: {rate:g} TFLOP/s exceeds the peak ({peak[key]:g}); a measured "
+                    "matmul rate cannot"
+                )
+        return value
 
 
 class LinkClassIn(Strict):

@@ -38,9 +38,19 @@ FORWARDING_KINDS = frozenset({"nic", "nvswitch", "pcie_switch", "cpu", "switch"}
 """Devices that forward traffic. GPUs are endpoints only: routes never pass through a GPU."""
 
 
+DEFAULT_MATMUL_FRACTION = 271.2 / 312
+"""The fraction of its dense peak a GPU's best matrix multiply is assumed to reach where its
+topology file gives no measured rate (``matmul_tflops``): the A100 SXM's, 271.2 of 312 BF16
+TFLOP/s (S. Bekman, *Machine Learning Engineering Open Book*, compute/accelerator/README.md,
+"Maximum Achievable Matmul FLOPS comparison table", torch 2.6 / CUDA 12.6). The step model's GEMM
+efficiency was calibrated on A100s, so a GPU without a measurement keeps the rate that
+calibration implies for its peak."""
+
+
 @dataclass(frozen=True)
 class GpuModel:
-    """One accelerator model: what compute and memory it brings (datasheet figures)."""
+    """One accelerator model: what compute and memory it brings (datasheet figures, and the
+    measured rate of its best matrix multiply where one is published)."""
 
     model: str
     peak_flops: dict[str, float]
@@ -52,6 +62,17 @@ class GpuModel:
     """How much slower than its datasheet this GPU runs (a what-if ``gpu:...:slow=`` fault): the
     rates above are the datasheet's / ``slowdown``, so utilisation is still measured against the
     datasheet."""
+    matmul_flops: dict[str, float] = field(default_factory=dict)
+    """Measured maximum achievable matmul FLOP/s by dtype (the best of a search over shapes):
+    what the GPU sustains at its power limit, below the peak by a fraction that differs between
+    GPUs (A100 SXM 0.87, H100 SXM 0.80, B200 0.78, MI300X 0.51 in BF16). Where a dtype has none,
+    :meth:`matmul_rate` assumes :data:`DEFAULT_MATMUL_FRACTION` of the peak."""
+
+    def matmul_rate(self, key: str) -> float:
+        """FLOP/s of the GPU's best matmul in ``key`` (a ``peak_flops`` key): measured, or
+        :data:`DEFAULT_MATMUL_FRACTION` of the peak."""
+        measured = self.matmul_flops.get(key)
+        return measured if measured is not None else self.peak_flops[key] * DEFAULT_MATMUL_FRACTION
 
 
 @dataclass(frozen=True)

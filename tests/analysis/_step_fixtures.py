@@ -10,6 +10,7 @@ from collsim.topology.loader import topology_from_dict
 GPU = {
     "model": "TestGPU",
     "peak_tflops": {"bf16": 100},
+    "matmul_tflops": {"bf16": 100},  # hand-computed cases: the GEMM efficiency applies to 100
     "memory": "80GB",
     "memory_bandwidth": "2TB/s",
 }

@@ -38,6 +38,35 @@ def test_pure_dp_ring_all_reduce_without_overlap_is_compute_plus_closed_form(eng
     assert result.breakdown["bubble"] == 0 and result.breakdown["tp_comm"] == 0
 
 
+def test_gemms_run_at_the_efficiency_times_the_gpus_best_matmul_not_its_peak():
+    from collsim.topology.loader import topology_from_dict
+    from collsim.topology.spec import DEFAULT_MATMUL_FRACTION
+    from tests.analysis import _step_fixtures as fx
+
+    w = workload_from_dict(generic())
+    results = {}
+    for name, matmul in (("measured", {"bf16": 60}), ("assumed", None)):
+        gpu = (
+            dict(fx.GPU, matmul_tflops=matmul)
+            if matmul
+            else {k: v for k, v in fx.GPU.items() if k != "matmul_tflops"}
+        )
+        topo = topology_from_dict({**_single(), "gpu": gpu})
+        results[name] = StepModel(topo, make_timer("analytic", topo)).evaluate(w)
+    flops = 64 * 1e12
+    assert results["measured"].breakdown["compute"] == pytest.approx(flops / (60e12 * 0.5))
+    assert results["assumed"].breakdown["compute"] == pytest.approx(
+        flops / (100e12 * DEFAULT_MATMUL_FRACTION * 0.5)
+    )
+    # utilisation is still measured against the datasheet peak
+    assert results["measured"].peak_flops == pytest.approx(100e12)
+
+
+def _single():
+    """One GPU alone: compute only."""
+    return {"name": "one", "devices": [{"name": "g0", "kind": "gpu", "node": 0}], "links": []}
+
+
 def test_overlap_hides_the_all_reduce_behind_the_backward():
     topo = ring_topology(4)
     timer = make_timer("analytic", topo)

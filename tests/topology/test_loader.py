@@ -31,6 +31,21 @@ def test_template_and_its_explicit_export_give_the_same_spec(tmp_path, duplex):
     assert (again.nodes, again.gpus_per_node) == (2, 8)
 
 
+def test_best_matmul_rate_is_measured_or_the_assumed_fraction_of_peak():
+    from collsim.topology.spec import DEFAULT_MATMUL_FRACTION
+
+    h100 = load_topology("dgx-h100", nodes=1).gpu
+    assert h100.matmul_rate("bf16") == pytest.approx(794.5e12)
+    assert h100.matmul_rate("fp8") == pytest.approx(1402.6e12)
+    # no measurement for TF32: the A100's fraction of its peak
+    assert h100.matmul_rate("tf32") == pytest.approx(494.7e12 * DEFAULT_MATMUL_FRACTION)
+    assert round(DEFAULT_MATMUL_FRACTION, 3) == 0.869
+    text = CliRunner().invoke(cli, ["topo", "show", "dgx-h100"]).output
+    assert "best matmul: 1403 fp8 (measured, 71% of peak), 794.5 bf16 (measured, 80%" in text
+    v100 = CliRunner().invoke(cli, ["topo", "show", "dgx1-v100"]).output
+    assert "108.7 fp16 (assumed, 87% of peak)" in v100
+
+
 def test_overrides_change_nodes_and_gpus():
     topo = topology_from_dict(template(), nodes=3, gpus_per_node=2)
     assert (topo.nodes, topo.gpus_per_node, topo.n_gpus) == (3, 2, 6)
@@ -74,6 +89,18 @@ BAD_DOCS = [
     ("bad oversubscription", ("fabric", "oversubscription"), 0.5, ["oversubscription", "0.5"]),
     ("uneven NICs", ("node", "nics", "count"), 3, ["node.nics.count", "3"]),
     ("bad torus dims", ("fabric",), {"kind": "torus", "dims": [3, 3]}, ["fabric.dims", "[3, 3]"]),
+    (
+        "matmul above peak",
+        ("gpu", "matmul_tflops"),
+        {"bf16": 120},
+        ["gpu.matmul_tflops", "120", "exceeds the peak (100)"],
+    ),
+    (
+        "matmul without peak",
+        ("gpu", "matmul_tflops"),
+        {"fp8": 50},
+        ["gpu.matmul_tflops", "'fp8'", "no peak_tflops entry", "has: bf16"],
+    ),
 ]
 
 
