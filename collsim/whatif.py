@@ -105,12 +105,16 @@ class Point:
     time_s: float
     algbw_gbps: float
     busbw_gbps: float
+    protocol: str = "Simple"
+    channels: int = 1
 
     def as_json(self) -> dict[str, Any]:
         return {
             "bytes": self.size_bytes,
             "count": self.count,
             "algorithm": self.algorithm,
+            "protocol": self.protocol,
+            "channels": self.channels,
             "time_us": self.time_s * 1e6,
             "algbw_gbps": self.algbw_gbps,
             "busbw_gbps": self.busbw_gbps,
@@ -129,6 +133,8 @@ class Sweep:
     dtype: str
     protocol: str
     channels: int
+    """The protocol and channel count asked for; with ``tuned`` each point's own (``protocol``
+    here is then ``tuned`` and ``channels`` 0)."""
     faults: tuple[str, ...] = ()
     """What-if faults of the topology (``--fault``), in the order applied."""
     points: list[Point] = field(default_factory=list)
@@ -242,11 +248,15 @@ class WhatIf:
         engine: str = "des",
         model: str = "collsim",
         progress: Callable[[int, int], None] | None = None,
+        tuned: bool = False,
     ) -> Sweep:
         """nccl-tests-style rows for every size.
 
         ``algorithm="auto"``: the tuner (:mod:`collsim.model.tuner`, over ``model``'s
         predictions, with this protocol and channel count) picks each size's algorithm.
+        ``tuned``: it picks the algorithm, protocol and channel count per size among NCCL's
+        own (:func:`collsim.model.tuner.nccl_choices`): what NCCL would run; ``algorithm``
+        must be ``auto`` and ``protocol`` / ``channels`` are not used.
         ``engine``: ``des`` times it on the discrete-event engine, ``analytic`` with ``model``.
         ``progress(done, total)`` is called as each size is timed.
         """
@@ -274,7 +284,26 @@ class WhatIf:
                 value=chunk_bytes,
             )
         extra = {"chunk_bytes": chunk_bytes} if chunk_bytes is not None else {}
-        if algorithm == "auto":
+        choices: list[tuple[str, int]] = [(proto, channels)] * len(sizes)
+        if tuned:
+            from collsim.model.tuner import nccl_choices
+
+            if algorithm != "auto":
+                raise ScheduleError(
+                    "a tuned sweep picks the algorithm itself; leave --algorithm auto",
+                    field="algorithm",
+                    value=algorithm,
+                )
+            if chunk_bytes is not None:
+                raise ScheduleError(
+                    "a tuned sweep runs NCCL's own chunking; --chunk-bytes does not apply",
+                    field="chunk_bytes",
+                    value=chunk_bytes,
+                )
+            picked = nccl_choices(cost, collective, list(sizes), elem_bytes=elem)
+            picks = [c.algorithm for c in picked]
+            choices = [(c.protocol, c.channels) for c in picked]
+        elif algorithm == "auto":
             from collsim.model.tuner import tuned_algorithms
 
             picks = tuned_algorithms(
@@ -304,18 +333,20 @@ class WhatIf:
             ranks=self.topology.n_gpus,
             nodes=self.topology.nodes,
             dtype=dtype,
-            protocol=proto,
-            channels=channels,
+            protocol="tuned" if tuned else proto,
+            channels=0 if tuned else channels,
             faults=self.topology.faults,
         )
         n = self.topology.n_gpus
-        for i, (size, name) in enumerate(zip(sizes, picks, strict=True)):
+        for i, (size, name, (run_proto, run_channels)) in enumerate(
+            zip(sizes, picks, choices, strict=True)
+        ):
             if progress is not None:
                 progress(i, len(sizes))
             if engine == "des":
                 sim, sched = self.run(
-                    collective, name, size, elem_bytes=elem, channels=channels, protocol=proto,
-                    chunk_bytes=chunk_bytes,
+                    collective, name, size, elem_bytes=elem, channels=run_channels,
+                    protocol=run_proto, chunk_bytes=chunk_bytes,
                 )  # fmt: skip
                 time_s, count = sim.time_s, sched.count
                 result.last, result.last_schedule = sim, sched
@@ -323,8 +354,8 @@ class WhatIf:
                 count = element_count(collective, size, elem, n)
                 time_s = float(
                     cost.predict(
-                        collective, name, [size], elem_bytes=elem, protocol=proto,
-                        channels=channels, **extra,
+                        collective, name, [size], elem_bytes=elem, protocol=run_proto,
+                        channels=run_channels, **extra,
                     )[0]
                 )  # fmt: skip
             size_out = count * elem
@@ -336,6 +367,8 @@ class WhatIf:
                     time_s=time_s,
                     algbw_gbps=algbw_gbps(size_out, time_s) if time_s > 0 else 0.0,
                     busbw_gbps=busbw_gbps(collective, n, size_out, time_s) if time_s > 0 else 0.0,
+                    protocol=run_proto,
+                    channels=run_channels,
                 )
             )
         if progress is not None:

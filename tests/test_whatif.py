@@ -96,6 +96,49 @@ def test_auto_picks_the_fastest_algorithm():
             assert point.time_s <= one.time_s * (1 + 1e-12)
 
 
+@pytest.mark.parametrize(
+    ("name", "nodes", "collective"),
+    [("dgx-h100", 2, "all_reduce"), ("dgx-a100", 2, "all_gather"), ("p4d", 2, "alltoall"),
+     ("rtx4090-4gpu-pcie", 1, "broadcast")],
+)  # fmt: skip
+def test_tuned_runs_nccls_choice_which_is_never_slower_than_the_default(name, nodes, collective):
+    """--tuned: per size the fastest of NCCL's algorithms x default protocols x 1/8 channels; on
+    the cost model that can never lose to the default (NCCL's algorithm, Simple, 1 channel),
+    which is one of its candidates."""
+    from collsim.collectives.registry import NCCL_ALGORITHMS
+
+    whatif = WhatIf(load_topology(name, nodes=nodes))
+    sizes = [8, 64 << 10, 8 << 20, 512 << 20]
+    tuned = whatif.sweep(collective, "auto", sizes, engine="analytic", tuned=True)
+    default = NCCL_ALGORITHMS[collective][0]
+    plain = whatif.sweep(collective, default, sizes, engine="analytic")
+    assert tuned.protocol == "tuned" and tuned.channels == 0
+    for t, p in zip(tuned.points, plain.points, strict=True):
+        assert t.algorithm in NCCL_ALGORITHMS[collective]
+        assert t.protocol in ("LL", "LL128", "Simple") and t.channels in (1, 8)
+        assert t.time_s <= p.time_s * (1 + 1e-12), (t, p)
+    # small messages take a low-latency protocol, the largest its full bandwidth
+    assert tuned.points[1].protocol != "Simple"  # 64 KiB (8 B is empty on 16 ranks)
+    assert tuned.points[-1].busbw_gbps >= plain.points[-1].busbw_gbps
+
+
+def test_simulate_tuned_prints_and_writes_each_sizes_choice(tmp_path):
+    out = tmp_path / "t.json"
+    args = ["simulate", "all_reduce", "-t", "dgx-h100", "--nodes", "2", "--tuned", "-b", "8",
+            "-e", "256M", "-f", "32", "--json", str(out)]  # fmt: skip
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "protocol and channels per size as NCCL's tuner picks them" in result.output
+    rows = [ln.split() for ln in result.output.splitlines() if ln.startswith("  ")]
+    doc = json.loads(out.read_text())
+    assert len(rows) == len(doc["points"]) == 6
+    for row, p in zip(rows, doc["points"], strict=True):
+        assert row[-1] == f"{p['algorithm']}/{p['protocol']}/{p['channels']}ch"
+    assert doc["protocol"] == "tuned"
+    # 256 MiB over 2 DGX H100s: eight channels reach the eight NICs one channel cannot
+    assert doc["points"][-1]["channels"] == 8 and doc["points"][-1]["busbw_gbps"] > 300
+
+
 def test_simulate_cli_table_json_and_trace(tmp_path):
     out, trace = tmp_path / "r.json", tmp_path / "t.json"
     args = ["simulate", "all_reduce", "-t", "dgx-h100", "--nodes", "2", "-a", "ring", "-b", "8",
@@ -123,6 +166,14 @@ def test_simulate_cli_table_json_and_trace(tmp_path):
         (["simulate", "all_reduce", "-t", "dgx-h100", "-b", "8X"], ["-b", "8X"]),
         (["simulate", "all_reduce", "-t", "dgx-h100", "-d", "float7"], ["dtype", "float7"]),
         (["simulate", "all_reduce", "-t", "dgx-h100", "--channels", "0"], ["channels", "0"]),
+        (
+            ["simulate", "all_reduce", "-t", "dgx-h100", "--tuned", "-a", "ring"],
+            ["algorithm", "ring", "picks the algorithm itself"],
+        ),
+        (
+            ["simulate", "all_reduce", "-t", "dgx-h100", "--tuned", "--chunk-bytes", "1M"],
+            ["chunk_bytes", "NCCL's own chunking"],
+        ),
     ],
 )
 def test_simulate_bad_input_is_one_line(args, words):

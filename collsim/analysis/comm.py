@@ -27,24 +27,13 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from collsim.collectives.layout import RankLayout
-from collsim.collectives.registry import algorithms_for, needs_in_network
+from collsim.collectives.registry import NCCL_ALGORITHMS, algorithms_for, needs_in_network
 from collsim.errors import ScheduleError
 from collsim.topology.fabric import TopologyFabric
 from collsim.topology.graph import Network
 from collsim.topology.spec import Topology
 
 ENGINES = ("analytic", "des")
-
-NCCL_ALGORITHMS = {
-    "all_reduce": ("ring", "tree", "in_network"),
-    "all_gather": ("ring",),
-    "reduce_scatter": ("ring",),
-    "alltoall": ("direct",),
-    "sendrecv": ("p2p",),
-    "broadcast": ("chain",),
-    "reduce": ("chain",),
-}
-"""The algorithms NCCL runs (its tuner's choices), in collsim's names."""
 
 _LARGE_GROUP = 64
 """Above this many ranks ``auto`` skips the O(n^2)-flow direct algorithms (slow to model)."""

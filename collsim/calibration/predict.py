@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from collsim.calibration.nccltests import NcclTestsLog
+from collsim.collectives.registry import NCCL_ALGORITHMS
 from collsim.errors import CalibrationError, CollsimError
 from collsim.model.params import (
     DEFAULT_PARAMS,
@@ -36,30 +37,15 @@ from collsim.model.params import (
     p2p_ops,
     under_floor,
 )
-from collsim.model.tuner import host_floor_s
+from collsim.model.tuner import NCCL_CHANNELS, PROTOCOL_ORDER, host_floor_s
 from collsim.report.tables import plural
 from collsim.topology.spec import Topology
-
-NCCL_ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("ring", "tree", "in_network"),
-    "all_gather": ("ring",),
-    "reduce_scatter": ("ring",),
-    "broadcast": ("chain",),
-    "reduce": ("chain",),
-    "alltoall": ("direct",),
-    "sendrecv": ("p2p",),
-}
-"""collsim's names for the algorithms NCCL runs per collective (in_network = NVLS, kept only where
-a switch of the topology reduces in flight)."""
 
 _ALGO_ENV = {"ring": "ring", "tree": "tree", "nvls": "in_network", "nvlstree": "in_network",
              "collnet": "in_network", "collnetdirect": "in_network",
              "collnetchain": "in_network"}  # fmt: skip
-PROTOCOLS = ("Simple", "LL128", "LL")
-CHANNELS = (1, 8)
-"""Channel counts the tuner considers: one, and NCCL's usual eight or more on NVLink/IB systems
-(the model has no per-channel rate cap, so channels matter where they spread over more links or
-NICs; the tuner keeps one channel where more are no faster)."""
+PROTOCOLS = PROTOCOL_ORDER
+CHANNELS = NCCL_CHANNELS
 
 
 NCCL_BASE_LATENCY_S = 6.6e-6

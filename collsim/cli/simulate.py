@@ -59,6 +59,13 @@ SLOW_RUN_S = 30.0
 )
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here.")
 @click.option("--trace", type=click.Path(dir_okay=False), help="Chrome/Perfetto trace (max size).")
+@click.option(
+    "--tuned",
+    is_flag=True,
+    help="Run what NCCL would: per size, the tuner picks among NCCL's algorithms, the protocols "
+    "it enables by default and 1 or 8 channels (the cost model's choice); overrides --protocol "
+    "and --channels.",
+)
 @fault_option
 def simulate(
     collective: str,
@@ -78,14 +85,16 @@ def simulate(
     profile: str | None,
     json_file: str | None,
     trace: str | None,
+    tuned: bool,
     faults: tuple[str, ...],
 ) -> None:
     """Simulate COLLECTIVE over message sizes, printed like nccl-tests.
 
     Sizes go from -b to -e multiplying by -f, as nccl-tests' flags do. With --algorithm auto the
     tuner picks each size's algorithm from the cost model (--model), with the given protocol and
-    channels; --engine des (the default) then times it on the discrete-event engine, --engine
-    analytic with the cost model itself.
+    channels; with --tuned it also picks the protocol and channels, as NCCL does. --engine des
+    (the default) then times it on the discrete-event engine, --engine analytic with the cost
+    model itself.
     """
     from collsim import units
     from collsim.engine import write_chrome_trace
@@ -107,7 +116,7 @@ def simulate(
     if topo.faults:
         click.echo(f"# faults: {'; '.join(topo.faults)}")
     whatif, prof = whatif_for(topo, profile, engine, model)
-    if prof is not None:
+    if prof is not None and not tuned:
         click.echo(
             f"# note: times are for {protocol} on {channels} channel(s), as asked; NCCL picks "
             "the protocol and channels per size (`collsim validate` compares its choices with "
@@ -131,7 +140,7 @@ def simulate(
     pipelined = algorithm in ("tree", "chain", "in_network") or (
         algorithm == "auto" and collective in ("all_reduce", "broadcast", "reduce")
     )
-    if chunk is not None and pipelined and max(sizes) > MAX_CHUNKS * chunk * channels:
+    if chunk is not None and pipelined and not tuned and max(sizes) > MAX_CHUNKS * chunk * channels:
         from collsim.units import format_size
 
         click.echo(
@@ -154,6 +163,7 @@ def simulate(
             engine=engine,
             model=model,
             progress=bar,
+            tuned=tuned,
         )
     finally:
         if bar:
@@ -198,18 +208,25 @@ def demo(topology: str, nodes: int | None) -> None:
     whatif = WhatIf(topo_)
     sizes = [8 * 8**i for i in range(10)]  # 8 B .. 1 GiB
     sweeps = {a: whatif.sweep("all_reduce", a, sizes) for a in ("ring", "tree")}
-    click.echo(f"\nall_reduce on {topo_.n_gpus} GPUs (float, Simple protocol, 1 channel):")
+    tuned = whatif.sweep("all_reduce", "auto", sizes, tuned=True)
+    click.echo(
+        f"\nall_reduce on {topo_.n_gpus} GPUs (float): ring and tree with the Simple protocol on "
+        "1 channel, and 'tuned': the algorithm, protocol and channels NCCL's tuner would pick "
+        "(collsim simulate --tuned)"
+    )
     click.echo(
         f"{'size':>10}  {'ring us':>10}  {'ring busbw':>10}  {'tree us':>10}  "
-        f"{'tree busbw':>10}  winner"
+        f"{'tree busbw':>10}  {'winner':<13}  {'tuned us':>10}  {'tuned busbw':>11}  tuned choice"
     )
-    for ring, tree in zip(sweeps["ring"].points, sweeps["tree"].points, strict=True):
+    rows = zip(sweeps["ring"].points, sweeps["tree"].points, tuned.points, strict=True)
+    for ring, tree, best in rows:
         winner = "ring" if ring.time_s <= tree.time_s else "tree"
         ratio = max(ring.time_s, tree.time_s) / max(min(ring.time_s, tree.time_s), 1e-30)
         click.echo(
             f"{ring.size_bytes:>10}  {ring.time_s * 1e6:>10.2f}  {ring.busbw_gbps:>10.2f}  "
-            f"{tree.time_s * 1e6:>10.2f}  {tree.busbw_gbps:>10.2f}  {winner} ({ratio:.2f}x)"
+            f"{tree.time_s * 1e6:>10.2f}  {tree.busbw_gbps:>10.2f}  "
+            f"{f'{winner} ({ratio:.2f}x)':<13}  {best.time_s * 1e6:>10.2f}  "
+            f"{best.busbw_gbps:>11.2f}  {best.algorithm}/{best.protocol}/{best.channels}ch"
         )
-    last = sweeps["ring"].last
-    if last is not None:
-        click.echo(bottleneck_table(last))
+    if tuned.last is not None:  # the busiest links of NCCL's choice at the largest size
+        click.echo(bottleneck_table(tuned.last))

@@ -72,8 +72,21 @@ _REGISTRY: dict[str, dict[str, Builder]] = {
 
 _IN_NETWORK = frozenset({"in_network"})
 
+NCCL_ALGORITHMS: dict[str, tuple[str, ...]] = {
+    "all_reduce": ("ring", "tree", "in_network"),
+    "all_gather": ("ring",),
+    "reduce_scatter": ("ring",),
+    "broadcast": ("chain",),
+    "reduce": ("chain",),
+    "alltoall": ("direct",),
+    "sendrecv": ("p2p",),
+}
+"""collsim's names for the algorithms NCCL runs per collective (its tuner's choices; in_network
+= NVLS / CollNet, kept only where a switch of the topology reduces in flight)."""
+
 __all__ = [
     "COLLECTIVES",
+    "NCCL_ALGORITHMS",
     "algorithms_for",
     "build_schedule",
     "default_algorithm",

@@ -25,6 +25,11 @@ from collsim.model.params import under_floor
 
 PROTOCOL_ORDER = ("Simple", "LL128", "LL")
 CHANNEL_OPTIONS = (1, 2, 4, 8)
+NCCL_CHANNELS = (1, 8)
+"""Channel counts an NCCL-like choice considers (``validate``, ``simulate --tuned``): one, and
+NCCL's usual eight or more on NVLink/IB systems (the model has no per-channel rate cap, so
+channels matter where they spread over more links or NICs; the tuner keeps one channel where
+more are no faster)."""
 
 
 @dataclass(frozen=True)
@@ -239,3 +244,18 @@ def tuned_algorithms(
                   chunk_bytes=chunk_bytes)  # fmt: skip
     result = tuner.tune(collective, sizes_bytes, elem_bytes=elem_bytes)
     return [result.choice_at(i).algorithm for i in range(len(sizes_bytes))]
+
+
+def nccl_choices(
+    model: CostModel, collective: str, sizes_bytes: list[int], *, elem_bytes: int
+) -> list[Choice]:
+    """What NCCL would run per size (``simulate --tuned``): the fastest of NCCL's own algorithms
+    (:data:`collsim.collectives.registry.NCCL_ALGORITHMS`, those the model can run here), over
+    the protocols NCCL enables by default and :data:`NCCL_CHANNELS`, as its tuner picks."""
+    from collsim.collectives.registry import NCCL_ALGORITHMS
+
+    runnable = model.candidates(collective)
+    algos = [a for a in NCCL_ALGORITHMS.get(collective, ()) if a in runnable] or runnable[:1]
+    tuner = Tuner(model, protocols=PROTOCOL_ORDER, channels=NCCL_CHANNELS)
+    result = tuner.tune(collective, sizes_bytes, elem_bytes=elem_bytes, algorithms=algos)
+    return [result.choice_at(i) for i in range(len(sizes_bytes))]

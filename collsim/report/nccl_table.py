@@ -12,10 +12,15 @@ _ROOTED = {"broadcast", "reduce"}
 
 def sweep_table(sweep: Sweep) -> str:
     """Header, one row per size (size, count, type, redop, root, time, algbw, busbw), average."""
+    tuned = sweep.protocol == "tuned"
+    how = (
+        "algorithm, protocol and channels per size as NCCL's tuner picks them"
+        if tuned
+        else f"algorithm {sweep.algorithm}, protocol {sweep.protocol}, {sweep.channels} channel(s)"
+    )
     lines = [
         f"# collsim: {sweep.collective} on {sweep.topology}: {plural(sweep.ranks, 'rank')} "
-        f"({plural(sweep.nodes, 'node')}), algorithm {sweep.algorithm}, protocol {sweep.protocol}, "
-        f"{sweep.channels} channel(s)",
+        f"({plural(sweep.nodes, 'node')}), {how}",
         "#",
         f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>5}  "
         f"{'time':>10}  {'algbw':>7}  {'busbw':>7}  algorithm",
@@ -28,6 +33,7 @@ def sweep_table(sweep: Sweep) -> str:
         lines.append(
             f"  {p.size_bytes:>10}  {p.count:>12}  {sweep.dtype:>8}  {redop:>6}  {root:>5}  "
             f"{p.time_s * 1e6:>10.2f}  {p.algbw_gbps:>7.2f}  {p.busbw_gbps:>7.2f}  {p.algorithm}"
+            + (f"/{p.protocol}/{p.channels}ch" if tuned else "")
         )
     if sweep.points:
         avg = sum(p.busbw_gbps for p in sweep.points) / len(sweep.points)
