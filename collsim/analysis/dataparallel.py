@@ -146,11 +146,12 @@ def data_parallel(
     if lay.zero >= 3:
         gathers, reduces, detail = zero3(coll, w, lay, groups, tensors or [], crit, m, algo,
                                          expert_tails)  # fmt: skip
-        # Bytes each GPU sends: dense parameters over all DP, experts' among their holders.
+        # Bytes each GPU moves: the gathers it receives (persistent tensors none, regathered
+        # ones three times); its gradients, dense over all DP, experts' among their holders.
         holders = len(groups.dp_expert)
         spread = (params_gpu - expert_params_gpu) * (lay.dp - 1) / lay.dp
         spread += expert_params_gpu * (holders - 1) / holders
-        gathered = m * 2 * spread * DTYPE_BYTES[w.value_dtype]
+        gathered = detail.pop("zero3_gathered_bytes_per_gpu")
         moved = m * spread * DTYPE_BYTES[w.grad_dtype] / max(ratio, 1.0)
     else:
         # Dense gradients over the DP group, experts' over the GPUs holding the same experts;

@@ -42,9 +42,12 @@ ASSUMPTIONS = (
     "full-recomputation / present-work ratio, 1.297, is the abstract's '29% faster')",
     "Megatron-LM: fp16, gradients reduced in fp32 without overlap (Korthikanti 2022 s6.3); "
     "DeepSpeed ZeRO-3: fp16 gradients, full recomputation (the Eq. 3 FLOP basis of Table 2), "
-    "one list all-gather per parameter tensor (12 per layer; one copy launch per rank) and "
-    "gradient reduce-scatters in 25 MB buckets, per micro-batch, over all data-parallel GPUs, "
-    "not overlapped with compute "
+    "per micro-batch over all data-parallel GPUs: one list all-gather per weight matrix (one "
+    "copy launch per rank; DeepSpeed's default persistence threshold of 1e5 elements keeps the "
+    "bias and layer-norm vectors whole on every rank), before the forward, the recomputed "
+    "forward and, for the matrices the recomputation released, the backward; one list "
+    "reduce-scatter per parameter tensor (the 2021 `_reduce_scatter_gradients` issues one per "
+    "parameter whatever its bucket: `bucket: 4KiB`), not overlapped with compute "
     "(`dp_overlap: false`; Table 2 rules out substantial overlap, see the ZeRO-3 section)",
     "microbatch-level recomputation (Korthikanti 2022 App. C) modelled as selective",
 )
@@ -118,6 +121,7 @@ def to_reference(r: dict[str, Any]) -> RefRun:
         "training": {
             "grad_reduce_dtype": "fp16" if zero3 else "fp32",
             "dp_overlap": False,
+            **({"bucket": 4096} if zero3 else {}),
         },
     }  # fmt: skip
     w = workload_from_dict(data)

@@ -253,6 +253,15 @@ class TrainingIn(Strict):
     """ZeRO-3's per-rank copy out of each list all-gather (DeepSpeed 2021 gathers into ``n``
     tensors, one launch each; :mod:`collsim.analysis.zero3`, whose ``LIST_COPY_S`` is this
     default); ``0us`` for flat-buffer gathers."""
+    persistence_threshold: Annotated[int, Field(ge=0)] = 100_000
+    """DeepSpeed ZeRO-3 keeps parameter tensors of fewer elements whole on every rank
+    (``stage3_param_persistence_threshold``, default 1e5): never gathered per pass (biases,
+    layer norms); 0 gathers every tensor. FSDP (one flat unit per layer) ignores it."""
+    max_reuse_distance: Annotated[int, Field(ge=0)] = 1_000_000_000
+    """DeepSpeed ZeRO-3 keeps a gathered tensor for its next use only if fewer parameter
+    elements are fetched in between (``stage3_max_reuse_distance``, default 1e9): with full
+    recomputation the backward regathers what the recomputed forward released
+    (:mod:`collsim.analysis.zero3`)."""
     algorithm: Literal["nccl", "auto", "ring"] = "nccl"
     stragglers: StragglersIn = StragglersIn()
     sync: SyncIn = SyncIn()

@@ -2,15 +2,20 @@
 arXiv:1910.02054, section 7; Zhao et al. 2023, PyTorch FSDP, arXiv:2304.11277).
 
 Every data-parallel rank holds ``1/n`` of each parameter tensor. Per micro-batch, each layer's
-weights are all-gathered before its forward and again before its backward (a recomputed forward
-reuses the backward's gather), and its gradients are reduce-scattered after its backward:
-``3 (n-1)/n`` bytes per parameter byte, 1.5x data parallelism's all-reduce. What makes ZeRO-3
-slow at scale is not that volume but its shape:
+weights are all-gathered before its forward and again before its backward (or its recomputed
+forward), and its gradients are reduce-scattered after its backward: ``3 (n-1)/n`` bytes per
+parameter byte, 1.5x data parallelism's all-reduce. DeepSpeed keeps tensors under
+``training.persistence_threshold`` elements (biases, layer norms) whole on every rank, never
+gathered, and with full recomputation gathers the tensors the recomputed forward released a
+third time for the backward (:func:`regathered`: a GPT layer's first three matrices once
+``8 h^2`` exceeds ``training.max_reuse_distance``). What makes ZeRO-3 slow at scale is not that
+volume but its shape:
 
 * **granularity**: the collectives are per layer, not per step. DeepSpeed (``zero: 3``) gathers
-  every parameter tensor with its own collective -- a GPT layer has 12: four weight matrices and
-  eight bias / layer-norm vectors of ``h`` elements -- and reduce-scatters gradients in buckets of
-  ``training.bucket`` bytes (a tensor larger than the bucket alone); FSDP (``fsdp: true``)
+  every parameter tensor above the threshold with its own collective -- a GPT layer has 12: four
+  weight matrices and eight bias / layer-norm vectors of ``h`` elements -- and reduce-scatters
+  gradients in buckets of ``training.bucket`` bytes (a tensor larger than the bucket alone; the
+  2021 code issued one per tensor: a bucket under the smallest tensor); FSDP (``fsdp: true``)
   flattens each layer into one unit: one all-gather and one reduce-scatter per layer. Each
   collective spans all ``n`` data-parallel ranks, across nodes: a ring's ``n - 1`` steps cost
   ``n - 1`` latencies, so at 1000+ ranks a bias vector's gather costs as much as milliseconds of
@@ -126,6 +131,16 @@ class LayerComm:
     """Per-rank copies of one pass's list all-gathers (:data:`LIST_COPY_S`): always exposed."""
     rs_copies: float = 0.0
     """The same for the reduce-scatters (list inputs flattened)."""
+    regather_demand: float = 0.0
+    """On-demand gathers the backward repeats after a recomputed forward (:func:`regathered`)."""
+    regather_prefetch: float = 0.0
+    """Prefetchable gathers the backward repeats."""
+    regather_copies: float = 0.0
+    """Their list copies."""
+    gathers: int = 0
+    """All-gathers issued per micro-batch (both passes and the repeats)."""
+    gathered_bytes: float = 0.0
+    """Bytes each GPU receives in them per micro-batch (``(n-1)/n`` of each gathered tensor)."""
 
     def plus(self, other: LayerComm) -> LayerComm:
         """Both groups' collectives of one layer (issued one after the other)."""
@@ -133,46 +148,87 @@ class LayerComm:
         return LayerComm(*(a + b for a, b in zip(mine, theirs, strict=True)))
 
 
+def regathered(tensors: list[float], max_reuse: float) -> list[bool]:
+    """Which of a layer's gathered tensors (elements, forward order) DeepSpeed gathers a third
+    time in the backward of a fully recomputed layer. Each forward use, the recomputed one
+    included, releases a tensor unless its next use comes within ``max_reuse`` fetched elements
+    (the coordinator's trace of the first step: ``stage3_max_reuse_distance``). After the
+    recomputed forward uses tensor ``k``, the rest of the layer is recomputed and its backward
+    runs in reverse order before ``k``'s own: twice the elements of the tensors after ``k``.
+    A GPT layer of hidden size ``h`` thus regathers its QKV, projection and first MLP matrices
+    (18, 16 and 8 h^2 apart) once ``8 h^2`` exceeds 1e9 (h >= 11180), keeping only the last
+    matrix (DeepSpeed 2021, ``partitioned_param_coordinator``: ``release_sub_module`` after every
+    forward, ``fetch_sub_module`` before the backward). Without recomputation the forward's
+    gathers are released long before the backward, which gathers everything again anyway."""
+    out = []
+    after = sum(tensors)
+    for t in tensors:
+        after -= t
+        out.append(2 * after > max_reuse)
+    return out
+
+
 def layer_comm(
     coll: Coll, dp: list[str], w: WorkloadIn, tensors: list[float], algo: str
 ) -> LayerComm:
-    """Time one layer's all-gathers (per tensor, or one flat unit with FSDP) and its gradient
-    reduce-scatters on the data-parallel group ``dp``."""
+    """Time one layer's all-gathers (per tensor above the persistence threshold, or one flat
+    unit with FSDP; the backward's repeats after a full recomputation, :func:`regathered`) and
+    its gradient reduce-scatters on the data-parallel group ``dp``."""
     tr = w.training
     if not tensors:
         return LayerComm(0.0, 0.0, 0.0)
     elem = DTYPE_BYTES[w.value_dtype]
     gelem = DTYPE_BYTES[w.grad_dtype] / tr.compression.ratio
     if w.parallel.fsdp:
-        gathers = [sum(tensors) * elem]
+        gathered = [sum(tensors)]
+        again = [False]
         grads = [sum(tensors) * gelem]
     else:
-        gathers = [t * elem for t in tensors]
+        # Tensors under the persistence threshold stay whole on every rank: no gather.
+        gathered = [t for t in tensors if t >= tr.persistence_threshold]
+        full = w.recomputes == "full"
+        again = regathered(gathered, tr.max_reuse_distance) if full else [False] * len(gathered)
         grads = buckets(
             [t * gelem for t in reversed(tensors)],
             tr.bucket_bytes(3, len(dp), DTYPE_BYTES[w.grad_dtype]),
         )
-    demand = prefetch = 0.0
-    for size in gathers:
+    demand = prefetch = re_demand = re_prefetch = 0.0
+    for elements, repeat in zip(gathered, again, strict=True):
+        size = elements * elem
         t = coll("all_gather", dp, size, algo)
         if w.parallel.fsdp or size <= tr.prefetch_bucket:
             prefetch += t
+            re_prefetch += t if repeat else 0.0
         else:
             demand += t
+            re_demand += t if repeat else 0.0
     rs = sum(coll("reduce_scatter", dp, g, algo) for g in grads)
     copy = 0.0 if w.parallel.fsdp else tr.gather_copy_s * len(dp)
-    return LayerComm(demand, prefetch, rs, copy * len(gathers), copy * len(grads))
+    repeats = sum(again)
+    passes = sum(t * (2 + r) for t, r in zip(gathered, again, strict=True))
+    received = passes * elem * (len(dp) - 1) / len(dp)
+    return LayerComm(
+        demand, prefetch, rs, copy * len(gathered), copy * len(grads),
+        re_demand, re_prefetch, copy * repeats, 2 * len(gathered) + repeats, received,
+    )  # fmt: skip
 
 
 def exposed_per_layer(c: LayerComm, fwd_s: float, bwd_s: float, overlap: bool) -> float:
     """Exposed seconds of one layer's collectives, forward + backward, one micro-batch:
     on-demand gathers and copies in full, prefetched gathers and reduce-scatters beyond the
-    layer's compute (``max(0, comm - compute)``) with overlap, everything without."""
-    copies = 2 * c.copies + c.rs_copies
+    layer's compute (``max(0, comm - compute)``) with overlap, everything without. The
+    backward gathers what the forward did (for its recomputation, or its own use) and the
+    repeats."""
+    copies = 2 * c.copies + c.rs_copies + c.regather_copies
+    repeats = c.regather_demand + c.regather_prefetch
     if not overlap:
-        return 2 * (c.demand + c.prefetch) + c.reduce_scatter + copies
+        return 2 * (c.demand + c.prefetch) + repeats + c.reduce_scatter + copies
     fwd = c.demand + max(0.0, c.prefetch - fwd_s)
-    bwd = c.demand + max(0.0, c.prefetch + c.reduce_scatter - bwd_s)
+    bwd = (
+        c.demand
+        + c.regather_demand
+        + max(0.0, c.prefetch + c.regather_prefetch + c.reduce_scatter - bwd_s)
+    )
     return fwd + bwd + copies
 
 
@@ -194,7 +250,7 @@ def zero3(
     ``layers``), spread evenly over its transformer layers."""
     n_layers = max(1.0, crit["layers"])
     fwd_l, bwd_l = crit["fwd"] / n_layers, crit["bwd"] / n_layers
-    exposed = gathers = total = 0.0
+    exposed = gathers = total = received = 0.0
     calls = 0
     cache: dict[tuple[float, ...], LayerComm] = {}
     for i, layer in enumerate(tensors):
@@ -214,12 +270,14 @@ def zero3(
         no_rs = dataclasses.replace(c, reduce_scatter=0.0, rs_copies=0.0)
         gathers += exposed_per_layer(no_rs, f, b, w.training.dp_overlap)
         total += exposed_per_layer(c, 0.0, 0.0, False)
-        calls += sum(2 * (1 if w.parallel.fsdp else len(p)) for _, p in parts if p)
+        calls += c.gathers
+        received += c.gathered_bytes
     return (
         m * gathers,
         m * (exposed - gathers),
         {
             "zero3_comm_s": m * total,
             "zero3_gathers_per_micro_batch": calls,
+            "zero3_gathered_bytes_per_gpu": m * received,
         },
     )
