@@ -122,6 +122,14 @@ def test_tuned_runs_nccls_choice_which_is_never_slower_than_the_default(name, no
     assert tuned.points[-1].busbw_gbps >= plain.points[-1].busbw_gbps
 
 
+def test_tuned_takes_more_channels_where_the_model_prices_them_alike():
+    """NCCL's own model gives a ring the same time on 1 and 8 channels; NCCL still runs 8 and
+    the engine must time 8, not one channel through one NIC."""
+    whatif = WhatIf(load_topology("dgx-h100", nodes=2))
+    point = whatif.sweep("all_reduce", "auto", [128 << 20], tuned=True, model="nccl").points[0]
+    assert point.channels == 8 and point.busbw_gbps > 300
+
+
 def test_simulate_tuned_prints_and_writes_each_sizes_choice(tmp_path):
     out = tmp_path / "t.json"
     args = ["simulate", "all_reduce", "-t", "dgx-h100", "--nodes", "2", "--tuned", "-b", "8",

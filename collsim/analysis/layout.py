@@ -251,6 +251,7 @@ def memory_per_gpu(
     expert_params_per_gpu: float = 0.0,
     stage: int = 0,
     logits_bytes: float = 0.0,
+    persistent_params: float = 0.0,
 ) -> Memory:
     """Weights, gradients, optimizer state and activations of one GPU of pipeline ``stage``
     (module docstring).
@@ -262,6 +263,8 @@ def memory_per_gpu(
 
     ``expert_params_per_gpu`` (part of ``params_per_gpu``) are replicated over dp / ep GPUs only
     (each expert-parallel group holds every expert once), so ZeRO shards them that many ways.
+    ``persistent_params`` (part of ``params_per_gpu``): what ZeRO-3 keeps whole on every GPU
+    (DeepSpeed's tensors under its persistence threshold), weights unsharded.
     Micro-batches in flight on stage ``i`` of ``p`` (Megatron-LM's warm-up counts): ``p - i``
     with 1F1B; ``2 (p - i - 1) + (v - 1) p + 1`` model chunks of ``1/v`` of the stage's layers
     interleaved (``p + (p - 1)/v`` micro-batches' worth on the first stage, Narayanan et al.
@@ -281,7 +284,8 @@ def memory_per_gpu(
         # prefetched (where there is a next) are whole (TP-sharded) at once, and its gradients
         # until reduce-scattered; never more than the stage's unsharded weights.
         unit = params_per_gpu / max(1, stage_layers)
-        weights = min(weights + min(2, stage_layers) * unit * elem, params_per_gpu * elem)
+        whole = persistent_params * (1 - 1 / layout.dp) * elem
+        weights = min(weights + whole + min(2, stage_layers) * unit * elem, params_per_gpu * elem)
         grads = min(grads + unit * grad_elem, params_per_gpu * grad_elem)
     optim = sharded(optimizer_state_bytes(w), 1)
     p, m, v = layout.pp, layout.m, layout.v

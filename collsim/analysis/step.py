@@ -471,9 +471,15 @@ class StepModel:
             mine = [costs[j] for j in ranges[i]]  # dense and expert layers alike
             kept = sum(c.act_bytes_recompute for c in mine) / len(mine)
             extra = max(c.act_bytes - c.act_bytes_recompute for c in mine)
+            persistent = 0.0
+            if lay.zero >= 3 and not w.parallel.fsdp:  # DeepSpeed keeps small tensors whole
+                limit = w.training.persistence_threshold
+                tensors = stage_tensors(w, lay, i, ranges[i])
+                persistent = sum(t for layer in tensors for t in layer if t < limit)
             mem = memory_per_gpu(
                 w, lay, stages[i]["params"], kept, extra, len(mine), capacity,
                 expert_params_per_gpu=stages[i]["expert_params"], stage=i, logits_bytes=logits,
+                persistent_params=persistent,
             )  # fmt: skip
             if worst is None or mem.total > worst.total:
                 worst = mem

@@ -148,7 +148,7 @@ class LayerComm:
         return LayerComm(*(a + b for a, b in zip(mine, theirs, strict=True)))
 
 
-def regathered(tensors: list[float], max_reuse: float) -> list[bool]:
+def regathered(tensors: list[float], max_reuse: float, later: float = 0.0) -> list[bool]:
     """Which of a layer's gathered tensors (elements, forward order) DeepSpeed gathers a third
     time in the backward of a fully recomputed layer. Each forward use, the recomputed one
     included, releases a tensor unless its next use comes within ``max_reuse`` fetched elements
@@ -159,21 +159,36 @@ def regathered(tensors: list[float], max_reuse: float) -> list[bool]:
     (18, 16 and 8 h^2 apart) once ``8 h^2`` exceeds 1e9 (h >= 11180), keeping only the last
     matrix (DeepSpeed 2021, ``partitioned_param_coordinator``: ``release_sub_module`` after every
     forward, ``fetch_sub_module`` before the backward). Without recomputation the forward's
-    gathers are released long before the backward, which gathers everything again anyway."""
+    gathers are released long before the backward, which gathers everything again anyway.
+    ``later``: elements gathered after these in the same layer by another group (an MoE
+    layer's experts, after its attention)."""
     out = []
-    after = sum(tensors)
+    after = sum(tensors) + later
     for t in tensors:
         after -= t
         out.append(2 * after > max_reuse)
     return out
 
 
+def gathered_tensors(w: WorkloadIn, tensors: list[float]) -> list[float]:
+    """The tensors DeepSpeed gathers per pass: those at or above the persistence threshold."""
+    return [t for t in tensors if t >= w.training.persistence_threshold]
+
+
 def layer_comm(
-    coll: Coll, dp: list[str], w: WorkloadIn, tensors: list[float], algo: str
+    coll: Coll,
+    dp: list[str],
+    w: WorkloadIn,
+    tensors: list[float],
+    algo: str,
+    *,
+    recomputed: bool = False,
+    later: float = 0.0,
 ) -> LayerComm:
     """Time one layer's all-gathers (per tensor above the persistence threshold, or one flat
-    unit with FSDP; the backward's repeats after a full recomputation, :func:`regathered`) and
-    its gradient reduce-scatters on the data-parallel group ``dp``."""
+    unit with FSDP; with ``recomputed``, a layer the backward recomputes in full, the repeats of
+    :func:`regathered`, ``later`` elements being gathered after these in the layer) and its
+    gradient reduce-scatters on the data-parallel group ``dp``."""
     tr = w.training
     if not tensors:
         return LayerComm(0.0, 0.0, 0.0)
@@ -185,9 +200,12 @@ def layer_comm(
         grads = [sum(tensors) * gelem]
     else:
         # Tensors under the persistence threshold stay whole on every rank: no gather.
-        gathered = [t for t in tensors if t >= tr.persistence_threshold]
-        full = w.recomputes == "full"
-        again = regathered(gathered, tr.max_reuse_distance) if full else [False] * len(gathered)
+        gathered = gathered_tensors(w, tensors)
+        again = (
+            regathered(gathered, tr.max_reuse_distance, later)
+            if recomputed
+            else [False] * len(gathered)
+        )
         grads = buckets(
             [t * gelem for t in reversed(tensors)],
             tr.bucket_bytes(3, len(dp), DTYPE_BYTES[w.grad_dtype]),
@@ -259,9 +277,16 @@ def zero3(
         parts = [(groups.dp, layer[: len(layer) - tail])]
         if tail and len(groups.dp_expert) > 1:
             parts.append((groups.dp_expert, layer[len(layer) - tail :]))
-        key = (*layer, tail)
+        # A transformer layer recomputed in full (not the embeddings' pseudo-layer) regathers,
+        # its reuse distances running over both groups' tensors in forward order.
+        recomputed = w.recomputes == "full" and i < crit["layers"]
+        key = (*layer, tail, recomputed)
         if key not in cache:
-            found = [layer_comm(coll, group, w, tensors_, algo) for group, tensors_ in parts]
+            later = [sum(gathered_tensors(w, p)) for _, p in parts[1:]] + [0.0]
+            found = [
+                layer_comm(coll, group, w, tensors_, algo, recomputed=recomputed, later=after)
+                for (group, tensors_), after in zip(parts, later, strict=True)
+            ]
             cache[key] = found[0] if len(found) == 1 else found[0].plus(found[1])
         c = cache[key]
         # The embeddings' pseudo-layer has no compute of its own to hide behind.

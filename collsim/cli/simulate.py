@@ -116,13 +116,14 @@ def simulate(
     if topo.faults:
         click.echo(f"# faults: {'; '.join(topo.faults)}")
     whatif, prof = whatif_for(topo, profile, engine, model)
-    if prof is not None and not tuned:
-        click.echo(
-            f"# note: times are for {protocol} on {channels} channel(s), as asked; NCCL picks "
-            "the protocol and channels per size (`collsim validate` compares its choices with "
-            "measured logs; `collsim tune --profile` shows which of collsim's algorithms the "
-            "model finds fastest)"
-        )
+    if prof is not None:
+        if not tuned:
+            click.echo(
+                f"# note: times are for {protocol} on {channels} channel(s), as asked; NCCL "
+                "picks the protocol and channels per size (--tuned; `collsim validate` compares "
+                "its choices with measured logs; `collsim tune --profile` shows which of "
+                "collsim's algorithms the model finds fastest)"
+            )
         doc = prof.doc
         if engine == "des" and (
             doc.base_latency_us or doc.launch_floor_us or doc.size_efficiency

@@ -256,6 +256,8 @@ def nccl_choices(
 
     runnable = model.candidates(collective)
     algos = [a for a in NCCL_ALGORITHMS.get(collective, ()) if a in runnable] or runnable[:1]
-    tuner = Tuner(model, protocols=PROTOCOL_ORDER, channels=NCCL_CHANNELS)
+    # More channels first: where the model prices them alike (NCCL's own model has no channel
+    # term for many cases), NCCL still spreads the data over them, and the engine times that.
+    tuner = Tuner(model, protocols=PROTOCOL_ORDER, channels=tuple(sorted(NCCL_CHANNELS)[::-1]))
     result = tuner.tune(collective, sizes_bytes, elem_bytes=elem_bytes, algorithms=algos)
     return [result.choice_at(i) for i in range(len(sizes_bytes))]

@@ -66,13 +66,18 @@ class GpuModel:
     """Measured maximum achievable matmul FLOP/s by dtype (the best of a search over shapes):
     what the GPU sustains at its power limit, below the peak by a fraction that differs between
     GPUs (A100 SXM 0.87, H100 SXM 0.80, B200 0.78, MI300X 0.51 in BF16). Where a dtype has none,
-    :meth:`matmul_rate` assumes :data:`DEFAULT_MATMUL_FRACTION` of the peak."""
+    :meth:`matmul_rate` assumes a fraction of the peak (:meth:`matmul_rate`)."""
 
     def matmul_rate(self, key: str) -> float:
-        """FLOP/s of the GPU's best matmul in ``key`` (a ``peak_flops`` key): measured, or
-        :data:`DEFAULT_MATMUL_FRACTION` of the peak."""
+        """FLOP/s of the GPU's best matmul in ``key`` (a ``peak_flops`` key): measured, or the
+        lowest fraction of the peak its measured dtypes reach (an MI300X's FP8 is not assumed
+        to reach the A100's fraction when its BF16 reaches 0.51), or
+        :data:`DEFAULT_MATMUL_FRACTION` of the peak for a GPU without measurements."""
         measured = self.matmul_flops.get(key)
-        return measured if measured is not None else self.peak_flops[key] * DEFAULT_MATMUL_FRACTION
+        if measured is not None:
+            return measured
+        fractions = [v / self.peak_flops[k] for k, v in self.matmul_flops.items()]
+        return self.peak_flops[key] * min(fractions, default=DEFAULT_MATMUL_FRACTION)
 
 
 @dataclass(frozen=True)

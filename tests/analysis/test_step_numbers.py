@@ -198,7 +198,7 @@ def test_zero3_gathers_experts_only_among_their_holders(node):
 
     def run(ep):
         data = gpt(model={**MOE}, global_batch=8, micro_batch=1,
-                   training={"dp_overlap": False},
+                   training={"dp_overlap": False, "persistence_threshold": 0},
                    parallel={"tp": 1, "pp": 1, "ep": ep, "zero": 3})  # fmt: skip
         return _evaluate(node, data)
 

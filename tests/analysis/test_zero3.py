@@ -83,7 +83,7 @@ def test_small_tensors_persist_and_a_recomputed_layer_gathers_some_weights_three
     w = workload_from_dict({**w.model_dump(), "recompute": "full"})
     layer = transformer_tensors(w, 1, 1, False)
     timer = AlphaBetaTimer()
-    c = layer_comm(timer.time_s, ["a", "b", "c", "d"], w, layer, "ring")
+    c = layer_comm(timer.time_s, ["a", "b", "c", "d"], w, layer, "ring", recomputed=True)
     big = [t for t in layer if t >= 1000]
     assert big == [3 * 64 * 64, 64 * 64, 4 * 64 * 64, 4 * 64 * 64]
     gathers = [size for coll, size in timer.calls if coll == "all_gather"]
@@ -106,6 +106,36 @@ def test_small_tensors_persist_and_a_recomputed_layer_gathers_some_weights_three
     plain = layer_comm(AlphaBetaTimer().time_s, ["a", "b", "c", "d"], _z3(
         persistence_threshold=1000, max_reuse_distance=40_000), layer, "ring")  # fmt: skip
     assert plain.gathers == 8 and plain.regather_prefetch == 0
+    # the whole step: 2 layers x 10 gathers; the embeddings (never recomputed) 2 x 2
+    r = StepModel(ring_topology(4), AlphaBetaTimer()).evaluate(w)
+    assert r.details["zero3_gathers_per_micro_batch"] == 2 * 10 + 2 * 2
+
+
+def test_persistent_tensors_are_held_whole_in_memory():
+    """Raising the persistence threshold above every tensor removes all gathers and leaves
+    every GPU holding the whole weights (fp16) though gradients and optimizer stay sharded."""
+    from collsim.analysis.transformer import total_params
+
+    topo = ring_topology(4)
+
+    def deep(**training):  # 16 layers: gathering two at a time is well under all of them
+        w = _z3(**training)
+        return workload_from_dict({**w.model_dump(), "model": {**w.model.model_dump(),
+                                                               "layers": 16}})  # fmt: skip
+
+    sharded = StepModel(topo, AlphaBetaTimer()).evaluate(deep())
+    whole = StepModel(topo, AlphaBetaTimer()).evaluate(deep(persistence_threshold=10**9))
+    assert whole.details["zero3_gathers_per_micro_batch"] == 0
+    assert whole.memory.weights == pytest.approx(total_params(deep().model) * 2, rel=1e-9)
+    assert sharded.memory.weights < whole.memory.weights
+    assert whole.memory.gradients == pytest.approx(sharded.memory.gradients)
+
+
+def test_an_moe_layers_reuse_distances_run_over_its_experts_too():
+    """Attention tensors (one group) are followed by the experts' (another group) in the same
+    layer: their distance to the backward counts the experts' elements."""
+    assert regathered([10.0, 5.0], 8.0) == [True, False]  # 2 x 5 apart, then 0
+    assert regathered([10.0, 5.0], 8.0, later=100.0) == [True, True]
 
 
 def test_gradient_buckets_coalesce_small_tensors_and_keep_large_ones_alone():
