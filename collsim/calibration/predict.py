@@ -37,15 +37,13 @@ from collsim.model.params import (
     p2p_ops,
     under_floor,
 )
-from collsim.model.tuner import NCCL_CHANNELS, PROTOCOL_ORDER, host_floor_s
+from collsim.model.tuner import NCCL_CHANNELS, PROTOCOL_ORDER, host_floor_s, nccl_algorithms
 from collsim.report.tables import plural
 from collsim.topology.spec import Topology
 
 _ALGO_ENV = {"ring": "ring", "tree": "tree", "nvls": "in_network", "nvlstree": "in_network",
              "collnet": "in_network", "collnetdirect": "in_network",
              "collnetchain": "in_network"}  # fmt: skip
-PROTOCOLS = PROTOCOL_ORDER
-CHANNELS = NCCL_CHANNELS
 
 
 NCCL_BASE_LATENCY_S = 6.6e-6
@@ -87,8 +85,8 @@ class Constraints:
     """What a log's NCCL_* settings allow: algorithms, protocols and channel counts."""
 
     algorithms: tuple[str, ...] | None = None
-    protocols: tuple[str, ...] = PROTOCOLS
-    channels: tuple[int, ...] = CHANNELS
+    protocols: tuple[str, ...] = PROTOCOL_ORDER
+    channels: tuple[int, ...] = NCCL_CHANNELS
 
 
 def _env_list(value: str) -> tuple[list[str], bool]:
@@ -102,7 +100,7 @@ def _env_list(value: str) -> tuple[list[str], bool]:
 def check_env(env: dict[str, str]) -> None:
     """Refuse NCCL settings NCCL itself would refuse: an unknown algorithm (``NCCL_ALGO``) or
     protocol (``NCCL_PROTO``), a channel count that is not a positive integer."""
-    known = {"NCCL_ALGO": {*_ALGO_ENV, "pat"}, "NCCL_PROTO": {p.lower() for p in PROTOCOLS}}
+    known = {"NCCL_ALGO": {*_ALGO_ENV, "pat"}, "NCCL_PROTO": {p.lower() for p in PROTOCOL_ORDER}}
     for key, names in known.items():
         if key in env:
             bad = [n for n in _env_list(env[key])[0] if n not in names]
@@ -121,8 +119,8 @@ def check_env(env: dict[str, str]) -> None:
 def constraints(env: dict[str, str], collective: str) -> Constraints:
     """The algorithms / protocols / channels NCCL may use under the settings ``env``."""
     algos: tuple[str, ...] | None = None
-    protos = PROTOCOLS
-    channels = CHANNELS
+    protos = PROTOCOL_ORDER
+    channels = NCCL_CHANNELS
     if "NCCL_ALGO" in env:
         names, neg = _env_list(env["NCCL_ALGO"])
         chosen = {_ALGO_ENV[n] for n in names if n in _ALGO_ENV}
@@ -136,12 +134,14 @@ def constraints(env: dict[str, str], collective: str) -> Constraints:
         algos = tuple(a for a in (algos or NCCL_ALGORITHMS[collective]) if a != "tree")
     if "NCCL_PROTO" in env:
         names, neg = _env_list(env["NCCL_PROTO"])
-        picked = tuple(p for p in PROTOCOLS if (p.lower() in names) != neg)
-        protos = picked or PROTOCOLS
+        picked = tuple(p for p in PROTOCOL_ORDER if (p.lower() in names) != neg)
+        protos = picked or PROTOCOL_ORDER
     lo = max(1, _int_env(env, "NCCL_MIN_NCHANNELS", 1))
-    hi = max(1, _int_env(env, "NCCL_MAX_NCHANNELS", max(max(CHANNELS), lo)))
+    hi = max(1, _int_env(env, "NCCL_MAX_NCHANNELS", max(max(NCCL_CHANNELS), lo)))
     # Where no usual count is allowed (NCCL_MIN_NCHANNELS=32, or 2..4), the most allowed.
-    channels = tuple(c for c in CHANNELS if lo <= c <= hi) or (max(lo, min(hi, max(CHANNELS))),)
+    channels = tuple(c for c in NCCL_CHANNELS if lo <= c <= hi) or (
+        max(lo, min(hi, max(NCCL_CHANNELS))),
+    )
     return Constraints(algos, protos, channels)
 
 
@@ -409,10 +409,7 @@ class Predictor:
         return self
 
     def algorithms(self, collective: str, allowed: tuple[str, ...] | None) -> list[str]:
-        runnable = self.model.candidates(collective)
-        wanted = allowed if allowed is not None else NCCL_ALGORITHMS.get(collective, ())
-        algos = [a for a in wanted if a in runnable]
-        return algos or runnable[:1]
+        return nccl_algorithms(self.model, collective, allowed)
 
     def predict(
         self,

@@ -246,18 +246,27 @@ def tuned_algorithms(
     return [result.choice_at(i).algorithm for i in range(len(sizes_bytes))]
 
 
+def nccl_algorithms(
+    model: CostModel, collective: str, allowed: tuple[str, ...] | None = None
+) -> list[str]:
+    """NCCL's algorithms for ``collective`` (or those ``allowed``, e.g. by ``NCCL_ALGO``) that
+    ``model`` can run here; its first runnable one where none is."""
+    from collsim.collectives.registry import NCCL_ALGORITHMS
+
+    runnable = model.candidates(collective)
+    wanted = allowed if allowed is not None else NCCL_ALGORITHMS.get(collective, ())
+    return [a for a in wanted if a in runnable] or runnable[:1]
+
+
 def nccl_choices(
     model: CostModel, collective: str, sizes_bytes: list[int], *, elem_bytes: int
 ) -> list[Choice]:
     """What NCCL would run per size (``simulate --tuned``): the fastest of NCCL's own algorithms
     (:data:`collsim.collectives.registry.NCCL_ALGORITHMS`, those the model can run here), over
     the protocols NCCL enables by default and :data:`NCCL_CHANNELS`, as its tuner picks."""
-    from collsim.collectives.registry import NCCL_ALGORITHMS
-
-    runnable = model.candidates(collective)
-    algos = [a for a in NCCL_ALGORITHMS.get(collective, ()) if a in runnable] or runnable[:1]
     # More channels first: where the model prices them alike (NCCL's own model has no channel
     # term for many cases), NCCL still spreads the data over them, and the engine times that.
-    tuner = Tuner(model, protocols=PROTOCOL_ORDER, channels=tuple(sorted(NCCL_CHANNELS)[::-1]))
+    tuner = Tuner(model, protocols=PROTOCOL_ORDER, channels=NCCL_CHANNELS[::-1])
+    algos = nccl_algorithms(model, collective)
     result = tuner.tune(collective, sizes_bytes, elem_bytes=elem_bytes, algorithms=algos)
     return [result.choice_at(i) for i in range(len(sizes_bytes))]
