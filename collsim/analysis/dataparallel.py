@@ -134,7 +134,7 @@ def data_parallel(
     ``groups.dp_expert``); ``expert_tails``: ZeRO-3's expert tensors per layer
     (:func:`collsim.analysis.zero3.expert_tails`)."""
     detail: dict[str, Any] = {}
-    if lay.dp <= 1:
+    if lay.shards <= 1:  # no other GPU holds these weights (dp x cp = 1)
         return 0.0, 0.0, {"dp_bytes_per_gpu": 0.0}
     tr = w.training
     ratio = tr.compression.ratio
@@ -149,7 +149,7 @@ def data_parallel(
         # Bytes each GPU moves: the gathers it receives (persistent tensors none, regathered
         # ones three times); its gradients, dense over all DP, experts' among their holders.
         holders = len(groups.dp_expert)
-        spread = (params_gpu - expert_params_gpu) * (lay.dp - 1) / lay.dp
+        spread = (params_gpu - expert_params_gpu) * (lay.shards - 1) / lay.shards
         spread += expert_params_gpu * (holders - 1) / holders
         gathered = detail.pop("zero3_gathered_bytes_per_gpu")
         moved = m * spread * DTYPE_BYTES[w.grad_dtype] / max(ratio, 1.0)

@@ -1,10 +1,14 @@
 """A workload's parallel layout on a cluster: sizes checked, ranks placed on GPUs, memory per GPU.
 
 Ranks are ordered as Megatron-LM orders them: tensor-parallel ranks are consecutive (so a TP group
-of up to 8 sits inside one DGX node), then data-parallel, then pipeline stages outermost:
-``rank = tp_rank + tp * (dp_rank + dp * pp_rank)``, rank ``r`` on the ``r``-th GPU of the
-topology (node-major). Expert-parallel groups are the first ``ep`` ranks of a data-parallel
-group (EP inside DP, as Megatron-Core and DeepSpeed-MoE place them).
+of up to 8 sits inside one DGX node), then context-parallel, then data-parallel, then pipeline
+stages outermost: ``rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank))``, rank
+``r`` on the ``r``-th GPU of the topology (node-major; Megatron-Core's default order
+``tp-cp-ep-dp-pp``). Expert-parallel groups are the first ``ep`` ranks of a data-parallel group
+(EP inside DP, as Megatron-Core and DeepSpeed-MoE place them). Context-parallel ranks hold the
+same weights and see parts of the same sequences, so gradients are reduced, and ZeRO shards, over
+the ``dp x cp`` GPUs that hold a copy of the weights (Megatron-Core's data-parallel group "with
+context parallelism").
 
 Memory per GPU (mixed-precision Adam, Rajbhandari et al. 2020, ZeRO, arXiv:1910.02054, section
 3.1): 2 bytes of 16-bit weights, 2 of gradients (4 when gradients are reduced in fp32, as
@@ -24,7 +28,7 @@ the layout's memory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from collsim.analysis.workload import DTYPE_BYTES, WorkloadError, WorkloadIn
 from collsim.topology.spec import Topology
@@ -59,12 +63,22 @@ class Layout:
     zero: int
     fsdp: bool = False
     """ZeRO-3 as PyTorch FSDP (per-layer gathers) rather than DeepSpeed (per-tensor)."""
+    cp: int = 1
+    """Context-parallel size: each sequence split over ``cp`` GPUs."""
 
-    def rank(self, tp_rank: int, dp_rank: int, pp_rank: int) -> int:
-        return tp_rank + self.tp * (dp_rank + self.dp * pp_rank)
+    def rank(self, tp_rank: int, dp_rank: int, pp_rank: int, cp_rank: int = 0) -> int:
+        return tp_rank + self.tp * (cp_rank + self.cp * (dp_rank + self.dp * pp_rank))
+
+    @property
+    def shards(self) -> int:
+        """GPUs holding a copy of the same weights, over which gradients are reduced and ZeRO
+        shards: ``dp x cp``."""
+        return self.dp * self.cp
 
     def label(self) -> str:
         text = f"tp{self.tp}-pp{self.pp}-dp{self.dp}"
+        if self.cp > 1:
+            text += f"-cp{self.cp}"
         if self.v > 1:
             text += f"-v{self.v}"
         if self.ep > 1:
@@ -79,17 +93,19 @@ class Layout:
 def resolve_layout(w: WorkloadIn, n_gpus: int) -> Layout:
     """Check the layout against the GPU count and the model; fill in ``dp: auto``."""
     par = w.parallel
-    if n_gpus % (par.tp * par.pp):
+    split = par.tp * par.cp * par.pp
+    if n_gpus % split:
+        names = "tp x cp x pp" if par.cp > 1 else "tp x pp"
         raise WorkloadError(
-            f"tp x pp = {par.tp * par.pp} does not divide the {n_gpus} GPUs",
+            f"{names} = {split} does not divide the {n_gpus} GPUs",
             field="parallel",
-            value=f"tp={par.tp}, pp={par.pp}",
+            value=f"tp={par.tp}, pp={par.pp}" + (f", cp={par.cp}" if par.cp > 1 else ""),
         )
-    dp = n_gpus // (par.tp * par.pp) if par.dp == "auto" else par.dp
-    if par.tp * par.pp * dp != n_gpus:
+    dp = n_gpus // split if par.dp == "auto" else par.dp
+    if split * dp != n_gpus:
+        names = "tp x cp x pp x dp" if par.cp > 1 else "tp x pp x dp"
         raise WorkloadError(
-            f"tp x pp x dp = {par.tp * par.pp * dp}, but the cluster has {n_gpus} GPUs "
-            "(use dp: auto or --nodes)",
+            f"{names} = {split * dp}, but the cluster has {n_gpus} GPUs (use dp: auto or --nodes)",
             field="parallel.dp",
             value=par.dp,
         )
@@ -163,6 +179,7 @@ def resolve_layout(w: WorkloadIn, n_gpus: int) -> Layout:
         sequence_parallel=par.sequence_parallel,
         zero=zero,
         fsdp=par.fsdp,
+        cp=par.cp,
     )
 
 
@@ -172,15 +189,18 @@ class Groups:
 
     tp: list[str]
     dp: list[str]
+    """The GPUs holding rank 0's weights (its ``dp x cp`` ranks): where gradients are reduced."""
     ep: list[str]
     pp_pair: list[str]
     dp_expert: list[str]
     """The GPUs holding the same experts as rank 0 (every ep-th of its DP group): where expert
     gradients are reduced (DeepSpeed-MoE's expert-data-parallel group)."""
+    cp: list[str] = field(default_factory=list)
+    """Rank 0's context-parallel group (the GPUs sharing its sequences); one GPU without CP."""
 
 
 def place(layout: Layout, topology: Topology) -> Groups:
-    """Rank 0's TP, DP and EP groups and its pipeline neighbour, on the topology's GPUs."""
+    """Rank 0's TP, CP, DP and EP groups and its pipeline neighbour, on the topology's GPUs."""
     names = [g.name for g in topology.gpus]
     if len(names) < layout.n_gpus:
         raise WorkloadError(
@@ -189,11 +209,14 @@ def place(layout: Layout, topology: Topology) -> Groups:
             value=topology.nodes,
         )
     tp = [names[layout.rank(i, 0, 0)] for i in range(layout.tp)]
-    dp = [names[layout.rank(0, j, 0)] for j in range(layout.dp)]
+    dp = [names[layout.rank(0, j, 0, c)] for j in range(layout.dp) for c in range(layout.cp)]
+    cp = [names[layout.rank(0, 0, 0, c)] for c in range(layout.cp)]
     ep = [names[layout.rank(0, j, 0)] for j in range(layout.ep)]
     pp = [names[layout.rank(0, 0, k)] for k in range(min(layout.pp, 2))]
-    same_experts = [names[layout.rank(0, j, 0)] for j in range(0, layout.dp, layout.ep)]
-    return Groups(tp=tp, dp=dp, ep=ep, pp_pair=pp, dp_expert=same_experts)
+    same_experts = dp  # EP with CP is refused (ParallelIn), so ep > 1 means cp == 1
+    if layout.ep > 1:
+        same_experts = [names[layout.rank(0, j, 0)] for j in range(0, layout.dp, layout.ep)]
+    return Groups(tp=tp, dp=dp, ep=ep, pp_pair=pp, dp_expert=same_experts, cp=cp)
 
 
 @dataclass(frozen=True)
@@ -232,12 +255,13 @@ def sharded_params(
     layout: Layout, params_per_gpu: float, expert_params_per_gpu: float, from_stage: int
 ) -> float:
     """Parameters one GPU keeps a copy of for a ZeRO stage that shards from ``from_stage`` on
-    (1: optimizer state, 2: gradients, 3: weights): dense ones over dp, the experts' (part of
-    ``params_per_gpu``) over the dp / ep GPUs that hold each expert."""
+    (1: optimizer state, 2: gradients, 3: weights): dense ones over dp x cp, the experts' (part
+    of ``params_per_gpu``) over the dp / ep GPUs that hold each expert."""
     if layout.zero < from_stage:
         return params_per_gpu
     dense = params_per_gpu - expert_params_per_gpu
-    return dense / layout.dp + expert_params_per_gpu / max(1, layout.dp // layout.ep)
+    experts = expert_params_per_gpu / max(1, layout.shards // layout.ep)
+    return dense / layout.shards + experts
 
 
 def memory_per_gpu(
@@ -279,12 +303,12 @@ def memory_per_gpu(
 
     weights = sharded(elem, 3)
     grads = sharded(grad_elem, 2)
-    if layout.zero >= 3 and layout.dp > 1:
+    if layout.zero >= 3 and layout.shards > 1:
         # Sharded weights are gathered a layer at a time: the layer computing and the one
         # prefetched (where there is a next) are whole (TP-sharded) at once, and its gradients
         # until reduce-scattered; never more than the stage's unsharded weights.
         unit = params_per_gpu / max(1, stage_layers)
-        whole = persistent_params * (1 - 1 / layout.dp) * elem
+        whole = persistent_params * (1 - 1 / layout.shards) * elem
         weights = min(weights + whole + min(2, stage_layers) * unit * elem, params_per_gpu * elem)
         grads = min(grads + unit * grad_elem, params_per_gpu * grad_elem)
     optim = sharded(optimizer_state_bytes(w), 1)

@@ -79,6 +79,7 @@ class ClusterIn(Strict):
 class SearchIn(Strict):
     tp: Choices[Pos] | None = None
     pp: Choices[Pos] | None = None
+    cp: Choices[Pos] | None = None
     micro_batch: Choices[Pos] | None = None
     zero: Choices[Literal[0, 1, 2, 3]] | None = None
     sequence_parallel: Choices[bool] | None = None
@@ -205,6 +206,7 @@ def layouts(w: WorkloadIn, search: SearchIn, rejected: Rejected | None = None) -
     axes: dict[str, list[Any]] = {
         "tp": search.tp or [par.tp],
         "pp": search.pp or [par.pp],
+        "cp": search.cp or [par.cp],
         "micro_batch": search.micro_batch or [w.micro_batch],
         "zero": search.zero or [par.zero],
         "sequence_parallel": search.sequence_parallel or [par.sequence_parallel],
@@ -235,7 +237,8 @@ def layouts(w: WorkloadIn, search: SearchIn, rejected: Rejected | None = None) -
                 with_changes(
                     w,
                     parallel={
-                        "tp": c["tp"], "pp": c["pp"], "dp": "auto", "zero": c["zero"],
+                        "tp": c["tp"], "pp": c["pp"], "cp": c["cp"], "dp": "auto",
+                        "zero": c["zero"],
                         "fsdp": fsdp, "sequence_parallel": c["sequence_parallel"],
                         "tp_overlap": overlap,
                         "schedule": c["schedule"], "virtual_stages": c["virtual_stages"],
@@ -246,7 +249,8 @@ def layouts(w: WorkloadIn, search: SearchIn, rejected: Rejected | None = None) -
             )  # fmt: skip
         except WorkloadError as exc:
             if rejected is not None:
-                label = (f"tp{c['tp']}-pp{c['pp']}-zero{c['zero']}-mb{c['micro_batch']}-"
+                cp = f"-cp{c['cp']}" if c["cp"] > 1 else ""
+                label = (f"tp{c['tp']}-pp{c['pp']}{cp}-zero{c['zero']}-mb{c['micro_batch']}-"
                          f"{c['recompute']}")  # fmt: skip
                 rejected.invalid(label, exc.message)
     return out
@@ -257,8 +261,9 @@ def _label(w: WorkloadIn) -> str:
     p = w.parallel
     v = f"-v{p.virtual_stages}" if p.schedule == "interleaved" else ""
     sp = "-sp" if p.sequence_parallel else ""
+    cp = f"-cp{p.cp}" if p.cp > 1 else ""
     zero = "-fsdp" if p.fsdp else f"-zero{p.zero}"
-    return f"tp{p.tp}-pp{p.pp}{v}{sp}{zero}-mb{w.micro_batch}-{w.recompute}"
+    return f"tp{p.tp}-pp{p.pp}{cp}{v}{sp}{zero}-mb{w.micro_batch}-{w.recompute}"
 
 
 def plan(
@@ -322,7 +327,7 @@ def plan(
                 res.details["recompute"] = v.recompute
                 hours = steps * res.step_time_s / 3600
                 gpn = biggest.gpus_per_node
-                replica = res.layout.tp * res.layout.pp
+                replica = res.layout.tp * res.layout.pp * res.layout.cp
                 fail = for_job(v, n, gpn, dp_step_time(res.step_time_s, n, gpn, replica))
                 found.append(
                     Option(

@@ -25,27 +25,35 @@ from collections.abc import Sequence
 from collsim.analysis.layout import Groups, Layout
 from collsim.topology.graph import Network
 
-KINDS = ("tp", "dp", "pp", "ep", "dp_expert")
+KINDS = ("tp", "dp", "pp", "ep", "dp_expert", "cp")
 
 
 def concurrent_groups(layout: Layout, names: Sequence[str], kind: str) -> list[list[str]]:
     """Every group of ``kind`` that runs together with rank 0's (that one first), by GPU name.
 
-    ``tp``: every TP group (each layer, on every replica and stage); ``dp``: the DP groups of the
-    first stage's TP ranks (they reduce at the end of the same backward; other stages finish
-    theirs at other times); ``pp``: every (TP rank, replica) pair of the first two stages;
-    ``ep`` / ``dp_expert``: the expert-parallel groups and the groups holding the same experts,
-    on the first stage."""
-    t, d, p, e = layout.tp, layout.dp, layout.pp, max(1, layout.ep)
+    ``tp``: every TP group (each layer, on every replica, context rank and stage); ``cp``: every
+    CP group (each layer); ``dp``: the DP groups (``dp x cp`` GPUs) of the first stage's TP ranks
+    (they reduce at the end of the same backward; other stages finish theirs at other times);
+    ``pp``: every (TP rank, context rank, replica) pair of the first two stages; ``ep`` /
+    ``dp_expert``: the expert-parallel groups and the groups holding the same experts, on the
+    first stage."""
+    t, d, p, e, c = layout.tp, layout.dp, layout.pp, max(1, layout.ep), layout.cp
     r = layout.rank
     if kind == "tp":
-        return [[names[r(i, j, k)] for i in range(t)] for j in range(d) for k in range(p)]
+        return [[names[r(i, j, k, x)] for i in range(t)]
+                for j in range(d) for k in range(p) for x in range(c)]  # fmt: skip
+    if kind == "cp":
+        return [[names[r(i, j, k, x)] for x in range(c)]
+                for j in range(d) for k in range(p) for i in range(t)]  # fmt: skip
     if kind == "dp":
-        return [[names[r(i, j, 0)] for j in range(d)] for i in range(t)]
+        return [[names[r(i, j, 0, x)] for j in range(d) for x in range(c)] for i in range(t)]
     if kind == "pp":
         if p < 2:
             return []
-        return [[names[r(i, j, 0)], names[r(i, j, 1)]] for j in range(d) for i in range(t)]
+        return [[names[r(i, j, 0, x)], names[r(i, j, 1, x)]]
+                for j in range(d) for i in range(t) for x in range(c)]  # fmt: skip
+    if kind == "dp_expert" and e == 1:  # the same experts are everywhere: the DP groups
+        return concurrent_groups(layout, names, "dp")
     if kind == "ep":
         return [[names[r(i, j0 + k, 0)] for k in range(e)]
                 for j0 in range(0, d - e + 1, e) for i in range(t)]  # fmt: skip
@@ -59,7 +67,7 @@ def group_shares(layout: Layout, groups: Groups, network: Network) -> dict[tuple
     keyed by its GPUs (where two kinds are the same GPUs, the larger share)."""
     names = [g.name for g in network.topology.gpus]
     mine = {"tp": groups.tp, "dp": groups.dp, "pp": groups.pp_pair, "ep": groups.ep,
-            "dp_expert": groups.dp_expert}  # fmt: skip
+            "dp_expert": groups.dp_expert, "cp": groups.cp}  # fmt: skip
     out: dict[tuple[str, ...], float] = {}
     for kind, gpus in mine.items():
         if len(gpus) > 1:

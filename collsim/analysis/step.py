@@ -29,6 +29,12 @@ Per micro-batch and pipeline stage (one GPU's view; ``b`` sequences, TP size ``t
   section 7), per micro-batch and layer, one collective per tensor (DeepSpeed) or per layer
   (FSDP), ``max(0, comm - compute)`` exposed per layer with overlap
   (:mod:`collsim.analysis.zero3`);
+* context parallelism over ``c`` GPUs: each computes ``1 / c`` of every sequence (FLOPs,
+  activations, TP and pipeline messages ``/ c``); per layer, the keys and values of the whole
+  sequence are all-gathered in the CP group before the attention (again in a full
+  recomputation) and their gradients reduce-scattered after its backward, exposed (Llama 3's
+  all-gather-based context parallelism: Dubey et al. 2024, section 3.3.2); gradients are
+  reduced over the ``dp x c`` GPUs holding the same weights;
 * expert parallelism: 2 all-to-alls (dispatch, combine) forward and 2 backward per MoE layer;
 * each kind of group is timed on rank 0's group, with the share of its links that the sibling
   groups running the same collective at once leave it (:mod:`collsim.analysis.sharing`);
@@ -89,8 +95,8 @@ OPTIMIZER_BYTES = {"adam": 34.0, "sgd": 14.0, "none": 0.0}
 master weight, momentum, variance (16), writes the last three (12) and the 16-bit copy (2), plus
 the gradient-norm pass (4); SGD with momentum: 14."""
 BREAKDOWN_KEYS = (
-    "compute", "tp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm", "optimizer", "compression",
-    "straggler_wait",
+    "compute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm", "optimizer",
+    "compression", "straggler_wait",
 )  # fmt: skip
 
 
@@ -263,7 +269,7 @@ class StepModel:
         bubble = (p - 1) / v * float(per_mb.mean())
         pp_comm = 0.0
         if p > 1:
-            act = self._stage_bytes(w, b, elem)
+            act = self._stage_bytes(w, b, elem) / lay.cp
             # Sequence parallelism leaves the activations split by sequence already: each rank
             # sends its 1/tp and the next stage starts on it (Megatron-LM gathers nothing then).
             split = lay.sequence_parallel or w.parallel.scatter_gather
@@ -274,6 +280,7 @@ class StepModel:
             pp_comm = (m * v + p - 1) * 2 * hop
         compute = m * crit["compute"]
         tp_comm = m * crit["tp"]
+        cp_comm = m * crit["cp"]
         ep_comm = m * crit["ep"]
 
         # Data parallelism on the stage holding the most parameters.
@@ -295,6 +302,7 @@ class StepModel:
         breakdown = {
             "compute": compute,
             "tp_comm": tp_comm,
+            "cp_comm": cp_comm,
             "ep_comm": ep_comm,
             "pp_comm": pp_comm,
             "bubble": bubble,
@@ -312,7 +320,7 @@ class StepModel:
         else:
             model_flops = samples * w.model.flops_per_sample
             tokens = float(samples)
-        hw = model_flops + m * lay.dp * lay.tp * sum(s["recompute_flops"] for s in stages)
+        hw = model_flops + m * lay.shards * lay.tp * sum(s["recompute_flops"] for s in stages)
         details = {
             "efficiency": eff,
             "micro_batches": m,
@@ -372,7 +380,7 @@ class StepModel:
             if moe not in cache:
                 cache[moe] = layer_costs(
                     model, tp=lay.tp, sequence_parallel=lay.sequence_parallel,
-                    recompute=w.recomputes, elem_bytes=elem, moe=moe,
+                    recompute=w.recomputes, elem_bytes=elem, moe=moe, cp=lay.cp,
                 )  # fmt: skip
             out.append(cache[moe])
         return out
@@ -417,9 +425,9 @@ class StepModel:
             last = index == lay.pp - 1
             if index == 0:
                 params += embed + model.seq_len * model.hidden / lay.tp
-            if last:
-                lg = logits_flops(model, lay.tp) * b
-                soft = 4.0 * model.seq_len * model.vocab * b / lay.tp * traffic
+            if last:  # the output layer and loss run on this GPU's 1 / cp of the tokens
+                lg = logits_flops(model, lay.tp) * b / lay.cp
+                soft = 4.0 * model.seq_len * model.vocab * b / lay.tp / lay.cp * traffic
                 extra = 3 * lg / flops_s + 3 * soft / mem_bw
                 if lay.pp > 1 or not model.tied_embeddings:
                     params += embed
@@ -428,7 +436,14 @@ class StepModel:
         tp_calls = 4 + (2 if w.recomputes == "full" else 0)
         tp = 0.0
         ep = 0.0
+        cp = 0.0
         for c in layers:
+            if lay.cp > 1 and c.cp_bytes > 0:  # keys and values gathered, their gradients reduced
+                gather = self._coll("all_gather", groups.cp, c.cp_bytes * b, algo)
+                passes = 2 if w.recomputes == "full" else 1
+                cp += passes * gather + self._coll(
+                    "reduce_scatter", groups.cp, c.cp_bytes * b, algo
+                )
             if lay.tp > 1 and c.tp_bytes > 0:
                 size = c.tp_bytes * b
                 if lay.sequence_parallel:
@@ -448,8 +463,9 @@ class StepModel:
             "fwd": fwd + extra / 3,
             "bwd": 2 * fwd + redo + 2 * extra / 3,
             "tp": tp,
+            "cp": cp,
             "ep": ep,
-            "total": compute + tp + ep,
+            "total": compute + tp + cp + ep,
             "params": params,
             "expert_params": experts,
             "layers": float(len(layers)),
@@ -466,7 +482,7 @@ class StepModel:
     ) -> Memory:
         capacity = float(self.topology.gpu.memory_bytes)
         worst: Memory | None = None
-        logits = loss_logits_bytes(w.model, lay.tp, lay.micro)
+        logits = loss_logits_bytes(w.model, lay.tp, lay.micro) / lay.cp
         for i in range(lay.pp):  # stages differ in layers, embeddings, micro-batches in flight
             mine = [costs[j] for j in ranges[i]]  # dense and expert layers alike
             kept = sum(c.act_bytes_recompute for c in mine) / len(mine)

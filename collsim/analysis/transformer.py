@@ -20,6 +20,13 @@ hidden size ``h``, ``a`` heads, vocabulary ``V``, sequence length ``s``, batch `
   ``s b h/t (34 + 5 a s / h)`` with TP + sequence parallelism, ``34 s b h / t`` with selective
   recomputation and SP, ``2 s b h`` (``/t`` with SP) with full recomputation (only the layer
   input is kept). FlashAttention (never materialising the ``a s^2`` scores) drops ``5 a s / h``.
+* Context parallelism over ``c`` GPUs: each holds ``s / c`` tokens of every sequence and attends
+  with them to the whole sequence's keys and values (two chunks of ``s / 2c`` tokens, one early
+  and one late, so every rank gets the same share of the causal mask), so every FLOP and
+  activation byte above is ``/ c``; the keys and values of the whole sequence, ``2 s h_kv``
+  elements (``/ t`` with TP), are all-gathered before the attention and their gradients
+  reduce-scattered after it (Llama 3's all-gather-based context parallelism, Dubey et al. 2024,
+  section 3.3.2; Megatron-Core's ring attention moves the same bytes in ``c`` steps).
 """
 
 from __future__ import annotations
@@ -31,7 +38,8 @@ from collsim.analysis.workload import GenericIn, TransformerIn
 
 @dataclass(frozen=True)
 class LayerCosts:
-    """One layer's costs for ONE sequence (sample) on ONE tensor-parallel rank."""
+    """One layer's costs for ONE sequence (sample) on ONE tensor-parallel rank (its ``1 / cp``
+    of the sequence with context parallelism)."""
 
     fwd_flops: float
     """Forward GEMM FLOPs (attention core included)."""
@@ -55,6 +63,9 @@ class LayerCosts:
     """Parameters of the layer held by one tensor-parallel rank (all experts included)."""
     expert_params: float = 0.0
     """The experts' share of :attr:`params` (divided by EP on each GPU)."""
+    cp_bytes: float = 0.0
+    """Bytes of the whole sequence's keys and values on one TP rank (``2 s h_kv / t`` x element
+    bytes): what context parallelism all-gathers per layer; 0 without it."""
 
 
 def _kv(m: TransformerIn) -> int:
@@ -106,9 +117,11 @@ def layer_costs(
     elem_bytes: int,
     moe: bool = False,
     padded: bool = True,
+    cp: int = 1,
 ) -> LayerCosts:
-    """Costs of one layer for one sequence on one TP rank (see the module docstring);
-    ``padded=False`` leaves out the experts' capacity padding (the model FLOPs MFU counts)."""
+    """Costs of one layer for one sequence on one TP rank, its ``1 / cp`` of the tokens with
+    context parallelism (see the module docstring); ``padded=False`` leaves out the experts'
+    capacity padding (the model FLOPs MFU counts)."""
     h, s, a, kv, f = m.hidden, m.seq_len, m.heads, _kv(m), _ffn(m)
     top_k = m.experts.top_k if (moe and m.experts is not None) else 1
     # Experts run on buffers padded to capacity_factor x their even share of the tokens (GShard,
@@ -138,18 +151,19 @@ def layer_costs(
     else:
         kept = act
     return LayerCosts(
-        fwd_flops=fwd / tp,
-        attn_core_flops=core / tp,
-        act_bytes=act,
-        act_bytes_recompute=kept,
-        elementwise_bytes=act,
-        attn_elementwise_bytes=s * h * scores / tp * width,
-        tp_bytes=s * h * elem_bytes,
-        moe_tokens_bytes=(s * h * top_k * cf * elem_bytes / tp) if moe else 0.0,
+        fwd_flops=fwd / tp / cp,
+        attn_core_flops=core / tp / cp,
+        act_bytes=act / cp,
+        act_bytes_recompute=kept / cp,
+        elementwise_bytes=act / cp,
+        attn_elementwise_bytes=s * h * scores / tp * width / cp,
+        tp_bytes=s * h * elem_bytes / cp,
+        moe_tokens_bytes=(s * h * top_k * cf * elem_bytes / tp / cp) if moe else 0.0,
         params=layer_params(m, moe) / tp,
         expert_params=(layer_params(m, True) - layer_params(m, False) + _mlp_params(m)) / tp
         if moe and m.experts is not None
         else 0.0,
+        cp_bytes=2 * s * kv * elem_bytes / tp if cp > 1 else 0.0,
     )
 
 

@@ -187,6 +187,10 @@ class ParallelIn(Strict):
     pp: Pos = 1
     dp: Pos | Literal["auto"] = "auto"
     ep: Pos = 1
+    cp: Pos = 1
+    """Context parallelism: each sequence split over ``cp`` GPUs, which all-gather the keys and
+    values of the whole sequence for attention (Llama 3's all-gather-based context parallelism;
+    Dubey et al. 2024, section 3.3.2)."""
     schedule: Literal["1f1b", "gpipe", "interleaved"] = "1f1b"
     virtual_stages: Pos = 1
     sequence_parallel: bool = False
@@ -205,6 +209,11 @@ class ParallelIn(Strict):
             raise ValueError("the interleaved schedule needs pp > 1 (it splits pipeline stages)")
         if self.fsdp and self.zero not in (0, 3):
             raise ValueError(f"fsdp shards everything (ZeRO-3): zero: {self.zero} contradicts it")
+        if self.cp > 1 and self.ep > 1:
+            raise ValueError(
+                "cp > 1 with ep > 1 is not modelled: where the expert-parallel groups sit among "
+                "the context-parallel ranks differs between frameworks"
+            )
         if self.tp_overlap and not (self.sequence_parallel and self.tp > 1):
             raise ValueError(  # Megatron-LM: "can happen only when sequence parallelism is enabled"
                 "tp_overlap needs tp > 1 and sequence_parallel: it overlaps the reduce-scatter / "
@@ -343,6 +352,12 @@ class WorkloadIn(Strict):
     @classmethod
     def _generic_layout(cls, par: ParallelIn, info: ValidationInfo) -> ParallelIn:
         m = info.data.get("model")
+        if isinstance(m, TransformerIn) and par.cp > 1 and m.seq_len % (2 * par.cp):
+            raise ValueError(  # Megatron-LM and Llama 3 cut 2 cp chunks to balance causal attention
+                f"cp {par.cp} needs seq_len ({m.seq_len}) divisible by 2 x cp = {2 * par.cp}: "
+                "each rank holds two of 2 x cp chunks, one early and one late, to balance the "
+                "causal mask"
+            )
         if not isinstance(m, GenericIn):
             return par
         if par.tp > 1 and not m.tp_bytes_per_layer:
@@ -351,6 +366,8 @@ class WorkloadIn(Strict):
             raise ValueError("pp > 1 needs model.activation_bytes (what a stage sends)")
         if par.sequence_parallel:
             raise ValueError("sequence_parallel needs a transformer model")
+        if par.cp > 1:
+            raise ValueError("cp > 1 needs a transformer model (it splits sequences)")
         return par
 
     @field_validator("recompute")

@@ -183,7 +183,7 @@ def _elastic_step(model: Any, w: Any, result: Any, gpus_per_node: int):  # type:
     data-parallel replicas as fit in ``n`` nodes (and the global batch allows); None if none."""
     from collsim.analysis.workload import with_changes
 
-    unit = result.layout.tp * result.layout.pp
+    unit = result.layout.tp * result.layout.pp * result.layout.cp  # one replica's GPUs
 
     def at(nodes: int) -> float | None:
         if nodes * gpus_per_node >= result.n_gpus:

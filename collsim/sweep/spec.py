@@ -113,6 +113,7 @@ class LayoutIn(Strict):
     pp: Pos | None = None
     dp: Pos | Literal["auto"] | None = None
     ep: Pos | None = None
+    cp: Pos | None = None
     schedule: Literal["1f1b", "gpipe", "interleaved"] | None = None
     virtual_stages: Pos | None = None
     sequence_parallel: bool | None = None

@@ -27,7 +27,7 @@ COLUMNS = (
 )  # fmt: skip
 """Every row has every column (empty where it does not apply), in this order."""
 
-_COMM_KEYS = ("tp_comm", "ep_comm", "pp_comm", "dp_comm")
+_COMM_KEYS = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
 
 
 def _cell(value: Any) -> str:

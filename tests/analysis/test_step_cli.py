@@ -16,9 +16,12 @@ runner = CliRunner()
 
 @pytest.mark.parametrize("name", catalog_names())
 def test_every_bundled_workload_steps(name, tmp_path):
+    """On 8 nodes, or on the fewest (8-GPU) nodes that hold one replica of the layout."""
+    par = load_workload(name).parallel
+    nodes = max(8, -(-par.tp * par.cp * par.pp // 8))
     out = tmp_path / "s.json"
     res = runner.invoke(
-        cli, ["step", "-w", name, "-t", "selene", "--nodes", "8", "--json", str(out)]
+        cli, ["step", "-w", name, "-t", "selene", "--nodes", str(nodes), "--json", str(out)]
     )
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
