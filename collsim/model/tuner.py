@@ -4,8 +4,9 @@ NCCL picks its algorithm and protocol per call by evaluating its cost model for 
 combination and taking the fastest (``ncclTopoGetAlgoInfo`` -> ``ncclTopoGetAlgoTime``); this does
 the same over collsim's algorithms with the analytic model (or, with ``model="nccl"``, over NCCL's
 own algorithms with NCCL's model). Ties go to the earlier candidate: the registry's default
-algorithm first, Simple before LL128 before LL, fewer channels first -- so a choice changes only
-where it is strictly faster.
+algorithm first, Simple before LL128 before LL -- so an algorithm or protocol changes only where
+it is strictly faster -- and more channels before fewer (NCCL spreads a collective over all its
+channels; a model that prices two counts alike still gets that spread).
 
 :func:`ranges` compresses the per-size winners into size ranges, with each range's speed-up over
 the default algorithm with Simple on one channel (ring/Simple for all_reduce, all_gather and
@@ -28,8 +29,8 @@ CHANNEL_OPTIONS = (1, 2, 4, 8)
 NCCL_CHANNELS = (1, 8)
 """Channel counts an NCCL-like choice considers (``validate``, ``simulate --tuned``): one, and
 NCCL's usual eight or more on NVLink/IB systems (the model has no per-channel rate cap, so
-channels matter where they spread over more links or NICs; the tuner keeps one channel where
-more are no faster)."""
+channels matter where they spread over more links or NICs; where more are no faster the tuner
+still takes them, as NCCL does)."""
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,11 @@ class Tuner:
         first_error: ScheduleError | None = None
         for algo in algos:
             for proto in self.protocols:
-                for ch in self.channels:
+                # More channels first, so ties go to them: NCCL spreads a collective over all
+                # its channels unless the size is too small to fill them, and where a model
+                # prices two counts alike (NCCL's own has no channel term for many cases) the
+                # larger is what NCCL runs, and what the engine then times.
+                for ch in sorted(self.channels, reverse=True):
                     choice = Choice(algo, proto, ch)
                     try:
                         if not self._enabled(collective, choice):
@@ -264,9 +269,7 @@ def nccl_choices(
     """What NCCL would run per size (``simulate --tuned``): the fastest of NCCL's own algorithms
     (:data:`collsim.collectives.registry.NCCL_ALGORITHMS`, those the model can run here), over
     the protocols NCCL enables by default and :data:`NCCL_CHANNELS`, as its tuner picks."""
-    # More channels first: where the model prices them alike (NCCL's own model has no channel
-    # term for many cases), NCCL still spreads the data over them, and the engine times that.
-    tuner = Tuner(model, protocols=PROTOCOL_ORDER, channels=NCCL_CHANNELS[::-1])
+    tuner = Tuner(model, protocols=PROTOCOL_ORDER, channels=NCCL_CHANNELS)
     algos = nccl_algorithms(model, collective)
     result = tuner.tune(collective, sizes_bytes, elem_bytes=elem_bytes, algorithms=algos)
     return [result.choice_at(i) for i in range(len(sizes_bytes))]
