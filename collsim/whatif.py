@@ -131,10 +131,11 @@ class Sweep:
     ranks: int
     nodes: int
     dtype: str
-    protocol: str
-    channels: int
-    """The protocol and channel count asked for; with ``tuned`` each point's own (``protocol``
-    here is then ``tuned`` and ``channels`` 0)."""
+    protocol: str | None
+    channels: int | None
+    """The protocol and channel count asked for; ``None`` when :attr:`tuned` (each point's own)."""
+    tuned: bool = False
+    """Whether the tuner picked the algorithm, protocol and channels per size (``--tuned``)."""
     faults: tuple[str, ...] = ()
     """What-if faults of the topology (``--fault``), in the order applied."""
     points: list[Point] = field(default_factory=list)
@@ -151,6 +152,7 @@ class Sweep:
             "dtype": self.dtype,
             "protocol": self.protocol,
             "channels": self.channels,
+            "tuned": self.tuned,
             **({"faults": list(self.faults)} if self.faults else {}),
             "points": [p.as_json() for p in self.points],
         }
@@ -333,8 +335,9 @@ class WhatIf:
             ranks=self.topology.n_gpus,
             nodes=self.topology.nodes,
             dtype=dtype,
-            protocol="tuned" if tuned else proto,
-            channels=0 if tuned else channels,
+            protocol=None if tuned else proto,
+            channels=None if tuned else channels,
+            tuned=tuned,
             faults=self.topology.faults,
         )
         n = self.topology.n_gpus

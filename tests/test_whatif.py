@@ -112,7 +112,8 @@ def test_tuned_runs_nccls_choice_which_is_never_slower_than_the_default(name, no
     tuned = whatif.sweep(collective, "auto", sizes, engine="analytic", tuned=True)
     default = NCCL_ALGORITHMS[collective][0]
     plain = whatif.sweep(collective, default, sizes, engine="analytic")
-    assert tuned.protocol == "tuned" and tuned.channels == 0
+    assert tuned.tuned and tuned.protocol is None and tuned.channels is None
+    assert not plain.tuned and (plain.protocol, plain.channels) == ("Simple", 1)
     for t, p in zip(tuned.points, plain.points, strict=True):
         assert t.algorithm in NCCL_ALGORITHMS[collective]
         assert t.protocol in ("LL", "LL128", "Simple") and t.channels in (1, 8)
@@ -142,7 +143,7 @@ def test_simulate_tuned_prints_and_writes_each_sizes_choice(tmp_path):
     assert len(rows) == len(doc["points"]) == 6
     for row, p in zip(rows, doc["points"], strict=True):
         assert row[-1] == f"{p['algorithm']}/{p['protocol']}/{p['channels']}ch"
-    assert doc["protocol"] == "tuned"
+    assert doc["tuned"] is True and doc["protocol"] is None and doc["channels"] is None
     # 256 MiB over 2 DGX H100s: eight channels reach the eight NICs one channel cannot
     assert doc["points"][-1]["channels"] == 8 and doc["points"][-1]["busbw_gbps"] > 300
 

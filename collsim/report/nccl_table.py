@@ -12,7 +12,7 @@ _ROOTED = {"broadcast", "reduce"}
 
 def sweep_table(sweep: Sweep) -> str:
     """Header, one row per size (size, count, type, redop, root, time, algbw, busbw), average."""
-    tuned = sweep.protocol == "tuned"
+    tuned = sweep.tuned
     how = (
         "algorithm, protocol and channels per size as NCCL's tuner picks them"
         if tuned
