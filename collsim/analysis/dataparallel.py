@@ -53,7 +53,7 @@ def expected_max_multiplier(n: int, cv: float, distribution: str, seed: int, sam
 
 def straggler_multiplier(sync: Any, strag: Any, replicas: int, per_replica: int) -> float:
     """E[the step's compute multiplier] with ``replicas`` data-parallel replicas of
-    ``per_replica`` GPUs (TP x PP), which meet every step whatever the sync mode.
+    ``per_replica`` GPUs (TP x CP x PP), which meet every step whatever the sync mode.
 
     Synchronous: the slowest of all GPUs, every step. Asynchronous (staleness >= 1): each
     replica waits only for its own slowest GPU. Local SGD over ``k`` steps: each replica runs

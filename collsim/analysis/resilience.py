@@ -143,8 +143,9 @@ def default_checkpoint_bytes(w: WorkloadIn) -> float:
 
 
 def dp_step_time(step_s: float, gpus: int, gpus_per_node: int, replica_gpus: int = 1):  # type: ignore[no-untyped-def]
-    """Data-parallel scaling at a fixed global batch, whole replicas of ``replica_gpus`` (TP x PP)
-    GPUs: ``t(n) = t(N) dp / dp(n)``, ``dp(n) = n gpus_per_node // replica_gpus``; None if 0."""
+    """Data-parallel scaling at a fixed global batch, whole replicas of ``replica_gpus``
+    (TP x CP x PP) GPUs: ``t(n) = t(N) dp / dp(n)``, ``dp(n) = n gpus_per_node // replica_gpus``;
+    None if 0."""
     dp = _check("gpus", gpus) // _check("replica_gpus", replica_gpus)
 
     def at(nodes: int) -> float | None:

@@ -31,16 +31,17 @@ Per micro-batch and pipeline stage (one GPU's view; ``b`` sequences, TP size ``t
   (:mod:`collsim.analysis.zero3`);
 * context parallelism over ``c`` GPUs: each computes ``1 / c`` of every sequence (FLOPs,
   activations, TP and pipeline messages ``/ c``); per layer, the keys and values of the whole
-  sequence are all-gathered in the CP group before the attention (again in a full
-  recomputation) and their gradients reduce-scattered after its backward, exposed (Llama 3's
-  all-gather-based context parallelism: Dubey et al. 2024, section 3.3.2); gradients are
-  reduced over the ``dp x c`` GPUs holding the same weights;
+  sequence are all-gathered in the CP group before the attention, again for its backward (and
+  for a full recomputation's forward), and their gradients reduce-scattered after it, exposed
+  (Llama 3's all-gather-based context parallelism: Dubey et al. 2024, section 3.3.2; Transformer
+  Engine keeps only the local K/V and regathers them in the backward); gradients are reduced
+  over the ``dp x c`` GPUs holding the same weights;
 * expert parallelism: 2 all-to-alls (dispatch, combine) forward and 2 backward per MoE layer;
 * each kind of group is timed on rank 0's group, with the share of its links that the sibling
   groups running the same collective at once leave it (:mod:`collsim.analysis.sharing`);
 * optimizer: memory-bound (Adam: 34 bytes per local parameter, SGD: 14);
 * stragglers: per-GPU compute multipliers (mean 1, seeded), the synchronous step waits for the
-  slowest of all GPUs: ``(E[max] - 1) x (compute + bubble)``; a replica's own GPUs (TP, PP)
+  slowest of all GPUs: ``(E[max] - 1) x (compute + bubble)``; a replica's own GPUs (TP, CP, PP)
   meet every step whatever the sync mode (:func:`~.dataparallel.straggler_multiplier`);
 * local SGD divides the data-parallel time by the period, and its replicas wait for the
   slowest one only at the averaging step, over ``k`` steps whose noise partly cancels;
@@ -364,7 +365,8 @@ class StepModel:
         )  # fmt: skip
         calls = 4 + (2 if w.recomputes == "full" else 0)
         tp_fwd = one["tp"] * 2 / calls
-        return one["fwd"] + tp_fwd, one["bwd"] + one["tp"] - tp_fwd
+        fwd = one["fwd"] + tp_fwd + one["cp_fwd"]
+        return fwd, one["bwd"] + one["tp"] - tp_fwd + one["cp"] - one["cp_fwd"]
 
     # -- pieces --------------------------------------------------------------------------------
 
@@ -436,14 +438,13 @@ class StepModel:
         tp_calls = 4 + (2 if w.recomputes == "full" else 0)
         tp = 0.0
         ep = 0.0
-        cp = 0.0
+        cp = cp_fwd = 0.0
         for c in layers:
-            if lay.cp > 1 and c.cp_bytes > 0:  # keys and values gathered, their gradients reduced
+            if lay.cp > 1 and c.cp_bytes > 0:  # K/V gathered (forward, backward), grads reduced
                 gather = self._coll("all_gather", groups.cp, c.cp_bytes * b, algo)
-                passes = 2 if w.recomputes == "full" else 1
-                cp += passes * gather + self._coll(
-                    "reduce_scatter", groups.cp, c.cp_bytes * b, algo
-                )
+                reduce = self._coll("reduce_scatter", groups.cp, c.cp_bytes * b, algo)
+                cp_fwd += gather
+                cp += (3 if w.recomputes == "full" else 2) * gather + reduce
             if lay.tp > 1 and c.tp_bytes > 0:
                 size = c.tp_bytes * b
                 if lay.sequence_parallel:
@@ -464,6 +465,7 @@ class StepModel:
             "bwd": 2 * fwd + redo + 2 * extra / 3,
             "tp": tp,
             "cp": cp,
+            "cp_fwd": cp_fwd,
             "ep": ep,
             "total": compute + tp + cp + ep,
             "params": params,

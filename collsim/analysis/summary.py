@@ -9,7 +9,7 @@ from collsim.report.tables import plural, table
 _LABELS = {
     "compute": "compute (GEMMs, elementwise, recompute)",
     "tp_comm": "tensor-parallel communication",
-    "cp_comm": "context-parallel K/V all-gathers",
+    "cp_comm": "context-parallel K/V collectives",
     "ep_comm": "expert-parallel all-to-all",
     "pp_comm": "pipeline sends (exposed)",
     "bubble": "pipeline bubble",

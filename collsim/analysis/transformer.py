@@ -24,9 +24,11 @@ hidden size ``h``, ``a`` heads, vocabulary ``V``, sequence length ``s``, batch `
   with them to the whole sequence's keys and values (two chunks of ``s / 2c`` tokens, one early
   and one late, so every rank gets the same share of the causal mask), so every FLOP and
   activation byte above is ``/ c``; the keys and values of the whole sequence, ``2 s h_kv``
-  elements (``/ t`` with TP), are all-gathered before the attention and their gradients
-  reduce-scattered after it (Llama 3's all-gather-based context parallelism, Dubey et al. 2024,
-  section 3.3.2; Megatron-Core's ring attention moves the same bytes in ``c`` steps).
+  elements (``/ t`` with TP), are all-gathered before the attention, gathered again for its
+  backward (only the local ones are kept) and their gradients reduce-scattered after it (Llama
+  3's all-gather-based context parallelism, Dubey et al. 2024, section 3.3.2; Transformer
+  Engine's ``AttnFuncWithCPAndKVAllGather``, which Megatron-Core runs; its ring attention moves
+  the same bytes in ``c`` steps).
 """
 
 from __future__ import annotations

@@ -386,6 +386,12 @@ class WorkloadIn(Strict):
         deferred = (tr.sync.mode == "local_sgd" and tr.sync.period > 1) or (
             tr.sync.mode == "async" and tr.sync.staleness > 0
         )
+        if par is not None and par.cp > 1 and deferred:
+            raise ValueError(
+                f"sync mode {tr.sync.mode} lets each data-parallel replica step on its own, but "
+                f"the {par.cp} context-parallel GPUs of a replica computed parts of the same "
+                "sequences and must reduce their gradients every step: use cp: 1 with it"
+            )
         if zero and deferred:
             raise ValueError(
                 f"sync mode {tr.sync.mode} lets each data-parallel replica step on its own, but "
