@@ -216,3 +216,23 @@ def test_plan_searches_context_parallel_sizes():
     w = _w()
     found = layouts(w, SearchIn(cp=[1, 2, 4]))
     assert sorted(x.parallel.cp for x in found) == [1, 2, 4]
+
+
+def test_plan_turns_to_context_parallelism_where_long_sequences_do_not_fit():
+    """A 7B-class model at 64K tokens a sequence on one DGX H100 without recomputation: a whole
+    sequence's activations exceed 80 GB on one GPU, so every cp 1 layout is discarded and the
+    plan's answer splits the sequence (cp 8 holds one eighth of it on each GPU)."""
+    from collsim.analysis.plan import CandidatesIn, plan
+
+    spec = {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "vocab": 32000,
+            "seq_len": 65536, "flash_attention": True}  # fmt: skip
+    w = workload_from_dict(gpt(model=spec, global_batch=8, micro_batch=1,
+                               parallel={"zero": 1}))  # fmt: skip
+    cand = CandidatesIn.model_validate(
+        {"tokens": "1B", "clusters": [{"topology": "dgx-h100", "nodes": [1], "gpu_hour_usd": 3}],
+         "search": {"cp": [1, 2, 8]}}
+    )  # fmt: skip
+    every, rejected = plan(w, cand, keep="all")
+    assert rejected.memory >= 1  # cp 1 (and cp 2) cannot hold the activations
+    assert every and all(o.result.layout.cp == 8 for o in every)
+    assert every[0].result.fits
