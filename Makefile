@@ -18,7 +18,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check collsim tests benchmarks
 	$(BIN)/ruff format --check collsim tests benchmarks
-	$(BIN)/python -m pytest; rc=$$?; \
+	$(BIN)/python -m pytest -n auto; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
 test-slow: $(STAMP)

@@ -11,6 +11,7 @@ never keep two edges that share a link busy at once, where the model prices its 
 """
 
 import json
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -31,11 +32,17 @@ RECORDED: dict[str, dict[str, float]] = json.loads(
 EXCEPTIONS = {**RECORDED["contended"], **RECORDED["partly_filled"]}
 
 
-def _check(name: str, slow: bool) -> None:
-    whatif = WhatIf(load_topology(name))
+@lru_cache(maxsize=4)
+def _whatif(name: str) -> WhatIf:
+    """One catalog system ready to run (routes cached across its collectives' tests)."""
+    return WhatIf(load_topology(name))
+
+
+def _check(name: str, slow: bool, collectives: tuple[str, ...] = COLLECTIVES) -> None:
+    whatif = _whatif(name)
     model = whatif.cost_model("collsim")
     problems = []
-    for coll in COLLECTIVES:
+    for coll in collectives:
         for algo in whatif.candidates(coll):
             for size in SIZES:
                 if ((name, algo) in SLOW and size == SIZES[-1]) != slow:
@@ -67,9 +74,13 @@ def _check(name: str, slow: bool) -> None:
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("name", catalog_names())
-def test_model_matches_engine(name):
-    _check(name, slow=False)
+@pytest.mark.parametrize(
+    ("name", "collective"), [(n, c) for n in catalog_names() for c in COLLECTIVES]
+)
+def test_model_matches_engine(name, collective):
+    """One test per system and collective, so a parallel run (``make test``: pytest-xdist)
+    spreads the large systems' cases over its workers."""
+    _check(name, slow=False, collectives=(collective,))
 
 
 @pytest.mark.slow
