@@ -75,6 +75,11 @@ class Layout:
         shards: ``dp x cp``."""
         return self.dp * self.cp
 
+    @property
+    def replica_gpus(self) -> int:
+        """GPUs of one data-parallel replica (``tp x cp x pp``): they meet every step."""
+        return self.tp * self.cp * self.pp
+
     def label(self) -> str:
         text = f"tp{self.tp}-pp{self.pp}-dp{self.dp}"
         if self.cp > 1:

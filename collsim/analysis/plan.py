@@ -327,7 +327,7 @@ def plan(
                 res.details["recompute"] = v.recompute
                 hours = steps * res.step_time_s / 3600
                 gpn = biggest.gpus_per_node
-                replica = res.layout.tp * res.layout.pp * res.layout.cp
+                replica = res.layout.replica_gpus
                 fail = for_job(v, n, gpn, dp_step_time(res.step_time_s, n, gpn, replica))
                 found.append(
                     Option(

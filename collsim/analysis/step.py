@@ -298,7 +298,7 @@ class StepModel:
 
         sync = w.training.sync
         strag = w.training.stragglers
-        mult = straggler_multiplier(sync, strag, lay.dp, n // lay.dp)
+        mult = straggler_multiplier(sync, strag, lay.dp, lay.replica_gpus)
         wait = (mult - 1.0) * (compute + bubble)
         breakdown = {
             "compute": compute,

@@ -179,11 +179,11 @@ def _read_measured(path: str) -> list[float]:
 
 
 def _elastic_step(model: Any, w: Any, result: Any, gpus_per_node: int):  # type: ignore[no-untyped-def]
-    """Step seconds on ``n`` nodes for the elastic option: the same TP x PP with as many
+    """Step seconds on ``n`` nodes for the elastic option: the same TP x CP x PP with as many
     data-parallel replicas as fit in ``n`` nodes (and the global batch allows); None if none."""
     from collsim.analysis.workload import with_changes
 
-    unit = result.layout.tp * result.layout.pp * result.layout.cp  # one replica's GPUs
+    unit = result.layout.replica_gpus
 
     def at(nodes: int) -> float | None:
         if nodes * gpus_per_node >= result.n_gpus:
