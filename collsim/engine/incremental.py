@@ -118,6 +118,7 @@ def settle(
                 if g not in group and rate[g] > top:
                     grow.add(g)
         checked: set[int] = set()
+        stats: dict[int, tuple[float, float]] = {}  # link -> (load, fastest) at the new rates
         for link in touched:
             for g in members[link]:
                 if g in group or g in checked:
@@ -126,7 +127,8 @@ def settle(
                 b = bottleneck[g]
                 if b >= 0 and b not in touched:
                     continue
-                if not _still_fair(g, group, new, members, paths, rate, bottleneck, capacity):
+                if not _still_fair(g, group, new, members, paths, rate, bottleneck, capacity,
+                                   stats):  # fmt: skip
                     grow.add(g)
         if not grow:
             return slots, rates, bns
@@ -143,17 +145,24 @@ def _still_fair(
     rate: list[float],
     bottleneck: list[int],
     capacity: list[float],
+    stats: dict[int, tuple[float, float]],
 ) -> bool:
-    """Whether outside flow ``g`` has a bottleneck given the group's new rates (remembered)."""
+    """Whether outside flow ``g`` has a bottleneck given the group's new rates (remembered).
+    ``stats`` caches each link's load and fastest flow for the pass: many outside flows share
+    links, and neither depends on which flow asks."""
     floor = rate[g] * (1.0 + _EPS)
     for link in paths[g]:
-        load = 0.0
-        fastest = 0.0
-        for h in members[link]:
-            x = new[h] if h in group else rate[h]
-            load += x
-            if x > fastest:
-                fastest = x
+        got = stats.get(link)
+        if got is None:
+            load = 0.0
+            fastest = 0.0
+            for h in members[link]:
+                x = new[h] if h in group else rate[h]
+                load += x
+                if x > fastest:
+                    fastest = x
+            stats[link] = got = (load, fastest)
+        load, fastest = got
         if fastest <= floor and load >= capacity[link] * (1.0 - _EPS):
             bottleneck[g] = link
             return True

@@ -12,7 +12,8 @@ half of the active flows -- ECMP collisions percolating into a giant component -
 for the rest of the run), "all" (recompute every active flow: the old behaviour, kept as the
 tests' reference). A batch touching more links than ``_MAX_SEEDS`` or than there are active
 flows, or an affected set beyond a fraction of the active flows, is recomputed all at once,
-vectorised.
+vectorised; while "local" keeps giving up, it waits longer and longer before trying again
+(``_MAX_BACKOFF``).
 
 Storage: flows live in *slots* of preallocated arrays that double when full, and a finished
 flow's slot is reused, so starting or ending flows never copies the other flows' state. Each
@@ -47,6 +48,11 @@ _COMPONENT_FLOWS = 64
 """The component walk gives up past max(this, half of the active flows)."""
 _LOCAL_FLOWS = 256
 """The local re-settling gives up past max(this, a quarter of the active flows)."""
+_MAX_BACKOFF = 64
+"""After a re-settling gives up, the next reshares recompute everything without trying it:
+1, then 2, 4, ... up to this many while it keeps giving up. A failed attempt costs a few
+vectorised recomputations' time (a 64-chip torus's direct all-gather, every flow crossing
+others, spent 70% of its run in attempts that gave up); one success resets the wait."""
 
 
 class FlowNetwork:
@@ -73,6 +79,8 @@ class FlowNetwork:
         self._seq: list[int] = []  # per slot, the start order of its flow
         self._rate: list[float] = []  # per slot, rate_bytes_per_s as Python floats
         self._bottleneck: list[int] = []  # per slot, a link its rate is settled at (-1: unknown)
+        self._skip = 0  # reshares left to recompute in full before settling locally again
+        self._backoff = 1  # the next wait after a re-settling that gives up (_MAX_BACKOFF)
         self._next_seq = 0
         self._active = 0
         self._dirty = False
@@ -258,6 +266,9 @@ class FlowNetwork:
         """Flows to recompute after changes on ``touched`` links and their new rates, by the
         current scheme; ``None``: recompute everything."""
         if self._scheme == "local":
+            if self._skip:
+                self._skip -= 1
+                return None
             limit = max(_LOCAL_FLOWS, self._active // 4)
             found = settle(
                 touched,
@@ -270,7 +281,9 @@ class FlowNetwork:
                 limit,
             )
             if found is None:
+                self._skip, self._backoff = self._backoff, min(2 * self._backoff, _MAX_BACKOFF)
                 return None
+            self._backoff = 1
             slots, rates, bottlenecks = found
             for s, b in zip(slots, bottlenecks, strict=True):
                 self._bottleneck[s] = b

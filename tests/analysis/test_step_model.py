@@ -197,17 +197,27 @@ def test_timer_caches_groups_of_the_same_shape():
 
 def test_group_shapes_survive_a_freed_topologys_id_being_reused():
     """The GPU map is cached per topology object: a new topology that gets a freed one's id
-    (other node counts, other GPU names) must not see the old map."""
+    (other node counts, other GPU names) must not see the old map. The reuse is staged: the
+    cache's entry for the freed topology is put under the new one's id, as CPython's allocator
+    would leave it (waiting for a natural reuse took 300 loads and collections)."""
     import gc
 
-    from collsim.analysis.comm import group_shape
+    from collsim.analysis import comm
 
-    for i in range(300):
-        topo = load_topology("dgx-h100", nodes=1 + i % 3)
-        gpus = [g.name for g in topo.gpus]
-        assert group_shape(topo, gpus)[:3] == (len(gpus), tuple(range(8)), topo.nodes)
-        del topo
-        gc.collect()
+    old = load_topology("dgx-h100", nodes=1)
+    assert comm.group_shape(old, [g.name for g in old.gpus])[:3] == (8, tuple(range(8)), 1)
+    stale = comm._WHERE[id(old)]
+    new = load_topology("dgx-h100", nodes=3)
+    del old
+    gc.collect()
+    assert stale[0]() is None  # the old topology is gone; its entry is what remains
+    comm._WHERE[id(new)] = stale
+    try:
+        gpus = [g.name for g in new.gpus]
+        assert comm.group_shape(new, gpus)[:3] == (24, tuple(range(8)), 3)
+        assert comm._WHERE[id(new)][0]() is new
+    finally:
+        comm._WHERE.pop(id(new), None)
 
 
 def test_zero1_and_zero2_time_one_weight_all_gather_a_step():

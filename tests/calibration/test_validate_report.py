@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from collsim.calibration.report import (
@@ -18,7 +20,9 @@ from collsim.calibration.report import (
 
 
 def test_report_modes_baselines_and_plots(tmp_path):
-    keep = ("h100-snellius-", "rtx4090-kalavai-")
+    # Two systems: rtx4090-kalavai has two scales (cross-scale), h100-snellius-1n4g three
+    # collectives (cross-collective). The two-node snellius logs would triple the run time.
+    keep = ("h100-snellius-1n4g", "rtx4090-kalavai-")
     samples = [s for s in dataset_samples() if s.name.startswith(keep)]
     rep = build(samples, exact_logs())
     for mode in MODES:
@@ -26,7 +30,7 @@ def test_report_modes_baselines_and_plots(tmp_path):
         assert all(np.isfinite(v) for v in rep.mape[mode].values())
     # cross-scale: fitted at the fewest ranks, predicting the larger runs only
     assert set(rep.mape["cross_scale"]) == {
-        s.name for s in samples if s.name.startswith(("h100-snellius-ib-2n", "rtx4090-kalavai-4"))
+        s.name for s in samples if s.name.startswith("rtx4090-kalavai-4")
     }
     assert set(rep.mape["cross_collective"]) == {
         s.name for s in samples if s.log.collective != "all_reduce"
@@ -37,7 +41,9 @@ def test_report_modes_baselines_and_plots(tmp_path):
         assert TITLES[mode] in text
     assert "Targets:" in text and "**median**" in text
     assert (tmp_path / "validation" / "scatter.png").stat().st_size > 1000
-    assert (tmp_path / "validation" / "busbw-h100-snellius-ib-2n.png").exists()
+    linked = re.findall(r"validation/[\w.-]+\.png", text)
+    assert "validation/scatter.png" in linked
+    assert all((tmp_path / name).exists() for name in linked)  # busbw plots: validate --plot
 
 
 def test_alpha_beta_baseline_recovers_a_line():

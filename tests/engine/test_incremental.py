@@ -204,6 +204,40 @@ def test_auto_switches_to_local_on_a_giant_component(monkeypatch: pytest.MonkeyP
     np.testing.assert_allclose(net.rate_bytes_per_s[live], expected, rtol=1e-15)
 
 
+def test_local_settling_backs_off_while_it_gives_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A re-settling that gives up costs more than recomputing everything, so after one the
+    next 1, 2, 4, ... reshares recompute everything without trying; a success resets the wait.
+    The rates stay the full recomputation's throughout."""
+    from collsim.engine import network
+
+    real = network.settle
+    attempts: list[int] = []
+    step = [0]
+    succeed_from = 60
+
+    def counted(*args: object) -> object:
+        attempts.append(step[0])
+        return real(*args) if step[0] >= succeed_from else None
+
+    monkeypatch.setattr(network, "settle", counted)
+    caps = np.full(4, 10.0)
+    net = FlowNetwork(caps, mode="local")
+    for i in range(75):
+        step[0] = i
+        links = np.array([i % 4, (i + 1) % 4])
+        net.add(0.0, np.array([i]), np.array([5.0]), np.array([2]), links)
+        net.reshare(0.0)
+    # The first flow, alone, is recomputed in full. Given up at 1, 3, 6, 11, 20, 37 (waits 1,
+    # 2, 4, 8, 16), then a wait of 32: the attempt at 70 succeeds, and every reshare after it
+    # tries again.
+    assert attempts == [1, 3, 6, 11, 20, 37, 70, 71, 72, 73, 74]
+    live = np.flatnonzero(net.live)
+    live = live[np.argsort(net.order[live])]
+    rows = net._links[live]
+    expected = max_min_rates(rows[rows >= 0], net.nlinks[live], caps)
+    np.testing.assert_allclose(net.rate_bytes_per_s[live], expected, rtol=1e-12)
+
+
 def test_modes_are_checked() -> None:
     with pytest.raises(ValueError, match="reshare mode"):
         FlowNetwork(np.ones(2), mode="some")
