@@ -316,12 +316,13 @@ def plan(
             found: list[Option] = []
             for v in variants:
                 try:
-                    res = model.evaluate(v, n)
+                    fits = model.memory(v, n).fits  # before pricing it
+                    res = model.evaluate(v, n) if fits else None
                 except WorkloadError as exc:
                     where = f"{cl.label} x {nodes}: {_label(v)}"
                     rejected.invalid(where, exc.message)
                     continue
-                if not res.fits:
+                if res is None:
                     rejected.memory += 1
                     continue
                 res.details["recompute"] = v.recompute

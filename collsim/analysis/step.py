@@ -244,25 +244,12 @@ class StepModel:
         groups = self._place(lay)
         eff = self._efficiency(w)
         peak = peak_flops(self.topology, w.dtype)
-        flops_s = matmul_flops(self.topology, w.dtype) * eff
         mem_bw = self.topology.gpu.memory_bandwidth_bytes_per_s
         elem = DTYPE_BYTES[w.value_dtype]
         algo = w.training.algorithm
         b = lay.micro
-        traffic = w.compute.elementwise_traffic
 
-        costs = self._layer_costs(w, lay, elem)
-        counts = stage_layer_counts(w.model.layers, lay.pp)
-        stages = []
-        ranges = []
-        first = 0
-        for i, count in enumerate(counts):
-            idx = range(first, first + count)
-            ranges.append(idx)
-            first += count
-            stages.append(
-                self._stage(w, lay, groups, [costs[j] for j in idx], i, b, flops_s, mem_bw, traffic)
-            )
+        costs, ranges, stages = self._stages(w, lay, groups)
         per_mb = np.array([s["total"] for s in stages])
         slow = int(np.argmax(per_mb))
         crit = stages[slow]
@@ -351,6 +338,16 @@ class StepModel:
             unit="tokens" if w.model.kind == "transformer" else "samples",
         )
 
+    def memory(self, w: WorkloadIn, n_gpus: int | None = None) -> Memory:
+        """Memory per GPU of ``w`` on ``n_gpus`` GPUs (its fullest stage), as :meth:`evaluate`
+        reports it but without pricing the step's data parallelism: a search discards layouts
+        that do not fit before paying for them (a 175B model's pure data parallelism over 1536
+        GPUs took 23 s to price, to be thrown away)."""
+        n = n_gpus if n_gpus is not None else self.topology.n_gpus
+        lay = resolve_layout(w, n)
+        costs, ranges, stages = self._stages(w, lay, self._place(lay))
+        return self._memory(w, lay, stages, costs, ranges)
+
     def layer_times(self, w: WorkloadIn, n_gpus: int | None = None) -> tuple[float, float]:
         """Forward and backward (recomputation included) seconds of ONE transformer layer for
         one micro-batch, TP communication included: what Korthikanti et al. 2022 Table 4 lists."""
@@ -369,6 +366,25 @@ class StepModel:
         return fwd, one["bwd"] + one["tp"] - tp_fwd + one["cp"] - one["cp_fwd"]
 
     # -- pieces --------------------------------------------------------------------------------
+
+    def _stages(
+        self, w: WorkloadIn, lay: Layout, groups: Groups
+    ) -> tuple[list[LayerCosts], list[range], list[dict[str, float]]]:
+        """Every layer's costs, each pipeline stage's layers and its per-micro-batch times."""
+        flops_s = matmul_flops(self.topology, w.dtype) * self._efficiency(w)
+        mem_bw = self.topology.gpu.memory_bandwidth_bytes_per_s
+        traffic = w.compute.elementwise_traffic
+        costs = self._layer_costs(w, lay, DTYPE_BYTES[w.value_dtype])
+        stages = []
+        ranges = []
+        first = 0
+        for i, count in enumerate(stage_layer_counts(w.model.layers, lay.pp)):
+            idx = range(first, first + count)
+            ranges.append(idx)
+            first += count
+            mine = [costs[j] for j in idx]
+            stages.append(self._stage(w, lay, groups, mine, i, lay.micro, flops_s, mem_bw, traffic))
+        return costs, ranges, stages
 
     def _layer_costs(self, w: WorkloadIn, lay: Layout, elem: int) -> list[LayerCosts]:
         model = w.model

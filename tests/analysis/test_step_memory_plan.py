@@ -176,3 +176,35 @@ def test_a_candidates_topology_file_is_found_next_to_it(tmp_path, monkeypatch):
     (cluster,) = load_candidates(tmp_path / "c.yaml").clusters
     assert cluster.source == str((tmp_path / "mine.yaml").resolve())
     assert cluster.label == cluster.topology == "mine.yaml"
+
+
+def test_plan_discards_by_memory_before_pricing_and_loses_nothing():
+    """plan checks each layout's memory (StepModel.memory) before pricing it: the same numbers
+    as the full evaluation, so the same options survive and the same ones are counted out."""
+    from collsim.analysis.comm import make_timer
+    from collsim.analysis.plan import Rejected, layouts
+    from collsim.analysis.step import StepModel
+
+    data = gpt(model={"layers": 40, "hidden": 5120, "heads": 40, "vocab": 32000, "seq_len": 2048},
+               global_batch=64, micro_batch=1)  # fmt: skip
+    w = workload_from_dict(data)
+    cand = CandidatesIn.model_validate(
+        {"tokens": 1e9, "clusters": [{"topology": "dgx-h100", "nodes": [1], "gpu_hour_usd": 2}],
+         "search": {"tp": [1, 2, 8], "pp": [1, 4], "zero": [0, 1, 3]}}
+    )  # fmt: skip
+    options, rejected = plan(w, cand, keep="all")
+    topo = load_topology("dgx-h100", nodes=1)
+    model = StepModel(topo, make_timer("analytic", topo))
+    fit, unfit = set(), 0
+    for v in layouts(w, cand.search, Rejected()):
+        if v.parallel.tp * v.parallel.pp > 8:
+            continue  # cannot run on 8 GPUs: plan says why (test above)
+        full = model.evaluate(v, 8)
+        assert model.memory(v, 8) == full.memory
+        if full.fits:
+            fit.add((full.layout.label(), full.step_time_s))
+        else:
+            unfit += 1
+    assert fit and unfit  # both kinds occur
+    assert {(o.result.layout.label(), o.result.step_time_s) for o in options} == fit
+    assert rejected.memory == unfit
