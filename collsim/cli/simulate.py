@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 import time
 
 import click
@@ -210,11 +211,12 @@ def demo(topology: str, nodes: int | None) -> None:
     sizes = [8 * 8**i for i in range(10)]  # 8 B .. 1 GiB
     sweeps = {a: whatif.sweep("all_reduce", a, sizes) for a in ("ring", "tree")}
     tuned = whatif.sweep("all_reduce", "auto", sizes, tuned=True)
-    click.echo(
-        f"\nall_reduce on {topo_.n_gpus} GPUs (float): ring and tree with the Simple protocol on "
+    intro = (
+        f"all_reduce on {topo_.n_gpus} GPUs (float): ring and tree with the Simple protocol on "
         "1 channel, and 'tuned': the algorithm, protocol and channels NCCL's tuner would pick "
         "(collsim simulate --tuned)"
     )
+    click.echo("\n" + textwrap.fill(intro, width=100))
     click.echo(
         f"{'size':>10}  {'ring us':>10}  {'ring busbw':>10}  {'tree us':>10}  "
         f"{'tree busbw':>10}  {'winner':<13}  {'tuned us':>10}  {'tuned busbw':>11}  tuned choice"

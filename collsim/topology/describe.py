@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 import yaml
@@ -108,7 +109,7 @@ def describe_text(info: dict[str, Any]) -> str:
     peak = gpu["peak_tflops"]
     peak_words = ", ".join(f"{v:g} {k}" for k, v in list(peak.items())[:3])
     lines = [
-        f"{info['name']}: {info['description']}",
+        textwrap.fill(f"{info['name']}: {info['description']}", width=100),
         f"  file:        {info['file']}",
         f"  GPUs:        {info['gpus']} x {gpu['model']} ({info['nodes']} nodes x "
         f"{info['gpus_per_node']})",
