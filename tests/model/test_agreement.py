@@ -23,9 +23,6 @@ from collsim.whatif import WhatIf
 SIZES = (1024, 4 << 20, 64 << 20)
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "alltoall",
                "sendrecv")  # fmt: skip
-SLOW = {("tpu-v4-torus", "direct")}
-"""Engine cases too slow for the default run (many multi-hop flows finishing at different times);
-their large size runs under ``make test-slow``."""
 RECORDED: dict[str, dict[str, float]] = json.loads(
     (Path(__file__).with_name("agreement_exceptions.json")).read_text()
 )
@@ -38,15 +35,13 @@ def _whatif(name: str) -> WhatIf:
     return WhatIf(load_topology(name))
 
 
-def _check(name: str, slow: bool, collectives: tuple[str, ...] = COLLECTIVES) -> None:
+def _check(name: str, collectives: tuple[str, ...] = COLLECTIVES) -> None:
     whatif = _whatif(name)
     model = whatif.cost_model("collsim")
     problems = []
     for coll in collectives:
         for algo in whatif.candidates(coll):
             for size in SIZES:
-                if ((name, algo) in SLOW and size == SIZES[-1]) != slow:
-                    continue
                 try:
                     sim, _ = whatif.run(coll, algo, size)
                 except ScheduleError:  # in-network without a switch every rank reaches
@@ -80,13 +75,7 @@ def _check(name: str, slow: bool, collectives: tuple[str, ...] = COLLECTIVES) ->
 def test_model_matches_engine(name, collective):
     """One test per system and collective, so a parallel run (``make test``: pytest-xdist)
     spreads the large systems' cases over its workers."""
-    _check(name, slow=False, collectives=(collective,))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted({n for n, _ in SLOW}))
-def test_model_matches_engine_slow_cases(name):
-    _check(name, slow=True)
+    _check(name, collectives=(collective,))
 
 
 def test_exceptions_name_real_cases():
