@@ -6,7 +6,8 @@ Writes ``reports/analytic_agreement.md`` (every case, its relative gap, and the 
 replay it with link sharing (``engine_path == "replay"``: flows overlapped on a link), i.e. when
 there is contention the closed forms take as static but the engine resolves over time.
 
-Run: ``.venv/bin/python benchmarks/analytic_agreement.py`` (about a minute).
+Run: ``.venv/bin/python benchmarks/analytic_agreement.py`` (about five minutes on
+a 2-core VM).
 """
 
 from __future__ import annotations

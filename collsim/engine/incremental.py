@@ -34,7 +34,8 @@ the last bit (capacity is subtracted in another order); comparisons allow a rela
 rounding, and a failed comparison only grows the group. One-ulp differences in rates are
 amplified by the dynamics (a flow's finish moves, others re-anchor at a different instant):
 measured against "all", finish times agree to 2e-16 .. 2e-13 relative on 128 .. 2048-GPU
-hierarchical all-reduces, but to only 5e-11 on a 64-GPU direct all-to-all.
+hierarchical all-reduces, but to only 5e-11 on a 64-GPU direct all-to-all (measured before
+:mod:`collsim.engine.network` waited after a give-up, which recomputes more reshares in full).
 
 Both give up past ``limit`` flows (``None``): the caller then recomputes everything, vectorised.
 """

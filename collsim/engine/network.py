@@ -281,7 +281,8 @@ class FlowNetwork:
                 limit,
             )
             if found is None:
-                self._skip, self._backoff = self._backoff, min(2 * self._backoff, _MAX_BACKOFF)
+                self._skip = min(self._backoff, _MAX_BACKOFF)
+                self._backoff = min(2 * self._backoff, _MAX_BACKOFF)
                 return None
             self._backoff = 1
             slots, rates, bottlenecks = found

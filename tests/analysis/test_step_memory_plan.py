@@ -178,9 +178,12 @@ def test_a_candidates_topology_file_is_found_next_to_it(tmp_path, monkeypatch):
     assert cluster.label == cluster.topology == "mine.yaml"
 
 
-def test_plan_discards_by_memory_before_pricing_and_loses_nothing():
+def test_plan_discards_by_memory_before_pricing_and_loses_nothing(monkeypatch):
     """plan checks each layout's memory (StepModel.memory) before pricing it: the same numbers
-    as the full evaluation, so the same options survive and the same ones are counted out."""
+    as the full evaluation, so the same options survive and the same ones are counted out, and
+    no layout that does not fit is priced."""
+    from collections import Counter
+
     from collsim.analysis.comm import make_timer
     from collsim.analysis.plan import Rejected, layouts
     from collsim.analysis.step import StepModel
@@ -192,19 +195,33 @@ def test_plan_discards_by_memory_before_pricing_and_loses_nothing():
         {"tokens": 1e9, "clusters": [{"topology": "dgx-h100", "nodes": [1], "gpu_hour_usd": 2}],
          "search": {"tp": [1, 2, 8], "pp": [1, 4], "zero": [0, 1, 3]}}
     )  # fmt: skip
-    options, rejected = plan(w, cand, keep="all")
     topo = load_topology("dgx-h100", nodes=1)
     model = StepModel(topo, make_timer("analytic", topo))
-    fit, unfit = set(), 0
+    fit: Counter = Counter()
+    unfit = 0
     for v in layouts(w, cand.search, Rejected()):
         if v.parallel.tp * v.parallel.pp > 8:
             continue  # cannot run on 8 GPUs: plan says why (test above)
         full = model.evaluate(v, 8)
         assert model.memory(v, 8) == full.memory
         if full.fits:
-            fit.add((full.layout.label(), full.step_time_s))
+            fit[(full.layout.label(), v.recompute, full.step_time_s)] += 1
         else:
             unfit += 1
     assert fit and unfit  # both kinds occur
-    assert {(o.result.layout.label(), o.result.step_time_s) for o in options} == fit
+
+    priced = StepModel.evaluate
+
+    def fitting_only(self, v, n=None):
+        res = priced(self, v, n)
+        assert res.fits, f"plan priced {res.layout.label()}, which does not fit"
+        return res
+
+    monkeypatch.setattr(StepModel, "evaluate", fitting_only)
+    options, rejected = plan(w, cand, keep="all")
+    got = Counter(
+        (o.result.layout.label(), o.result.details["recompute"], o.result.step_time_s)
+        for o in options
+    )
+    assert got == fit
     assert rejected.memory == unfit

@@ -94,12 +94,14 @@ def test_random_contended_dags(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_vectorised_and_fallback_paths(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Every component through numpy, "local" giving up early (full recomputation) and "auto"
-    # switching to "local" at its first component of more than one flow.
+    # Every component through numpy, "local" giving up early (full recomputation) at every
+    # reshare (no waiting after a give-up) and "auto" switching to "local" at its first
+    # component of more than one flow.
     from collsim.engine import network
 
     monkeypatch.setattr(network, "_SMALL_PAIRS", 0)
     monkeypatch.setattr(network, "_LOCAL_FLOWS", 2)
+    monkeypatch.setattr(network, "_MAX_BACKOFF", 0)  # "local" tries at every reshare
     monkeypatch.setattr(network, "_COMPONENT_FLOWS", 1)
     rng = np.random.default_rng(50 + seed)
     check_modes(random_dag(8, 100, rng), random_ring(8, rng))
@@ -206,31 +208,31 @@ def test_auto_switches_to_local_on_a_giant_component(monkeypatch: pytest.MonkeyP
 
 def test_local_settling_backs_off_while_it_gives_up(monkeypatch: pytest.MonkeyPatch) -> None:
     """A re-settling that gives up costs more than recomputing everything, so after one the
-    next 1, 2, 4, ... reshares recompute everything without trying; a success resets the wait.
-    The rates stay the full recomputation's throughout."""
+    next 1, 2, 4, ... (at most 64) reshares recompute everything without trying; a success
+    resets the wait. The rates stay the full recomputation's throughout."""
     from collsim.engine import network
 
     real = network.settle
     attempts: list[int] = []
     step = [0]
-    succeed_from = 60
+    succeed_at = 200
 
     def counted(*args: object) -> object:
         attempts.append(step[0])
-        return real(*args) if step[0] >= succeed_from else None
+        return real(*args) if step[0] == succeed_at else None
 
     monkeypatch.setattr(network, "settle", counted)
     caps = np.full(4, 10.0)
     net = FlowNetwork(caps, mode="local")
-    for i in range(75):
+    for i in range(205):
         step[0] = i
         links = np.array([i % 4, (i + 1) % 4])
         net.add(0.0, np.array([i]), np.array([5.0]), np.array([2]), links)
         net.reshare(0.0)
-    # The first flow, alone, is recomputed in full. Given up at 1, 3, 6, 11, 20, 37 (waits 1,
-    # 2, 4, 8, 16), then a wait of 32: the attempt at 70 succeeds, and every reshare after it
-    # tries again.
-    assert attempts == [1, 3, 6, 11, 20, 37, 70, 71, 72, 73, 74]
+    # The first flow, alone, is recomputed in full. Given up at 1, 3, 6, 11, 20, 37, 70, 135
+    # (waits 1, 2, 4, 8, 16, 32, 64, then 64 again: the cap); the attempt at 200 succeeds;
+    # the one at 201 gives up and waits 1 again (reset), then 2.
+    assert attempts == [1, 3, 6, 11, 20, 37, 70, 135, 200, 201, 203]
     live = np.flatnonzero(net.live)
     live = live[np.argsort(net.order[live])]
     rows = net._links[live]
