@@ -316,8 +316,7 @@ def plan(
             found: list[Option] = []
             for v in variants:
                 try:
-                    fits = model.memory(v, n).fits  # before pricing it
-                    res = model.evaluate(v, n) if fits else None
+                    res = model.evaluate_if_fits(v, n)
                 except WorkloadError as exc:
                     where = f"{cl.label} x {nodes}: {_label(v)}"
                     rejected.invalid(where, exc.message)

@@ -239,6 +239,18 @@ class StepModel:
 
     def evaluate(self, w: WorkloadIn, n_gpus: int | None = None) -> StepResult:
         """The step of ``w`` on the first ``n_gpus`` GPUs (default: all) of the topology."""
+        result = self._evaluate(w, n_gpus, fitting_only=False)
+        assert result is not None
+        return result
+
+    def evaluate_if_fits(self, w: WorkloadIn, n_gpus: int | None = None) -> StepResult | None:
+        """:meth:`evaluate`, or ``None`` when the layout does not fit in memory, found before
+        the step is priced: a search discards such layouts without paying for their data
+        parallelism (a 175B model's pure data parallelism over 1536 GPUs took 23 s to price,
+        to be thrown away)."""
+        return self._evaluate(w, n_gpus, fitting_only=True)
+
+    def _evaluate(self, w: WorkloadIn, n_gpus: int | None, fitting_only: bool) -> StepResult | None:
         n = n_gpus if n_gpus is not None else self.topology.n_gpus
         lay = resolve_layout(w, n)
         groups = self._place(lay)
@@ -250,6 +262,9 @@ class StepModel:
         b = lay.micro
 
         costs, ranges, stages = self._stages(w, lay, groups)
+        mem = self._memory(w, lay, stages, costs, ranges)
+        if fitting_only and not mem.fits:
+            return None
         per_mb = np.array([s["total"] for s in stages])
         slow = int(np.argmax(per_mb))
         crit = stages[slow]
@@ -300,7 +315,6 @@ class StepModel:
             "straggler_wait": wait,
         }
         step = sum(breakdown.values())
-        mem = self._memory(w, lay, stages, costs, ranges)
         samples = w.global_batch
         if w.model.kind == "transformer":
             model_flops = samples * model_flops_per_sample(w.model)
@@ -340,9 +354,7 @@ class StepModel:
 
     def memory(self, w: WorkloadIn, n_gpus: int | None = None) -> Memory:
         """Memory per GPU of ``w`` on ``n_gpus`` GPUs (its fullest stage), as :meth:`evaluate`
-        reports it but without pricing the step's data parallelism: a search discards layouts
-        that do not fit before paying for them (a 175B model's pure data parallelism over 1536
-        GPUs took 23 s to price, to be thrown away)."""
+        reports it, without pricing the step."""
         n = n_gpus if n_gpus is not None else self.topology.n_gpus
         lay = resolve_layout(w, n)
         costs, ranges, stages = self._stages(w, lay, self._place(lay))

@@ -179,9 +179,9 @@ def test_a_candidates_topology_file_is_found_next_to_it(tmp_path, monkeypatch):
 
 
 def test_plan_discards_by_memory_before_pricing_and_loses_nothing(monkeypatch):
-    """plan checks each layout's memory (StepModel.memory) before pricing it: the same numbers
-    as the full evaluation, so the same options survive and the same ones are counted out, and
-    no layout that does not fit is priced."""
+    """plan checks each layout's memory before pricing it (StepModel.evaluate_if_fits): the same
+    numbers as the full evaluation (StepModel.memory too), so the same options survive and the
+    same ones are counted out, and no layout that does not fit is priced."""
     from collections import Counter
 
     from collsim.analysis.comm import make_timer
@@ -210,14 +210,14 @@ def test_plan_discards_by_memory_before_pricing_and_loses_nothing(monkeypatch):
             unfit += 1
     assert fit and unfit  # both kinds occur
 
-    priced = StepModel.evaluate
+    priced = StepModel._evaluate  # every pricing goes through it; None: stopped before pricing
 
-    def fitting_only(self, v, n=None):
-        res = priced(self, v, n)
-        assert res.fits, f"plan priced {res.layout.label()}, which does not fit"
+    def fitting_only(self, v, n, **kw):
+        res = priced(self, v, n, **kw)
+        assert res is None or res.fits, f"plan priced {res.layout.label()}, which does not fit"
         return res
 
-    monkeypatch.setattr(StepModel, "evaluate", fitting_only)
+    monkeypatch.setattr(StepModel, "_evaluate", fitting_only)
     options, rejected = plan(w, cand, keep="all")
     got = Counter(
         (o.result.layout.label(), o.result.details["recompute"], o.result.step_time_s)
