@@ -249,21 +249,39 @@ def layouts(w: WorkloadIn, search: SearchIn, rejected: Rejected | None = None) -
             )  # fmt: skip
         except WorkloadError as exc:
             if rejected is not None:
-                cp = f"-cp{c['cp']}" if c["cp"] > 1 else ""
-                label = (f"tp{c['tp']}-pp{c['pp']}{cp}-zero{c['zero']}-mb{c['micro_batch']}-"
-                         f"{c['recompute']}")  # fmt: skip
-                rejected.invalid(label, exc.message)
+                rejected.invalid(_label(**c, fsdp=fsdp), exc.message)
     return out
 
 
-def _label(w: WorkloadIn) -> str:
+def _label(
+    *,
+    tp: int,
+    pp: int,
+    cp: int,
+    virtual_stages: int,
+    sequence_parallel: bool,
+    fsdp: bool,
+    zero: int,
+    micro_batch: int,
+    recompute: str,
+    **_: Any,
+) -> str:
     """A searched layout in a few characters (for the reasons a layout cannot run)."""
+    v = f"-v{virtual_stages}" if virtual_stages > 1 else ""
+    sp = "-sp" if sequence_parallel else ""
+    cp_ = f"-cp{cp}" if cp > 1 else ""
+    z = "-fsdp" if fsdp else f"-zero{zero}"
+    return f"tp{tp}-pp{pp}{cp_}{v}{sp}{z}-mb{micro_batch}-{recompute}"
+
+
+def _workload_label(w: WorkloadIn) -> str:
+    """:func:`_label` of a workload's layout."""
     p = w.parallel
-    v = f"-v{p.virtual_stages}" if p.schedule == "interleaved" else ""
-    sp = "-sp" if p.sequence_parallel else ""
-    cp = f"-cp{p.cp}" if p.cp > 1 else ""
-    zero = "-fsdp" if p.fsdp else f"-zero{p.zero}"
-    return f"tp{p.tp}-pp{p.pp}{cp}{v}{sp}{zero}-mb{w.micro_batch}-{w.recompute}"
+    return _label(
+        tp=p.tp, pp=p.pp, cp=p.cp, sequence_parallel=p.sequence_parallel, fsdp=p.fsdp,
+        virtual_stages=p.virtual_stages if p.schedule == "interleaved" else 1, zero=p.zero,
+        micro_batch=w.micro_batch, recompute=w.recompute,
+    )  # fmt: skip
 
 
 def plan(
@@ -318,7 +336,7 @@ def plan(
                 try:
                     res = model.evaluate_if_fits(v, n)
                 except WorkloadError as exc:
-                    where = f"{cl.label} x {nodes}: {_label(v)}"
+                    where = f"{cl.label} x {nodes}: {_workload_label(v)}"
                     rejected.invalid(where, exc.message)
                     continue
                 if res is None:

@@ -118,6 +118,9 @@ def test_plan_says_why_a_searched_value_cannot_run():
     )  # fmt: skip
     options, rejected = plan(workload_from_dict(gpt()), cand)
     assert options and "multiple of micro_batch (64)" in rejected.summary()
+    # The example names the refused layout as the accepted ones would be named.
+    (examples,) = [v for why, v in rejected.reasons.items() if "micro_batch (64)" in why]
+    assert examples == ["tp1-pp1-zero0-mb64-none"]
 
 
 def test_the_last_stage_keeps_the_losss_fp32_logits():
