@@ -107,10 +107,33 @@ def save_figure(
     return atomic_write_bytes(target, buffer.getvalue())
 
 
+YAML_MAX_VALUES = 1_000_000
+"""The most values a YAML document may expand to, its aliases followed: a configuration file
+holds thousands; a document of aliases of aliases ("billion laughs") holds billions in a few lines
+and would hang whatever walks it."""
+
+
+def _expanded_values(data: Any, limit: int) -> int:
+    """How many values ``data`` holds with every alias expanded (shared containers counted each
+    time they appear, each counted once per identity with a memo), stopping above ``limit``."""
+    memo: dict[int, int] = {}
+
+    def count(x: Any) -> int:
+        if not isinstance(x, dict | list):
+            return 1
+        if id(x) not in memo:
+            items = x.values() if isinstance(x, dict) else x
+            memo[id(x)] = min(limit + 1, 1 + sum(count(v) for v in items))
+        return memo[id(x)]
+
+    return count(data)
+
+
 def yaml_load(text: str) -> Any:
     """``yaml.safe_load`` that refuses a mapping naming one key twice (plain YAML keeps the last,
     so a repeated ``nodes:`` would silently override the first): a ``yaml.YAMLError`` whose
-    mark gives the line of the second."""
+    mark gives the line of the second. Also a ``yaml.YAMLError``: a document nested too deeply to
+    parse, or expanding to more than :data:`YAML_MAX_VALUES` values through its aliases."""
     import yaml
 
     class _Unique(yaml.SafeLoader):
@@ -132,7 +155,16 @@ def yaml_load(text: str) -> Any:
         return loader.construct_mapping(node)
 
     _Unique.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
-    return yaml.load(text, Loader=_Unique)
+    try:
+        data = yaml.load(text, Loader=_Unique)
+        values = _expanded_values(data, YAML_MAX_VALUES)
+    except RecursionError:
+        raise yaml.MarkedYAMLError(problem="nested too deeply (hundreds of levels)") from None
+    if values > YAML_MAX_VALUES:
+        raise yaml.MarkedYAMLError(
+            problem=f"expands to more than {YAML_MAX_VALUES:,} values through its aliases"
+        )
+    return data
 
 
 @contextlib.contextmanager

@@ -52,6 +52,7 @@ import numpy as np
 
 from collsim import units
 from collsim.errors import CollsimError
+from collsim.sweep.runner import MAX_JOBS
 
 SKEW_KINDS = ("none", "uniform", "exp", "lognormal", "one")
 SLOWDOWN_KINDS = ("none", "uniform", "exp", "lognormal", "one")
@@ -329,8 +330,8 @@ def run_stragglers(
     slow_d = slowdown if isinstance(slowdown, Distribution) else parse_spec("slowdown", slowdown)
     if samples < 1:
         raise CollsimError("must be at least 1", field="--samples", value=samples)
-    if jobs < 1:
-        raise CollsimError("must be at least 1", field="--jobs", value=jobs)
+    if not 1 <= jobs <= MAX_JOBS:
+        raise CollsimError(f"must be from 1 to {MAX_JOBS}", field="--jobs", value=jobs)
     if channels < 1:
         raise CollsimError("must be at least 1", field="--channels", value=channels)
     whatif = WhatIf(topology)
@@ -373,7 +374,7 @@ def run_stragglers(
         else:
             chunks = np.array_split(np.arange(samples), min(jobs * 4, samples))
             tasks = [(topology, job, starts[c], slow[c], skewed, slowed) for c in chunks]
-            with ProcessPoolExecutor(max_workers=jobs) as pool:
+            with ProcessPoolExecutor(max_workers=min(jobs, len(chunks))) as pool:
                 parts = []
                 for c, part in zip(chunks, pool.map(_worker, tasks), strict=True):
                     parts.append(part)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BeforeValidator, Field, PrivateAttr, ValidationError
+from pydantic import BeforeValidator, Field, PrivateAttr, ValidationError, field_validator
 
 from collsim.analysis.comm import make_timer
 from collsim.analysis.resilience import dp_step_time, for_job
@@ -56,7 +56,7 @@ class ClusterIn(Strict):
     name: str | None = None
     topology: str
     nodes: Annotated[Choices[Pos], BeforeValidator(_listed)]
-    gpu_hour_usd: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    gpu_hour_usd: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
 
     _path: str | None = PrivateAttr(default=None)
     """Where its topology file is, found beside the candidates file (:func:`load_candidates`)."""
@@ -89,9 +89,20 @@ class SearchIn(Strict):
 
 
 class CandidatesIn(Strict):
-    tokens: Annotated[float, BeforeValidator(parse_count), Field(gt=0, allow_inf_nan=False)] = 1e9
+    tokens: Annotated[
+        float, BeforeValidator(parse_count), Field(gt=0, le=1e18, allow_inf_nan=False)
+    ] = 1e9
     clusters: Annotated[list[ClusterIn], Field(min_length=1)]
     search: SearchIn = SearchIn()
+
+    @field_validator("clusters")
+    @classmethod
+    def _names_unique(cls, clusters: list[ClusterIn]) -> list[ClusterIn]:
+        names = [c.name for c in clusters if c.name]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"two clusters are named {twice[0]!r}: their rows would look alike")
+        return clusters
 
 
 def load_candidates(path: str | os.PathLike[str]) -> CandidatesIn:

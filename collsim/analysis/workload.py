@@ -80,9 +80,15 @@ def _checked(parse: Any, what: str, zero_ok: bool = False) -> Any:
             raise ValueError(exc.message) from None
         if not parsed < float("inf") or parsed < 0 or (parsed == 0 and not zero_ok):
             raise ValueError(f"{what} must be finite and {'>= 0' if zero_ok else '> 0'}")
+        if parse is _duration and parsed > _LONGEST_S:
+            raise ValueError(f"{what} must be at most a year")
         return value
 
     return BeforeValidator(check)
+
+
+_LONGEST_S = 365 * 86400.0
+"""The longest restart or repair time a workload may give (a year)."""
 
 
 def _duration(value: object) -> float:
@@ -94,6 +100,10 @@ def _duration(value: object) -> float:
 Count = Annotated[float, BeforeValidator(parse_count), Field(gt=0)]
 Size = Annotated[int, BeforeValidator(_size), Field(ge=0)]
 Pos = Annotated[int, Field(ge=1)]
+# Upper bounds far beyond any model built, that keep every product of them finite and within
+# 64-bit integers (a hidden size of 8e12 overflowed, 1e8 layers ran for minutes).
+Layers = Annotated[int, Field(ge=1, le=100_000)]
+Width = Annotated[int, Field(ge=1, le=1 << 24)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
 
 
@@ -109,7 +119,7 @@ def _divides(value: int | None, name: str, info: ValidationInfo, whole: str) -> 
 class ExpertsIn(Strict):
     """Mixture of experts: ``count`` experts, ``top_k`` per token, on every ``every``-th layer."""
 
-    count: Pos
+    count: Width
     top_k: Pos = 2
     every: Pos = 1
     capacity_factor: Annotated[float, Field(ge=1)] = 1.0
@@ -134,14 +144,14 @@ class TransformerIn(Strict):
     """A GPT-style decoder (Narayanan et al. 2021 notation: l, h, a, V, s)."""
 
     kind: Literal["transformer"] = "transformer"
-    layers: Pos
-    hidden: Pos
-    heads: Pos
-    kv_heads: Pos | None = None
-    ffn: Pos | None = None
+    layers: Layers
+    hidden: Width
+    heads: Width
+    kv_heads: Width | None = None
+    ffn: Width | None = None
     gated_mlp: bool = False
-    vocab: Pos = 51200
-    seq_len: Pos
+    vocab: Annotated[int, Field(ge=1, le=1 << 30)] = 51200
+    seq_len: Annotated[int, Field(ge=1, le=1 << 30)]
     tied_embeddings: bool = True
     flash_attention: bool = False
     experts: ExpertsIn | None = None
@@ -169,9 +179,10 @@ class GenericIn(Strict):
     """Any job: FLOPs per sample (forward + backward), parameters, bytes between stages."""
 
     kind: Literal["generic"]
-    flops_per_sample: Count
-    params: Count
-    layers: Pos = 1
+    flops_per_sample: Annotated[Count, Field(le=1e24)]
+    """At most 1e24 (a thousand times a 1T-parameter model's FLOPs on a million tokens)."""
+    params: Annotated[Count, Field(ge=1, le=1e16)]
+    layers: Layers = 1
     activation_bytes: Size = 0
     """Bytes per sample sent between pipeline stages."""
     activation_memory_bytes: Size = 0
@@ -307,11 +318,12 @@ class ResilienceIn(Strict):
     (default: weights + optimizer state), storage bandwidth, restart and repair times. Rates and
     durations keep their text; the ``*_s`` properties give seconds and bytes per second."""
 
-    node_mtbf_hours: Annotated[float, Field(gt=0, le=1e12, allow_inf_nan=False)]
+    node_mtbf_hours: Annotated[float, Field(ge=0.01, le=1e12, allow_inf_nan=False)]
     checkpoint_bytes: Annotated[int, BeforeValidator(_size), Field(gt=0)] | None = None
     storage_bandwidth: Annotated[str | float, _checked(units.parse_rate, "a bandwidth")]
     restart_time: Annotated[str, _checked(_duration, "a restart time", zero_ok=True)]
     repair_time: Annotated[str, _checked(_duration, "a repair time")] | None = None
+    """Restart and repair times: at most a year (:data:`_LONGEST_S`)."""
     elastic: bool = False
 
     @field_validator("storage_bandwidth")
@@ -339,7 +351,7 @@ class WorkloadIn(Strict):
     description: str = ""
     source: str | None = None
     model: TransformerIn | GenericIn
-    global_batch: Pos
+    global_batch: Annotated[int, Field(ge=1, le=1 << 40)]
     micro_batch: Pos = 1
     dtype: Literal["bf16", "fp16", "fp32", "fp8", "tf32"] = "bf16"
     parallel: ParallelIn = ParallelIn()

@@ -51,7 +51,7 @@ _BINARY = re.compile(
 _ENV_ASSIGN = re.compile(r"\b(NCCL_[A-Z0-9_]+)=((?:\\.|[^\s\"'])+|\"[^\"]*\"|'[^']*')")
 _ENV_INFO = re.compile(r"\b(NCCL_[A-Z0-9_]+) set by environment to (\S+)")
 _NRANKS_INFO = re.compile(r"\bnranks (\d+)\b")
-_PARAMS = re.compile(r"nThread (\d+) nGpus (\d+)")
+_PARAMS = re.compile(r"nThread (-?\d+) nGpus (-?\d+)")
 _RANGE = re.compile(r"minBytes (\d+) maxBytes (\d+) step: (\d+)\((factor|bytes)\)")
 _AVG = re.compile(r"Avg bus bandwidth\s*:\s*([0-9.eE+-]+)")
 _OOB = re.compile(r"Out of bounds values\s*:\s*(\d+)\s*(\w*)")

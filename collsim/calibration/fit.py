@@ -124,12 +124,13 @@ class Sample:
         self.sizes, self.measured_s = measured_points(self.log)
 
 
-def check_log(log: NcclTestsLog, *, allow_anomalies: bool = False) -> None:
-    """Reject logs whose rows are wrong or inconsistent (``#wrong > 0``), unless allowed."""
+def check_log(log: NcclTestsLog, *, allow_anomalies: bool = False, action: str = "fit") -> None:
+    """Reject logs whose rows are wrong or inconsistent (``#wrong > 0``), unless allowed
+    (``action``: what is refused, for the message)."""
     if log.anomalies and not allow_anomalies:
         raise CalibrationError(
             f"{plural(len(log.anomalies), 'anomaly', 'anomalies')}, first: {log.anomalies[0]}; "
-            "refusing to fit "
+            f"refusing to {action} "
             "(pass --allow-anomalies to use it anyway)",
             file=log.file,
         )

@@ -182,6 +182,14 @@ def _build(
             file=file,
             field="ranks",
         )
+    per_thread = sec.gpus_per_thread
+    if per_thread is not None and not (1 <= per_thread <= ranks and ranks % per_thread == 0):
+        raise CalibrationError(  # each thread drives nGpus of the ranks: a divisor of them
+            f"GPUs per host thread must divide the {ranks} ranks",
+            file=file,
+            field="nGpus",
+            value=per_thread,
+        )
     if hints.ranks and hints.ranks != ranks:
         notes.append(f"the log says {ranks} ranks ({ranks_source}), the caller said {hints.ranks}")
     if ranks_source not in ("devices", "given"):
@@ -251,6 +259,9 @@ def read_logs(
     text = data.decode("utf-8", errors="replace")
     if not text.strip():
         raise CalibrationError("empty file: no nccl-tests output in it", file=file)
+    for name, value in (("ranks", ranks), ("nodes", nodes), ("gpus_per_thread", gpus_per_thread)):
+        if value is not None and not (isinstance(value, int) and value >= 1):
+            raise CalibrationError("must be a whole number of at least 1", field=name, value=value)
     hints = Hints(collective, ranks, nodes, gpu, gpus_per_thread)
     if re.match(r'\s*\{\s*"', text):  # a JSON object ({'...' is a Python dict in a job log)
         facts, drafts = _json.read(text, file)

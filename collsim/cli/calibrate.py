@@ -163,7 +163,9 @@ def run_cmd(
 @calibrate.command("read")
 @click.argument("logs", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--collective", default=None, help="Collective, where the log does not name it.")
-@click.option("--ranks", type=int, default=None, help="Ranks, where the log does not say.")
+@click.option(
+    "--ranks", type=click.IntRange(min=1), default=None, help="Ranks, where the log does not say."
+)
 @click.option(
     "--gpus-per-thread",
     type=click.IntRange(min=1),
@@ -225,7 +227,9 @@ def read_cmd(
 @click.option("--nodes", type=int, default=None, help="Override the nodes the logs report.")
 @click.option("--gpus-per-node", type=int, default=None, help="Override the GPUs per node.")
 @click.option("--collective", default=None, help="Collective, where a log does not name it.")
-@click.option("--ranks", type=int, default=None, help="Ranks, where a log does not say.")
+@click.option(
+    "--ranks", type=click.IntRange(min=1), default=None, help="Ranks, where a log does not say."
+)
 @click.option(
     "--gpus-per-thread",
     type=click.IntRange(min=1),

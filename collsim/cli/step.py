@@ -64,6 +64,10 @@ def load_profile(path: str | None) -> tuple[Any, float | None]:
             data = read_yaml(Path(path))
     except CollsimError as exc:
         raise CollsimError(exc.message, file=path, field="--profile") from None
+    except RecursionError:
+        raise CollsimError(
+            "cannot read profile: nested too deeply", file=path, field="--profile"
+        ) from None
     except (OSError, ValueError) as exc:
         raise CollsimError(f"cannot read profile: {exc}", file=path, field="--profile") from None
     if not isinstance(data, dict):
@@ -72,9 +76,19 @@ def load_profile(path: str | None) -> tuple[Any, float | None]:
         from collsim.model.profile import profile_from_dict
 
         return profile_from_dict(data, path).params(), None
+    in_step = isinstance(data.get("step"), dict) and "efficiency" in data["step"]
+    has_eff = "gpu_efficiency" in data or in_step
     eff = data.pop("gpu_efficiency", None)
     step = data.pop("step", None)
-    if isinstance(step, dict):
+    if step is not None:
+        if not isinstance(step, dict) or set(step) - {"efficiency"}:
+            extra = sorted(set(step) - {"efficiency"}) if isinstance(step, dict) else None
+            raise CollsimError(
+                "step holds only 'efficiency' (the GEMM efficiency in (0, 1])",
+                file=path,
+                field=f"step.{extra[0]}" if extra else "step",
+                value=step,
+            )
         eff = step.get("efficiency", eff)
     for meta in ("name", "topology", "description", "created", "fitted_on"):
         data.pop(meta, None)
@@ -86,9 +100,9 @@ def load_profile(path: str | None) -> tuple[Any, float | None]:
         except CollsimError as exc:
             raise exc.located(file=path) from None
     number = isinstance(eff, int | float) and not isinstance(eff, bool)
-    if eff is not None and not (number and 0 < eff <= 1):
-        raise CollsimError("must be a number in (0, 1]", file=path, field="gpu_efficiency",
-                           value=eff)  # fmt: skip
+    if has_eff and not (number and 0 < eff <= 1):
+        field = "step.efficiency" if in_step else "gpu_efficiency"
+        raise CollsimError("must be a number in (0, 1]", file=path, field=field, value=eff)
     return params, (float(eff) if eff is not None else None)
 
 

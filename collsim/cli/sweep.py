@@ -41,9 +41,10 @@ def sweep(
     finished."""
     from collsim.errors import CollsimError
     from collsim.sweep import load_spec, run_sweep
+    from collsim.sweep.runner import MAX_JOBS
 
-    if jobs is not None and jobs < 1:
-        raise CollsimError("must be at least 1", field="--jobs", value=jobs)
+    if jobs is not None and not 1 <= jobs <= MAX_JOBS:
+        raise CollsimError(f"must be from 1 to {MAX_JOBS}", field="--jobs", value=jobs)
     if executor == "dask" and not scheduler and not dry_run:  # before loading the spec
         raise CollsimError("--executor dask needs --scheduler tcp://HOST:PORT", field="--scheduler")
     spec = load_spec(spec_file)

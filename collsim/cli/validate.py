@@ -23,7 +23,9 @@ from collsim.cli.base import cli, nccl_env, nccl_env_option, refuse_overwriting_
     help="collsim's analytic model, or NCCL's own tuning model (baseline).",
 )
 @click.option("--collective", default=None, help="Collective, where a log does not name it.")
-@click.option("--ranks", type=int, default=None, help="Ranks, where a log does not say.")
+@click.option(
+    "--ranks", type=click.IntRange(min=1), default=None, help="Ranks, where a log does not say."
+)
 @click.option(
     "--gpus-per-thread",
     type=click.IntRange(min=1),
@@ -31,6 +33,11 @@ from collsim.cli.base import cli, nccl_env, nccl_env_option, refuse_overwriting_
     help="GPUs one host thread drove (nccl-tests -g), where a log does not say; default 1.",
 )
 @nccl_env_option
+@click.option(
+    "--allow-anomalies",
+    is_flag=True,
+    help="Compare logs with anomalies (#wrong > 0, times that disagree with the bandwidths).",
+)
 @click.option("--summary", is_flag=True, help="Only the MAPE lines, no per-size table.")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="busbw plot (PNG/SVG).")
@@ -45,6 +52,7 @@ def validate(
     ranks: int | None,
     gpus_per_thread: int | None,
     nccl_env_items: tuple[str, ...],
+    allow_anomalies: bool,
     summary: bool,
     json_file: str | None,
     plot_file: str | None,
@@ -56,6 +64,7 @@ def validate(
     parameters. --model nccl uses NCCL's own tuning
     model instead.
     """
+    from collsim.calibration.fit import check_log
     from collsim.calibration.predict import gpu_mismatch, uncalibrated_params
     from collsim.calibration.session import load_samples
     from collsim.calibration.validate import plot_validation, validate_samples
@@ -69,6 +78,8 @@ def validate(
         logs, topology, nodes=nodes, gpus_per_node=gpus_per_node, collective=collective,
         ranks=ranks, gpus_per_thread=gpus_per_thread, env=nccl_env(nccl_env_items),
     )  # fmt: skip
+    for s in samples:  # a wrong row would count in the error as if it were a measurement
+        check_log(s.log, allow_anomalies=allow_anomalies, action="validate")
     notes: list[str] = []
     params = uncalibrated_params()
     if profile:

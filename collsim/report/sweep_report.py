@@ -407,7 +407,15 @@ def write_report(
     where = Path(results)
     spec = (where if where.is_dir() else where.parent) / "spec.json"  # points.csv given: beside it
     if spec.is_file():
-        name = json.loads(spec.read_text()).get("name", name)
+        try:
+            name = str(json.loads(spec.read_text(encoding="utf-8")).get("name", name))
+        except (OSError, ValueError, AttributeError, RecursionError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise CollsimError(
+                f"unreadable sweep spec ({reason}); rerun the sweep or remove it to report "
+                "without its name",
+                file=str(spec),
+            ) from None
     folder = Path(output)
     folder.mkdir(parents=True, exist_ok=True)
     coll = [r for r in rows if r["kind"] == "collective"]

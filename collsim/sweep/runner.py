@@ -34,6 +34,9 @@ from collsim.sweep.spec import SweepError, SweepSpec, Task
 from collsim.sweep.tasks import COLUMNS, run_task, to_csv
 
 EXECUTORS = ("local", "dask")
+MAX_JOBS = 1024
+"""The most local worker processes ``--jobs`` may ask for (a typo of 100000 would fork that
+many before the first result)."""
 POINTS = "points.csv"
 
 

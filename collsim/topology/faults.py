@@ -153,15 +153,15 @@ def make_fault(
             kw["lat_s"] = units.parse_time(text)  # type: ignore[arg-type]
         except CollsimError as exc:
             raise bad(f"lat: {exc.message}", value) from None
-        if kw["lat_s"] < 0:  # type: ignore[operator]
-            raise bad("lat must not be negative", value)
+        if not 0 <= kw["lat_s"] <= 10.0:  # type: ignore[operator]
+            raise bad("lat must be from 0 to 10 s (the topology's range for latencies)", value)
     if "rate" in fields:
         try:
             kw["rate_bytes_per_s"] = units.parse_rate(fields["rate"])  # type: ignore[arg-type]
         except CollsimError as exc:
             raise bad(f"rate: {exc.message}", fields["rate"]) from None
-        if kw["rate_bytes_per_s"] <= 0:  # type: ignore[operator]
-            raise bad("rate must be positive", fields["rate"])
+        if not 1e3 <= kw["rate_bytes_per_s"] <= 1e16:  # type: ignore[operator]
+            raise bad("rate must be from 1kB/s to 10PB/s (the topology's range)", fields["rate"])
     if kind == "background" and "[" in target:
         name, _, nodes = target.partition("[")
         if name not in PATTERNS or not nodes.endswith("]"):
@@ -180,10 +180,10 @@ def _number(value: object, name: str, bad) -> float:  # type: ignore[no-untyped-
         raise bad(f"{name} must be a number", value) from None
     if not number > 0 or number == float("inf"):
         raise bad(f"{name} must be a positive number", value)
-    if name == "bw" and number > 1:
-        raise bad("bw is a factor of the bandwidth, in (0, 1]", value)
-    if name == "slow" and number < 1:
-        raise bad("slow is a slowdown factor, at least 1 (2 = half speed)", value)
+    if name == "bw" and not 1e-6 <= number <= 1:
+        raise bad("bw is a factor of the bandwidth, from 1e-6 to 1", value)
+    if name == "slow" and not 1 <= number <= 1e6:
+        raise bad("slow is a slowdown factor, from 1 to 1e6 (2 = half speed)", value)
     return number
 
 

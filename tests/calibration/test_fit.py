@@ -196,6 +196,20 @@ def test_wrong_results_are_refused_for_fitting(write, tmp_path):
     assert out.exists()
 
 
+def test_wrong_results_are_refused_for_validation(write):
+    """A wrong row would count in the error as a measurement: validate refuses the log as fit
+    does, and compares it when told to."""
+    rows = alpha_beta_rows()
+    path = write(standard_log([*rows[:-1], rows[-1][:-1] + "3"]))
+    args = ["validate", str(path), "-t", "h100-4gpu-ib", "--gpus-per-node", "2", "--summary"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2
+    assert "refusing to validate" in result.output and "--allow-anomalies" in result.output
+    result = CliRunner().invoke(cli, [*args, "--allow-anomalies"])
+    assert result.exit_code == 0, result.output
+    assert "MAPE" in result.output and "#wrong" in result.output
+
+
 def test_rank_count_that_does_not_fit_is_an_error(write):
     from collsim.calibration import read_log
 

@@ -69,7 +69,11 @@ def test_units_are_parsed_by_the_units_module():
     [
         ("nik:n1.nic0:bw=0.5", ["did you mean 'nic'"]),
         ("nic:n1.nic0:bww=0.5", ["'bww'", "did you mean 'bw'"]),
-        ("nic:n1.nic0:bw=2", ["(0, 1]"]),
+        ("nic:n1.nic0:bw=2", ["from 1e-6 to 1"]),
+        ("nic:n1.nic0:bw=1e-300", ["from 1e-6 to 1"]),
+        ("gpu:n0.gpu0:slow=1e308", ["from 1 to 1e6"]),
+        ("link:a-b:lat=+1e30us", ["from 0 to 10 s", "1e30us"]),
+        ("background:ring[0,1]:rate=1e30GB/s", ["1kB/s to 10PB/s"]),
         ("nic:n1.nic0", ["needs one of"]),
         ("link:n0.nic0-leaf0:lat=+2 fortnights", ["lat", "fortnights"]),
         ("background:ring[3]:rate=1GB/s", ["two nodes"]),
