@@ -326,6 +326,17 @@ class ResilienceIn(Strict):
     """Restart and repair times: at most a year (:data:`_LONGEST_S`)."""
     elastic: bool = False
 
+    @field_validator("elastic")
+    @classmethod
+    def _elastic_needs_repair(cls, elastic: bool, info: ValidationInfo) -> bool:
+        # (repair_time absent from info.data: it failed, and its own error names it)
+        if elastic and "repair_time" in info.data and info.data["repair_time"] is None:
+            raise ValueError(
+                "elastic compares continuing on fewer nodes with waiting for a repair: give "
+                "repair_time (without it spares are assumed)"
+            )
+        return elastic
+
     @field_validator("storage_bandwidth")
     @classmethod
     def _storage_at_least_a_byte_per_s(cls, value: str | float) -> str | float:

@@ -297,6 +297,7 @@ def _measured_section(coll: list[dict[str, str]], measured: list[dict[str, str]]
     optional = ("topology", "nodes", "algorithm")
     pairs = []
     unpicked = 0  # rows that match several algorithms' points but no ``auto`` one
+    unmatched: list[str] = []  # rows that match no point at all
     for m in measured:
         t = _f(m, "time_us")
         if t is None:
@@ -310,14 +311,21 @@ def _measured_section(coll: list[dict[str, str]], measured: list[dict[str, str]]
         if not m.get("algorithm") and len({r["algorithm"] for r in found}) > 1:
             found = [r for r in found if r["algorithm"] == "auto"]
             unpicked += not found
+        elif not found:
+            unmatched.append(f"{m['collective']} {m['size_bytes']} B")
         pairs += [(t, _f(r, "time_us"), r["algorithm"]) for r in found]
+    missed = ""
+    if unmatched:
+        missed = (f" {len(unmatched)} measured row(s) match no predicted case (e.g. "
+                  f"{unmatched[0]}): check their collective, size, topology, nodes and algorithm "
+                  "against the sweep's.")  # fmt: skip
     blocks: list[Block] = [("h2", "Predicted vs measured")]
     if not pairs:
         why = ""
         if unpicked:
             why = (f" ({unpicked} measured row(s) name no algorithm and the sweep ran several "
                    "without `auto`: give the algorithm, or add `auto` to the sweep)")  # fmt: skip
-        return [*blocks, ("p", f"No measured point matches a predicted one{why}.")]
+        return [*blocks, ("p", f"No measured point matches a predicted one{why}.{missed}")]
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.5, 5))
     for algo, items in _groups([{"a": p[2], "i": str(i)} for i, p in enumerate(pairs)],
@@ -338,7 +346,7 @@ def _measured_section(coll: list[dict[str, str]], measured: list[dict[str, str]]
     blocks.append(("img", _save(fig, folder, "predicted-vs-measured.png"), "predicted vs measured"))
     if errs:
         blocks.append(("p", f"{len(pairs)} matched points; median |error| "
-                            f"{median:.1%}, max {errs[-1]:.1%}."))  # fmt: skip
+                            f"{median:.1%}, max {errs[-1]:.1%}.{missed}"))  # fmt: skip
     return blocks
 
 

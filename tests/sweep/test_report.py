@@ -81,3 +81,19 @@ def test_unpicked_measured_rows_say_why_nothing_matched(tmp_path):
     assert "1 measured row(s) name no algorithm" in blocks[-1][1]
     measured[0]["algorithm"] = "ring"
     assert "No measured point" not in str(_measured_section(coll, measured, tmp_path))
+
+
+def test_measured_rows_that_match_nothing_are_counted(spec_file, tmp_path):
+    """A measured row of a collective or size the sweep did not run was dropped unseen."""
+    spec = load_spec(spec_file(engines=["analytic"], sizes=["1K"], nodes=[1], steps=None))
+    run_sweep(spec, tmp_path / "res", jobs=1)
+    measured = tmp_path / "m.csv"
+    measured.write_text("collective,size_bytes,time_us,algorithm\nall_reduce,1024,20,ring\n"
+                        "bogus,1024,20,ring\nall_reduce,3333,20,ring\n")  # fmt: skip
+    out = tmp_path / "rep"
+    with pytest.raises(SystemExit) as info:
+        main(["report", str(tmp_path / "res"), "-o", str(out), "--measured", str(measured)])
+    assert info.value.code == 0
+    md = (out / "report.md").read_text()
+    assert "1 matched points" in md
+    assert "2 measured row(s) match no predicted case (e.g. bogus 1024 B)" in md
