@@ -331,8 +331,8 @@ def main() -> None:
         "the two roughly cancel, and what Meta's kernels reached at 128K, and how the paper "
         "counts attention FLOPs, is not published, so no attention rate of its own is modelled. "
         "The memory column is collsim's estimate without recomputation (the paper does not say "
-        "what Meta recomputed): above 80 GB the first stage's in-flight activations do not fit, "
-        "so Meta saved memory in some way collsim does not model.",
+        "what Meta recomputed): above the H100's 80 GiB (85.9 GB) the first stage's in-flight "
+        "activations do not fit, so Meta saved memory in some way collsim does not model.",
     ]
     lines += ["", "## Assumptions (the same for every run)", ""]
     lines += [f"* {a}" for a in ASSUMPTIONS]
