@@ -82,6 +82,12 @@ def _split(text: str | int | float, what: str) -> tuple[float, str]:
     return value, unit
 
 
+RATE_RANGE_BYTES_PER_S = (1e3, 1e16)
+"""Physical range of a link rate, 1 kB/s to 10 PB/s (topologies, faults): outside it a figure
+is a slip of the unit, whose times would overflow or print 300 digits."""
+TIME_RANGE_S = (0.0, 10.0)
+"""Physical range of a latency, 0 to 10 s (topologies, faults)."""
+
 MAX_SIZE_BYTES = 2**50
 """1 PiB: no buffer, memory or checkpoint is larger; past 2^63 bytes sizes overflow int64."""
 

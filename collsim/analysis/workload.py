@@ -69,7 +69,9 @@ def _size(value: object) -> object:
         raise ValueError(exc.message) from None
 
 
-def _checked(parse: Any, what: str, zero_ok: bool = False) -> Any:
+def _checked(
+    parse: Any, what: str, zero_ok: bool = False, longest: tuple[float, str] | None = None
+) -> Any:
     """A validator that parses ``value`` (a rate or duration string) to check it, and keeps the
     text as written so that a dumped workload validates again (``with_changes``)."""
 
@@ -80,15 +82,15 @@ def _checked(parse: Any, what: str, zero_ok: bool = False) -> Any:
             raise ValueError(exc.message) from None
         if not parsed < float("inf") or parsed < 0 or (parsed == 0 and not zero_ok):
             raise ValueError(f"{what} must be finite and {'>= 0' if zero_ok else '> 0'}")
-        if parse is _duration and parsed > _LONGEST_S:
-            raise ValueError(f"{what} must be at most a year")
+        if longest is not None and parsed > longest[0]:
+            raise ValueError(f"{what} must be at most {longest[1]}")
         return value
 
     return BeforeValidator(check)
 
 
-_LONGEST_S = 365 * 86400.0
-"""The longest restart or repair time a workload may give (a year)."""
+_A_YEAR = (365 * 86400.0, "a year")
+"""The longest restart or repair time a workload may give (seconds, words)."""
 
 
 def _duration(value: object) -> float:
@@ -321,9 +323,11 @@ class ResilienceIn(Strict):
     node_mtbf_hours: Annotated[float, Field(ge=0.01, le=1e12, allow_inf_nan=False)]
     checkpoint_bytes: Annotated[int, BeforeValidator(_size), Field(gt=0)] | None = None
     storage_bandwidth: Annotated[str | float, _checked(units.parse_rate, "a bandwidth")]
-    restart_time: Annotated[str, _checked(_duration, "a restart time", zero_ok=True)]
-    repair_time: Annotated[str, _checked(_duration, "a repair time")] | None = None
-    """Restart and repair times: at most a year (:data:`_LONGEST_S`)."""
+    restart_time: Annotated[
+        str, _checked(_duration, "a restart time", zero_ok=True, longest=_A_YEAR)
+    ]
+    repair_time: Annotated[str, _checked(_duration, "a repair time", longest=_A_YEAR)] | None = None
+    """Restart and repair times: at most a year (:data:`_A_YEAR`)."""
     elastic: bool = False
 
     @field_validator("elastic")

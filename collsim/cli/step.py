@@ -76,20 +76,20 @@ def load_profile(path: str | None) -> tuple[Any, float | None]:
         from collsim.model.profile import profile_from_dict
 
         return profile_from_dict(data, path).params(), None
-    in_step = isinstance(data.get("step"), dict) and "efficiency" in data["step"]
-    has_eff = "gpu_efficiency" in data or in_step
-    eff = data.pop("gpu_efficiency", None)
+    absent = object()  # a given null is an error, not an absent efficiency
+    eff, eff_field = data.pop("gpu_efficiency", absent), "gpu_efficiency"
     step = data.pop("step", None)
     if step is not None:
-        if not isinstance(step, dict) or set(step) - {"efficiency"}:
-            extra = sorted(set(step) - {"efficiency"}) if isinstance(step, dict) else None
+        extra = sorted(set(step) - {"efficiency"}) if isinstance(step, dict) else None
+        if extra is None or extra:
             raise CollsimError(
                 "step holds only 'efficiency' (the GEMM efficiency in (0, 1])",
                 file=path,
                 field=f"step.{extra[0]}" if extra else "step",
                 value=step,
             )
-        eff = step.get("efficiency", eff)
+        if "efficiency" in step:
+            eff, eff_field = step["efficiency"], "step.efficiency"
     for meta in ("name", "topology", "description", "created", "fitted_on"):
         data.pop(meta, None)
     params_data = data.get("params", data.get("model_params", data))
@@ -99,11 +99,11 @@ def load_profile(path: str | None) -> tuple[Any, float | None]:
             params = ModelParams.from_dict(params_data)
         except CollsimError as exc:
             raise exc.located(file=path) from None
-    number = isinstance(eff, int | float) and not isinstance(eff, bool)
-    if has_eff and not (number and 0 < eff <= 1):
-        field = "step.efficiency" if in_step else "gpu_efficiency"
-        raise CollsimError("must be a number in (0, 1]", file=path, field=field, value=eff)
-    return params, (float(eff) if eff is not None else None)
+    if eff is absent:
+        return params, None
+    if not (isinstance(eff, int | float) and not isinstance(eff, bool) and 0 < eff <= 1):
+        raise CollsimError("must be a number in (0, 1]", file=path, field=eff_field, value=eff)
+    return params, float(eff)
 
 
 def _setup(  # type: ignore[no-untyped-def]

@@ -153,14 +153,16 @@ def make_fault(
             kw["lat_s"] = units.parse_time(text)  # type: ignore[arg-type]
         except CollsimError as exc:
             raise bad(f"lat: {exc.message}", value) from None
-        if not 0 <= kw["lat_s"] <= 10.0:  # type: ignore[operator]
+        low, high = units.TIME_RANGE_S
+        if not low <= kw["lat_s"] <= high:  # type: ignore[operator]
             raise bad("lat must be from 0 to 10 s (the topology's range for latencies)", value)
     if "rate" in fields:
         try:
             kw["rate_bytes_per_s"] = units.parse_rate(fields["rate"])  # type: ignore[arg-type]
         except CollsimError as exc:
             raise bad(f"rate: {exc.message}", fields["rate"]) from None
-        if not 1e3 <= kw["rate_bytes_per_s"] <= 1e16:  # type: ignore[operator]
+        low, high = units.RATE_RANGE_BYTES_PER_S
+        if not low <= kw["rate_bytes_per_s"] <= high:  # type: ignore[operator]
             raise bad("rate must be from 1kB/s to 10PB/s (the topology's range)", fields["rate"])
     if kind == "background" and "[" in target:
         name, _, nodes = target.partition("[")

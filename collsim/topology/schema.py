@@ -59,9 +59,14 @@ def _within(low: float, high: float, what: str) -> AfterValidator:
     return AfterValidator(check)
 
 
-Rate = Annotated[float, _unit(units.parse_rate), Field(gt=0), _within(1e3, 1e16, "1kB/s to 10PB/s")]
+Rate = Annotated[
+    float, _unit(units.parse_rate), Field(gt=0),
+    _within(*units.RATE_RANGE_BYTES_PER_S, "1kB/s to 10PB/s"),
+]  # fmt: skip
 """Bytes per second (``400Gbps``, ``50GB/s``), from 1 kB/s to 10 PB/s."""
-Time = Annotated[float, _unit(units.parse_time), Field(ge=0), _within(0.0, 10.0, "0 to 10s")]
+Time = Annotated[
+    float, _unit(units.parse_time), Field(ge=0), _within(*units.TIME_RANGE_S, "0 to 10s")
+]
 """Seconds (``1.5us``), from 0 to 10 s."""
 Size = Annotated[int, _unit(units.parse_size), Field(gt=0)]
 """Bytes, strictly positive (``80GB``, ``80GiB``)."""
