@@ -97,6 +97,25 @@ def _env_list(value: str) -> tuple[list[str], bool]:
     return names, neg
 
 
+MODELLED_ENV = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS",
+                "NCCL_TREE_THRESHOLD")  # fmt: skip
+"""The NCCL settings that change collsim's predictions (:func:`constraints`); others (network
+interface names, debug levels, ...) are real NCCL settings that collsim does not model."""
+
+
+def unmodelled_env(env: dict[str, str]) -> list[str]:
+    """One note per setting of ``env`` that changes no prediction, with the modelled name a
+    typo was probably meant to be (``NCCL_ALG0`` -> ``NCCL_ALGO``)."""
+    import difflib
+
+    notes = []
+    for key in sorted(set(env) - set(MODELLED_ENV)):
+        close = difflib.get_close_matches(key, MODELLED_ENV, n=1, cutoff=0.8)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        notes.append(f"{key} is not modelled by collsim and changes no prediction{hint}")
+    return notes
+
+
 def check_env(env: dict[str, str]) -> None:
     """Refuse NCCL settings NCCL itself would refuse: an unknown algorithm (``NCCL_ALGO``) or
     protocol (``NCCL_PROTO``), a channel count that is not a positive integer."""

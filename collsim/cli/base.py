@@ -173,9 +173,11 @@ def nccl_env(items: tuple[str, ...]) -> dict[str, str]:
             raise CollsimError("expected NCCL_KEY=VALUE, e.g. NCCL_ALGO=Ring",
                                field="--nccl-env", value=item)  # fmt: skip
         out[key] = value.strip()
-    from collsim.calibration.predict import check_env
+    from collsim.calibration.predict import check_env, unmodelled_env
 
     check_env(out)
+    for note in unmodelled_env(out):
+        click.echo(f"# note: --nccl-env {note}")
     return out
 
 

@@ -156,6 +156,13 @@ def _read_measured(path: str) -> list[float]:
     if not rows:
         raise CollsimError("no step times", file=path, field="--measured")
     head = [h.strip() for h in rows[0]]
+    if head.count("step_time_s") > 1:  # which one holds the times is never guessed
+        raise CollsimError(
+            f"{head.count('step_time_s')} columns named step_time_s in the header; keep one",
+            file=path,
+            field="step_time_s",
+            value=",".join(rows[0]),
+        )
     col = head.index("step_time_s") if "step_time_s" in head else 0
     body = rows[1:] if "step_time_s" in head else rows
     out = []

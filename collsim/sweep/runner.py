@@ -22,6 +22,7 @@ import csv
 import functools
 import hashlib
 import json
+import math
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -338,7 +339,36 @@ def read_points(path: str | os.PathLike[str]) -> list[dict[str, str]]:
                 file=str(p),
                 field=f"line {i + 2}",
             )
+        _check_result(row, p, i + 2)
     return rows
+
+
+_RESULT_COLUMN = {"collective": "time_us", "step": "step_time_s"}
+"""The number a row of each kind exists for: a row without an error holds it, finite."""
+
+
+def _check_result(row: dict[str, str], path: Path, line: int) -> None:
+    """Refuse a row whose kind is unknown, or that claims no error yet lacks its result (a
+    file edited by hand or damaged in place): reporting it would silently drop the point."""
+    kind = row.get("kind", "")
+    if kind not in _RESULT_COLUMN:
+        raise SweepError("unknown row kind (collective or step)", file=str(path),
+                         field=f"line {line}, kind", value=kind)  # fmt: skip
+    if row.get("error"):
+        return
+    column = _RESULT_COLUMN[kind]
+    text = row.get(column, "")
+    try:
+        ok = math.isfinite(float(text)) and float(text) >= 0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise SweepError(
+            "damaged: a row without an error needs a finite, non-negative result; rerun the sweep",
+            file=str(path),
+            field=f"line {line}, {column}",
+            value=text,
+        )
 
 
 __all__ = ["COLUMNS", "EXECUTORS", "SweepOutcome", "merge", "read_points", "run_sweep"]

@@ -202,6 +202,7 @@ def test_weak_scaling_grows_the_batch_from_the_first_size_that_runs():
         ("step_time_s\n1.0\n-3\n", "positive"),
         ("step_time_s\nnan\n", "positive"),
         ("a,step_time_s\n1\n", "no step_time_s value"),
+        ("step_time_s,step_time_s\n1.0,2.0\n", "2 columns named step_time_s"),
     ],
 )
 def test_bad_measured_step_times_are_one_line_errors(tmp_path, text, words):

@@ -231,3 +231,20 @@ def test_nccl_settings_a_log_does_not_record_can_be_given(tmp_path):
     for wrong in ("ALGO=Ring", "NCCL_ALGO=bogus", "NCCL_PROTO=LL256", "NCCL_MIN_NCHANNELS=x"):
         bad = runner.invoke(cli, [*base[:-1], "--nccl-env", wrong])
         assert bad.exit_code == 2 and "'--nccl-env'" in bad.output, wrong
+
+
+def test_nccl_settings_collsim_does_not_model_are_named_not_dropped():
+    """A real NCCL setting collsim ignores (an interface name) or a typo of one it models is
+    said, with the name meant; the prediction is the same as without it."""
+    log = "data/nccl-tests/logs/h100-8gpu-together-ring-all_reduce-1.txt"
+    base = ["validate", log, "-t", "dgx-h100", "--nodes", "1", "--summary"]
+    runner = CliRunner()
+    plain = runner.invoke(cli, base)
+    extra = runner.invoke(cli, [*base, "--nccl-env", "NCCL_SOCKET_IFNAME=eth0",
+                                "--nccl-env", "NCCL_ALG0=Ring"])  # fmt: skip
+    assert plain.exit_code == 0 and extra.exit_code == 0
+    notes = [ln for ln in extra.output.splitlines() if ln.startswith("# note: --nccl-env")]
+    assert len(notes) == 2
+    assert "NCCL_ALG0 is not modelled" in notes[0] and "did you mean NCCL_ALGO?" in notes[0]
+    assert "NCCL_SOCKET_IFNAME is not modelled" in notes[1] and "did you mean" not in notes[1]
+    assert [ln for ln in extra.output.splitlines() if ln not in notes] == plain.output.splitlines()

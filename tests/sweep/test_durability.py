@@ -172,6 +172,43 @@ def test_truncated_points_file_is_refused(finished, capsys):
     assert err.count("\n") == 1 and "points.csv" in err and "truncated" in err
 
 
+@pytest.mark.parametrize("cell", ["", "nan", "inf", "-3", "fast"])
+def test_points_row_without_its_result_is_refused(finished, capsys, cell):
+    """A row that claims no error yet holds no usable time (a hand edit, a file damaged in place
+    with its line ends intact) is refused by name, not reported as '0 could not be computed'."""
+    import csv
+    import io
+
+    _spec, res = finished
+    rows = list(csv.DictReader(io.StringIO((res / "points.csv").read_text())))
+    victim = next(i for i, r in enumerate(rows) if r["kind"] == "collective" and not r["error"])
+    rows[victim]["time_us"] = cell
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    (res / "points.csv").write_text(out.getvalue())
+    with pytest.raises(SweepError, match="damaged") as info:
+        read_points(res)
+    assert info.value.field == f"line {victim + 2}, time_us"
+    assert info.value.value == cell
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", str(res), "-o", str(res / "report")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "points.csv" in err and "time_us" in err
+
+
+def test_points_row_of_unknown_kind_is_refused(finished):
+    _spec, res = finished
+    text = (res / "points.csv").read_text()
+    head, first, rest = text.split("\n", 2)
+    (res / "points.csv").write_text("\n".join([head, "bogus" + first[first.index(",") :], rest]))
+    with pytest.raises(SweepError, match="unknown row kind") as info:
+        read_points(res)
+    assert info.value.field == "line 2, kind" and info.value.value == "bogus"
+
+
 def test_truncated_manifest_is_an_error_not_a_fresh_start(finished, spec_file):
     spec, res = finished
     manifest = res / "manifest.json"
