@@ -5,8 +5,11 @@
   ``K`` chunks takes ``n - 1 + K - 1`` chunk-steps (NCCL's ``ncclBroadcast`` and ``ncclReduce``
   run exactly this on their rings). Channels whose rings leave nodes through other NICs spread
   over them.
-* ``tree``: a balanced binary tree rooted at ``root``, pipelined by chunks: ``log2 n`` depth, but
-  inner ranks send each chunk twice (MPICH's binomial/binary pipelined trees).
+* ``tree``: a binary tree rooted at ``root``, pipelined by chunks: ``log2 n`` depth, but inner
+  ranks send each chunk twice (MPICH's binary pipelined trees). It is topology-aware
+  (:func:`~collsim.collectives.tree.binary_tree_parents`): a binary tree over nodes between one
+  head rank per node, and one inside each node; each channel takes other heads, so channels
+  spread over the NICs as the chain's do.
 
 Both reuse :func:`~collsim.collectives.tree.tree_broadcast` / ``tree_reduce`` with a different
 parent array.
@@ -23,8 +26,8 @@ from collsim.collectives.ring import ring_order
 from collsim.collectives.schedule import Schedule, ScheduleBuilder
 from collsim.collectives.tree import (
     Tree,
+    binary_tree_parents,
     chain_along,
-    heap_parents,
     pipeline_chunk_cap,
     tree_broadcast,
     tree_reduce,
@@ -41,8 +44,8 @@ def _ring_chain(spec: BuildSpec, channel: int) -> np.ndarray:
     return chain_along(order if spec.collective == "broadcast" else order[::-1], spec.root)
 
 
-def _heap(spec: BuildSpec, channel: int) -> np.ndarray:
-    return heap_parents(spec.nranks, spec.root)
+def _binary(spec: BuildSpec, channel: int) -> np.ndarray:
+    return binary_tree_parents(spec.layout, channel, spec.channels, spec.root)
 
 
 def _trees(spec: BuildSpec, parents: ParentFn) -> tuple[list[Tree], int]:
@@ -74,7 +77,7 @@ def build_broadcast_chain(spec: BuildSpec) -> Schedule:
 
 def build_broadcast_tree(spec: BuildSpec) -> Schedule:
     """Pipelined binary-tree broadcast from the root."""
-    return _broadcast(spec, _heap)
+    return _broadcast(spec, _binary)
 
 
 def build_reduce_chain(spec: BuildSpec) -> Schedule:
@@ -84,4 +87,4 @@ def build_reduce_chain(spec: BuildSpec) -> Schedule:
 
 def build_reduce_tree(spec: BuildSpec) -> Schedule:
     """Pipelined binary-tree reduce into the root."""
-    return _reduce(spec, _heap)
+    return _reduce(spec, _binary)

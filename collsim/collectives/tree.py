@@ -122,19 +122,10 @@ def nccl_tree_parents(
     such as the DGX-1's: :meth:`~collsim.collectives.layout.RankLayout.local_cycle`). One rank
     per node gives NCCL's plain double binary tree; one node, a chain.
     """
-    n, g = layout.nranks, layout.ranks_per_node
-    nodes = layout.nnodes
-    a = layout.entry(channel, channels)
+    n, nodes = layout.nranks, layout.nnodes
     heads = np.zeros(nodes, dtype=np.int64)
     chain = np.full(n, -1, dtype=np.int64)  # intra-node parents
-    # Hangs off local a (channels leave by the NICs in turn), along the channel's direct-link
-    # cycle on a mesh (rank order elsewhere).
-    cycle = layout.local_cycle(channel)
-    local = cycle[(int(np.flatnonzero(cycle == a)[0]) + np.arange(g)) % g]
-    for m in range(nodes):
-        size = layout.node_size(m)
-        # a partial last node: rank order
-        order = m * g + (local if size == g else (a + np.arange(size)) % size)
+    for m, order in enumerate(_node_orders(layout, channel, channels)):
         heads[m] = order[0]
         chain[order[1:]] = order[:-1]
     trees = []
@@ -144,6 +135,56 @@ def nccl_tree_parents(
         parent[heads[up]] = heads[node_parent[up]]
         trees.append(parent)
     return trees[0], trees[1]
+
+
+def _node_orders(layout: RankLayout, channel: int, channels: int) -> list[np.ndarray]:
+    """Each node's ranks in the order ``channel``'s tree takes them, its head first: from local
+    index ``entry`` (channels leave by the NICs in turn) along the channel's direct-link cycle on
+    a mesh, rank order elsewhere and on a partial last node."""
+    g = layout.ranks_per_node
+    a = layout.entry(channel, channels)
+    cycle = layout.local_cycle(channel)
+    local = cycle[(int(np.flatnonzero(cycle == a)[0]) + np.arange(g)) % g]
+    out = []
+    for m in range(layout.nnodes):
+        size = layout.node_size(m)
+        out.append(m * g + (local if size == g else (a + np.arange(size)) % size))
+    return out
+
+
+def reroot(parent: np.ndarray, root: int) -> np.ndarray:
+    """The same tree (as undirected edges) hung from ``root``: the path from ``root`` up to the
+    old root turns round."""
+    out = np.asarray(parent, dtype=np.int64).copy()
+    child, up = int(root), int(out[root])
+    out[root] = -1
+    while up >= 0:
+        above = int(out[up])
+        out[up] = child
+        child, up = up, above
+    return out
+
+
+def binary_tree_parents(layout: RankLayout, channel: int, channels: int, root: int) -> np.ndarray:
+    """The binary tree of the pipelined tree broadcast / reduce on ``channel`` of ``channels``,
+    hung from ``root``: a balanced binary tree over the nodes (heap order from the root's node)
+    between one head rank per node, and a balanced binary tree inside each node below its head.
+
+    Heads are picked per channel as NCCL's trees pick them (:func:`_node_orders`), so channels
+    cross the network through different GPUs and NICs rather than all through the same ones;
+    each head sends a chunk to up to two other nodes (an MPI binary tree's fan-out) and its node
+    at log depth. On one node this is a binary tree over its GPUs; one rank per node, over the
+    nodes."""
+    n = layout.nranks
+    parent = np.full(n, -1, dtype=np.int64)
+    orders = _node_orders(layout, channel, channels)
+    heads = np.array([o[0] for o in orders], dtype=np.int64)
+    for order in orders:
+        parent[order[1:]] = order[(np.arange(1, order.size) - 1) // 2]
+    node_parent = heap_parents(layout.nnodes, layout.node_of(root))
+    up = node_parent >= 0
+    parent[heads[up]] = heads[node_parent[up]]
+    return reroot(parent, root)
 
 
 def pipeline_chunk_cap(

@@ -35,8 +35,8 @@ from collsim.collectives.layout import RankLayout
 from collsim.collectives.tree import (
     Tree,
     all_tree_parents,
+    binary_tree_parents,
     chain_along,
-    heap_parents,
     nccl_tree_parents,
     pipeline_chunk_cap,
 )
@@ -277,14 +277,15 @@ def rooted(
     costs: FlowCosts, collective: str, algorithm: str, layout: RankLayout, channels: int
 ) -> Pipeline:
     """Pipelined chain / binary-tree broadcast or reduce from/to rank 0: a chain follows each
-    channel's ring (as the schedules: :func:`~collsim.model.rings.ring_orders`); channels whose
-    chains coincide are copies sharing the same links."""
+    channel's ring (as the schedules: :func:`~collsim.model.rings.ring_orders`), a binary tree
+    takes the channel's heads (:func:`~collsim.collectives.tree.binary_tree_parents`); channels
+    whose trees coincide are copies sharing the same links."""
     n = layout.nranks
     if algorithm == "chain":
         orders = ring_orders(collective, n, channels, layout)
         chains = [chain_along(o if collective == "broadcast" else o[::-1], 0) for o in orders]
     else:
-        chains = [heap_parents(n, 0)] * channels
+        chains = [binary_tree_parents(layout, c, channels, 0) for c in range(channels)]
     distinct: dict[bytes, tuple[np.ndarray, int]] = {}
     for p in chains:
         tree, k = distinct.get(p.tobytes(), (p, 0))
