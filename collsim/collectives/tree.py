@@ -152,39 +152,64 @@ def _node_orders(layout: RankLayout, channel: int, channels: int) -> list[np.nda
     return out
 
 
-def reroot(parent: np.ndarray, root: int) -> np.ndarray:
-    """The same tree (as undirected edges) hung from ``root``: the path from ``root`` up to the
-    old root turns round."""
-    out = np.asarray(parent, dtype=np.int64).copy()
-    child, up = int(root), int(out[root])
-    out[root] = -1
-    while up >= 0:
-        above = int(out[up])
-        out[up] = child
-        child, up = up, above
-    return out
-
-
 def binary_tree_parents(layout: RankLayout, channel: int, channels: int, root: int) -> np.ndarray:
-    """The binary tree of the pipelined tree broadcast / reduce on ``channel`` of ``channels``,
-    hung from ``root``: a balanced binary tree over the nodes (heap order from the root's node)
-    between one head rank per node, and a balanced binary tree inside each node below its head.
+    """The binary tree of the pipelined tree broadcast / reduce on ``channel`` of ``channels``
+    from ``root``: a binary tree over the nodes (heap order from the root's node) between one
+    head rank per node, and a binary tree inside each node over its direct links.
 
     Heads are picked per channel as NCCL's trees pick them (:func:`_node_orders`), so channels
-    cross the network through different GPUs and NICs rather than all through the same ones;
-    each head sends a chunk to up to two other nodes (an MPI binary tree's fan-out) and its node
-    at log depth. On one node this is a binary tree over its GPUs; one rank per node, over the
-    nodes."""
+    cross the network through different GPUs and NICs rather than all through the same ones. A
+    node's tree hangs from its head, except the root's, which hangs from the root with its head
+    as near the top as the links allow (next to it on a switch): hanging it from the head and
+    turning the path to the root round made it deeper (5 levels instead of 3 on 8 GPUs, a third
+    more latency). A head sends each chunk to up to two other nodes and two GPUs of its own."""
     n = layout.nranks
     parent = np.full(n, -1, dtype=np.int64)
     orders = _node_orders(layout, channel, channels)
     heads = np.array([o[0] for o in orders], dtype=np.int64)
-    for order in orders:
-        parent[order[1:]] = order[(np.arange(1, order.size) - 1) // 2]
-    node_parent = heap_parents(layout.nnodes, layout.node_of(root))
+    top = layout.node_of(root)
+    for m, order in enumerate(orders):
+        if m == top:
+            order = np.r_[root, order[order != root]]
+        parent[order[1:]] = order[_spanning_parents(order - m * layout.ranks_per_node, layout)]
+    node_parent = heap_parents(layout.nnodes, top)
     up = node_parent >= 0
     parent[heads[up]] = heads[node_parent[up]]
-    return reroot(parent, root)
+    return parent
+
+
+def _spanning_parents(local: np.ndarray, layout: RankLayout) -> np.ndarray:
+    """A binary tree over a node's ranks (local indices, top first, in order of preference) by
+    direct links: each rank, breadth first, adopts the first two unplaced ranks it links to
+    directly. Returns each non-top rank's parent as a position in ``local``.
+
+    Where every pair is linked (a switch, or no mesh known) this is heap order. On a mesh
+    (:attr:`~collsim.collectives.layout.RankLayout.local_rings`, as on the DGX-1's hybrid cube
+    mesh) only the rings' links count, so no edge detours over PCIe; a rank no tree member can
+    adopt within two children joins the least-loaded linked member."""
+    g = local.size
+    if not layout.local_rings or g != layout.ranks_per_node:
+        return (np.arange(1, g) - 1) // 2
+    linked = np.zeros((g, g), dtype=bool)
+    for ring in layout.local_rings:
+        r = np.asarray(ring)
+        linked[r, np.roll(r, 1)] = linked[np.roll(r, 1), r] = True
+    near = linked[np.ix_(local, local)]  # by position
+    par = np.full(g, -1, dtype=np.int64)
+    kids = np.zeros(g, dtype=np.int64)
+    placed = np.zeros(g, dtype=bool)
+    placed[0], queue = True, [0]
+    while queue:
+        x = queue.pop(0)
+        for y in np.flatnonzero(near[x] & ~placed)[:2]:
+            par[y], placed[y], kids[x] = x, True, kids[x] + 1
+            queue.append(int(y))
+    while not placed.all():  # ranks whose linked members all had two children already
+        y = int(np.flatnonzero(~placed & (near[:, placed].any(axis=1)))[0])
+        hosts = np.flatnonzero(near[y] & placed)
+        par[y], placed[y] = hosts[np.argmin(kids[hosts])], True
+        kids[par[y]] += 1
+    return par[1:]
 
 
 def pipeline_chunk_cap(

@@ -279,7 +279,10 @@ def rooted(
     """Pipelined chain / binary-tree broadcast or reduce from/to rank 0: a chain follows each
     channel's ring (as the schedules: :func:`~collsim.model.rings.ring_orders`), a binary tree
     takes the channel's heads (:func:`~collsim.collectives.tree.binary_tree_parents`); channels
-    whose trees coincide are copies sharing the same links."""
+    whose trees coincide are copies sharing the same links. The model, like nccl-tests' default,
+    times root 0; the schedules take any root (``build_schedule(..., root=r)``), which on the
+    bundled (node-symmetric) topologies moves the root's node in the heap over nodes and puts the
+    root above its node's head, keeping the trees' depth."""
     n = layout.nranks
     if algorithm == "chain":
         orders = ring_orders(collective, n, channels, layout)
