@@ -6,6 +6,7 @@ import contextlib
 import errno
 import io
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -129,6 +130,9 @@ def _expanded_values(data: Any, limit: int) -> int:
     return count(data)
 
 
+_SCIENTIFIC = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
+
+
 def yaml_load(text: str) -> Any:
     """``yaml.safe_load`` that refuses a mapping naming one key twice (plain YAML keeps the last,
     so a repeated ``nodes:`` would silently override the first): a ``yaml.YAMLError`` whose
@@ -155,6 +159,9 @@ def yaml_load(text: str) -> Any:
         return loader.construct_mapping(node)
 
     _Unique.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    # YAML 1.1 (PyYAML) reads 1e6 and 5e-06 as strings: it wants a dot and a signed exponent.
+    # YAML 1.2 and every user read them as numbers, so this loader does too.
+    _Unique.add_implicit_resolver("tag:yaml.org,2002:float", _SCIENTIFIC, list("-+0123456789."))
     try:
         data = yaml.load(text, Loader=_Unique)
         values = _expanded_values(data, YAML_MAX_VALUES)

@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BeforeValidator, Field, PrivateAttr, ValidationError, field_validator
 
 from collsim.analysis.comm import make_timer
-from collsim.analysis.resilience import dp_step_time, for_job
+from collsim.analysis.resilience import ResilienceError, dp_step_time, for_job
 from collsim.analysis.step import StepModel, StepResult
 from collsim.analysis.workload import WorkloadError, WorkloadIn, parse_count, with_changes
 from collsim.errors import CollsimError
@@ -88,6 +88,10 @@ class SearchIn(Strict):
     virtual_stages: Choices[Pos] | None = None
 
 
+MAX_LAYOUTS = 20_000
+"""The most layouts one search may span (each is evaluated on every cluster and node count)."""
+
+
 class CandidatesIn(Strict):
     tokens: Annotated[
         float, BeforeValidator(parse_count), Field(gt=0, le=1e18, allow_inf_nan=False)
@@ -103,6 +107,20 @@ class CandidatesIn(Strict):
         if twice:
             raise ValueError(f"two clusters are named {twice[0]!r}: their rows would look alike")
         return clusters
+
+    @field_validator("search")
+    @classmethod
+    def _search_bounded(cls, search: SearchIn) -> SearchIn:
+        """Refused before hours of evaluations with no output."""
+        axes = {k: v for k, v in search.model_dump().items() if v}
+        total = math.prod(len(v) for v in axes.values())
+        if total > MAX_LAYOUTS:
+            sizes = " x ".join(f"{len(v)} {k}" for k, v in axes.items())
+            raise ValueError(
+                f"the search spans {total:,} layouts ({sizes}), more than the {MAX_LAYOUTS:,} a "
+                "plan evaluates on every cluster and node count: search fewer values"
+            )
+        return search
 
 
 def load_candidates(path: str | os.PathLike[str]) -> CandidatesIn:
@@ -317,6 +335,11 @@ def plan(
     tokens_per_step = w.global_batch * (w.model.seq_len if w.model.kind == "transformer" else 1)
     steps = math.ceil(cand.tokens / tokens_per_step)
     variants = layouts(w, cand.search, rejected)
+    if "tokens" not in cand.model_fields_set:
+        rejected.notes.append(
+            f"the candidates file gives no 'tokens': time and cost are for {cand.tokens:.3g} "
+            "tokens (the default)"
+        )
     fitted = None  # a fitted profile file: checked against, and scaling, each cluster's links
     if profile and params is not None and str(params.source).startswith("profile "):
         from collsim.model.profile import load_profile
@@ -357,7 +380,11 @@ def plan(
                 hours = steps * res.step_time_s / 3600
                 gpn = biggest.gpus_per_node
                 replica = res.layout.replica_gpus
-                fail = for_job(v, n, gpn, dp_step_time(res.step_time_s, n, gpn, replica))
+                try:
+                    fail = for_job(v, n, gpn, dp_step_time(res.step_time_s, n, gpn, replica))
+                except ResilienceError as exc:  # this cluster size never completes the job
+                    rejected.invalid(f"{cl.label} x {nodes}: {_workload_label(v)}", exc.message)
+                    continue
                 found.append(
                     Option(
                         cluster=cl.name or f"{cl.label} x {nodes}",

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from collsim import units
 from collsim.errors import CollsimError, UnitError
+from collsim.report.tables import plural
 
 if TYPE_CHECKING:
     from collsim.analysis.workload import WorkloadIn
@@ -261,6 +262,15 @@ def analyze(
     restart = _check("restart_s", restart_s, zero_ok=True)
     daly = daly_interval_s(write, mtbf)
     ratio = wall_per_useful(daly, write, restart, mtbf)
+    if not math.isfinite(ratio):
+        raise ResilienceError(
+            f"the job never completes: the system fails every {format_duration(mtbf)} on "
+            f"average ({plural(nodes, 'node')}), while a checkpoint takes "
+            f"{format_duration(write)} to write and a restart {format_duration(restart)}; raise "
+            "the storage bandwidth or the node MTBF",
+            field="resilience",
+            value={"node_mtbf_s": node_mtbf_s, "checkpoint_write_s": write, "restart_s": restart},
+        )
     out = Resilience(
         nodes=nodes, node_mtbf_s=node_mtbf_s, mtbf_s=mtbf, checkpoint_bytes=checkpoint_bytes,
         write_s=write, restart_s=restart, young_s=young_interval_s(write, mtbf), daly_s=daly,

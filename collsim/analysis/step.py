@@ -315,6 +315,14 @@ class StepModel:
             "straggler_wait": wait,
         }
         step = sum(breakdown.values())
+        if not np.isfinite(step):  # an input beyond what the schemas bound (never a NaN printed)
+            part = next(k for k, v in breakdown.items() if not np.isfinite(v))
+            raise WorkloadError(
+                f"the step's {part} time is not a finite number: an input of the workload or "
+                "topology is far outside physical values",
+                field=f"breakdown.{part}",
+                value=breakdown[part],
+            )
         samples = w.global_batch
         if w.model.kind == "transformer":
             model_flops = samples * model_flops_per_sample(w.model)

@@ -242,7 +242,8 @@ class StragglersIn(Strict):
     cv: Annotated[float, Field(ge=0)] = 0.0
     distribution: Literal["lognormal", "normal"] = "lognormal"
     seed: Annotated[int, Field(ge=0)] = 0
-    samples: Pos = 64
+    samples: Annotated[int, Field(ge=1, le=100_000)] = 64
+    """Monte Carlo draws of the slowest GPU (memory grows with draws x replicas)."""
 
 
 class SyncIn(Strict):
@@ -311,7 +312,9 @@ class ComputeIn(Strict):
     """How fast the GPU computes: GEMM efficiency (calibrated) and non-GEMM memory traffic."""
 
     efficiency: Fraction | None = None
-    elementwise_traffic: Annotated[float, Field(ge=0)] = 2.0
+    elementwise_traffic: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] = 2.0
+    """Bytes non-GEMM kernels move per byte of stored activation: a few (read + write of each
+    element-wise op); up to 100."""
     memory_reserve: Size = 2_000_000_000
 
 

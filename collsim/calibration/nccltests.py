@@ -256,6 +256,9 @@ def read_logs(
         data = Path(path).read_bytes()
     except OSError as exc:
         raise CalibrationError(f"cannot read: {exc.strerror or exc}", file=file) from None
+    packed = _packed(data)
+    if packed:
+        raise CalibrationError(packed, file=file)
     text = data.decode("utf-8", errors="replace")
     if not text.strip():
         raise CalibrationError("empty file: no nccl-tests output in it", file=file)
@@ -277,6 +280,23 @@ def read_logs(
         _build(file, _json.Facts.from_section(s), _drafts_from_text(s, file), hints, strict)
         for s in sections
     ]
+
+
+_PACKED = {
+    b"\x1f\x8b": "a gzip-compressed file: decompress it first (gunzip)",
+    b"BZh": "a bzip2-compressed file: decompress it first (bunzip2)",
+    b"\xfd7zXZ\x00": "an xz-compressed file: decompress it first (unxz)",
+    b"\x28\xb5\x2f\xfd": "a zstd-compressed file: decompress it first (unzstd)",
+    b"PK\x03\x04": "a zip archive: extract the log from it first",
+    b"\xff\xfe": "UTF-16 text: convert it to UTF-8 first (iconv -f UTF-16 -t UTF-8)",
+    b"\xfe\xff": "UTF-16 text: convert it to UTF-8 first (iconv -f UTF-16 -t UTF-8)",
+}
+"""Leading bytes of files that hold a log in a form to unpack first (a log saved from a job's
+archive or a Windows editor), rather than "no table found"."""
+
+
+def _packed(data: bytes) -> str | None:
+    return next((why for magic, why in _PACKED.items() if data.startswith(magic)), None)
 
 
 def read_log(

@@ -98,7 +98,9 @@ class RunConfig:
                 field="--runner",
                 value=self.runner,
             )
-        if self.nprocs < 1 or self.nodes < 1 or self.nprocs % self.nodes:
+        if self.nodes < 1:
+            raise CalibrationError("must be at least 1", field="--nodes", value=self.nodes)
+        if self.nprocs < 1 or self.nprocs % self.nodes:
             raise CalibrationError(
                 "--nprocs must be a positive multiple of --nodes",
                 field="--nprocs",
@@ -110,6 +112,13 @@ class RunConfig:
                 "srun or mpirun for several nodes",
                 field="--nodes",
                 value=self.nodes,
+            )
+        if self.launcher_args and self.runner == "nccl-tests" and self.launcher == "local":
+            raise CalibrationError(
+                "--launcher local starts the nccl-tests binaries directly: no launcher is there "
+                "to take these (use --launcher mpirun or srun)",
+                field="--launcher-args",
+                value=" ".join(self.launcher_args),
             )
         if self.runner == "nccl-tests" and self.launcher == "torchrun":
             raise CalibrationError(

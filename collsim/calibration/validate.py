@@ -157,7 +157,7 @@ def compare(s: Sample, predicted_s: np.ndarray, labels: Sequence[str] = ()) -> L
                 choice=labels[i] if i < len(labels) else "",
             )
         )
-    nodes = s.log.nodes if s.log.nodes is not None else s.topology.nodes  # as simulated
+    nodes = s.topology.nodes  # as modelled (a flag may override the log's)
     return LogResult(s.name, s.log.collective, s.log.ranks, nodes, float(rel.mean()), pts)
 
 

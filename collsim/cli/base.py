@@ -37,6 +37,22 @@ class CollsimGroup(click.Group):
             ctx.exit(2)
 
 
+class _Path(click.Path):
+    """``click.Path`` that refuses an empty name (``--json ""`` would otherwise write nothing
+    and say nothing)."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail("an empty name names no file or folder", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+FILE = _Path(dir_okay=False)
+"""A file option or argument (input or output)."""
+FOLDER = _Path(file_okay=False)
+"""A folder option (results directories)."""
+
+
 def refuse_overwriting_inputs(inputs: Any, **outputs: str | None) -> None:
     """An output path (``--json``, ``-o``, ...) that names one of the input files would destroy
     a measurement, and two outputs on one path would lose one: refuse them, naming the option."""
@@ -172,12 +188,19 @@ def nccl_env(items: tuple[str, ...]) -> dict[str, str]:
         if not sep or not key.startswith("NCCL_") or not value.strip():
             raise CollsimError("expected NCCL_KEY=VALUE, e.g. NCCL_ALGO=Ring",
                                field="--nccl-env", value=item)  # fmt: skip
+        if key in out and out[key] != value.strip():  # an environment holds a name once
+            raise CollsimError(f"{key} is given twice ({key}={out[key]} before)",
+                               field="--nccl-env", value=item)  # fmt: skip
         out[key] = value.strip()
     from collsim.calibration.predict import check_env, unmodelled_env
 
     check_env(out)
     for note in unmodelled_env(out):
         click.echo(f"# note: --nccl-env {note}")
+    lo, hi = out.get("NCCL_MIN_NCHANNELS"), out.get("NCCL_MAX_NCHANNELS")
+    if lo and hi and int(lo) > int(hi):
+        click.echo(f"# note: --nccl-env NCCL_MIN_NCHANNELS={lo} is above NCCL_MAX_NCHANNELS="
+                   f"{hi}: collsim runs {lo} channels (the minimum wins)")  # fmt: skip
     return out
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from collsim.cli.base import cli, nccl_env, nccl_env_option, refuse_overwriting_inputs
+from collsim.cli.base import FILE, FOLDER, cli, nccl_env, nccl_env_option, refuse_overwriting_inputs
 from collsim.collectives.registry import COLLECTIVES
 from collsim.report.tables import plural
 
@@ -17,6 +17,18 @@ from collsim.report.tables import plural
 @cli.group()
 def calibrate() -> None:
     """Measure collectives on a real system and read nccl-tests results."""
+
+
+def _split_args(text: str) -> list[str]:
+    """``--launcher-args`` as a shell splits it; an unbalanced quote is an error naming it."""
+    from collsim.errors import CalibrationError
+
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        raise CalibrationError(
+            f"cannot split it as a shell would: {exc}", field="--launcher-args", value=text
+        ) from None
 
 
 def _collectives(text: str) -> list[str]:
@@ -65,10 +77,10 @@ def _collectives(text: str) -> list[str]:
 @click.option("-d", "--datatype", default="float", show_default=True, help="nccl-tests type.")
 @click.option("-w", "--warmup", type=int, default=5, show_default=True, help="Warm-up calls.")
 @click.option("-n", "--iters", type=int, default=20, show_default=True, help="Timed calls.")
-@click.option("--out", type=click.Path(file_okay=False), required=True, help="Results directory.")
+@click.option("--out", type=FOLDER, required=True, help="Results directory.")
 @click.option(
     "--binary-dir",
-    type=click.Path(file_okay=False),
+    type=FOLDER,
     default=None,
     help="Where the nccl-tests *_perf binaries are (default: PATH).",
 )
@@ -131,7 +143,7 @@ def run_cmd(
         binary_dir=Path(binary_dir) if binary_dir else None,
         timeout=timeout,
         backend=backend,
-        launcher_args=shlex.split(launcher_args),
+        launcher_args=_split_args(launcher_args),
     )
     steps = plan_commands(cfg)
     if dry_run:
@@ -161,7 +173,7 @@ def run_cmd(
 
 
 @calibrate.command("read")
-@click.argument("logs", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("logs", nargs=-1, required=True, type=FILE)
 @click.option("--collective", default=None, help="Collective, where the log does not name it.")
 @click.option(
     "--ranks", type=click.IntRange(min=1), default=None, help="Ranks, where the log does not say."
@@ -222,7 +234,7 @@ def read_cmd(
 
 
 @calibrate.command("fit")
-@click.argument("logs", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("logs", nargs=-1, required=True, type=FILE)
 @click.option("--topology", "-t", required=True, metavar="NAME|PATH", help="Catalog name or file.")
 @click.option("--nodes", type=int, default=None, help="Override the nodes the logs report.")
 @click.option("--gpus-per-node", type=int, default=None, help="Override the GPUs per node.")
@@ -238,9 +250,7 @@ def read_cmd(
 )
 @click.option("--allow-anomalies", is_flag=True, help="Fit logs with anomalies (#wrong > 0).")
 @nccl_env_option
-@click.option(
-    "-o", "--output", required=True, type=click.Path(dir_okay=False), help="Profile YAML to write."
-)
+@click.option("-o", "--output", required=True, type=FILE, help="Profile YAML to write.")
 def fit_cmd(
     logs: tuple[str, ...],
     topology: str,

@@ -9,6 +9,7 @@ import time
 import click
 
 from collsim.cli.base import (
+    FILE,
     ProgressBar,
     chunk_option,
     cli,
@@ -52,14 +53,14 @@ SLOW_RUN_S = 30.0
 )
 @click.option(
     "--profile",
-    type=click.Path(dir_okay=False),
+    type=FILE,
     default=None,
     help="Calibration profile (collsim calibrate fit) for this topology. The des engine takes its "
     "link rates and latencies; its base latency, launch floor, size factors and NCCL's tree "
     "correction apply with --engine analytic (the collsim model) only.",
 )
-@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here.")
-@click.option("--trace", type=click.Path(dir_okay=False), help="Chrome/Perfetto trace (max size).")
+@click.option("--json", "json_file", type=FILE, help="Write JSON here.")
+@click.option("--trace", type=FILE, help="Chrome/Perfetto trace (max size).")
 @click.option(
     "--tuned",
     is_flag=True,

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from collsim.cli.base import cli, context_faults, fault_meta_option, refuse_overwriting_inputs
+from collsim.cli.base import FILE, cli, context_faults, fault_meta_option, refuse_overwriting_inputs
 from collsim.errors import CollsimError
 from collsim.io import figure_format
 
@@ -25,9 +25,7 @@ _WORKLOAD = click.option(
 _TOPOLOGY = click.option(
     "--topology", "-t", required=True, metavar="NAME|PATH", help="Catalog name or file."
 )
-_JSON = click.option(
-    "--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here."
-)
+_JSON = click.option("--json", "json_file", type=FILE, help="Write JSON here.")
 _ENGINE = click.option(
     "--engine",
     default="analytic",
@@ -36,7 +34,7 @@ _ENGINE = click.option(
 )
 _PROFILE = click.option(
     "--profile",
-    type=click.Path(dir_okay=False),
+    type=FILE,
     help="Calibration profile (JSON/YAML): analytic-model parameters and/or gpu_efficiency.",
 )
 _EFF = click.option(
@@ -47,6 +45,19 @@ _EFF = click.option(
 )
 
 
+def _json_or_yaml(path: Path) -> Any:
+    """A ``.json`` file as JSON unless it is not (an older fit wrote YAML whatever the name),
+    everything else as YAML."""
+    from collsim.topology.loader import read_yaml
+
+    if path.suffix.lower() == ".json":
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            pass  # YAML under a .json name; read_yaml reports what is wrong with it
+    return read_yaml(path)
+
+
 def load_profile(path: str | None) -> tuple[Any, float | None]:
     """A profile file -> (analytic ModelParams or None, GPU efficiency or None).
 
@@ -55,13 +66,9 @@ def load_profile(path: str | None) -> tuple[Any, float | None]:
     if not path:
         return None, None
     from collsim.model.params import ModelParams
-    from collsim.topology.loader import read_yaml
 
     try:
-        if Path(path).suffix == ".json":  # YAML 1.1 would read 5e-06 as a string
-            data = json.loads(Path(path).read_text())
-        else:
-            data = read_yaml(Path(path))
+        data = _json_or_yaml(Path(path))
     except CollsimError as exc:
         raise CollsimError(exc.message, file=path, field="--profile") from None
     except RecursionError:
@@ -143,6 +150,10 @@ def _setup(  # type: ignore[no-untyped-def]
     return w, topo, model, params, eff
 
 
+_LONGEST_STEP_S = 86_400.0
+"""The longest measured step accepted (a day; a larger number is a unit slip, e.g. ms or us)."""
+
+
 def _read_measured(path: str) -> list[float]:
     """Step times (seconds) from a CSV with a ``step_time_s`` column (or one number per line;
     a spreadsheet's byte-order mark is fine). Which column holds the times is never guessed."""
@@ -186,9 +197,9 @@ def _read_measured(path: str) -> list[float]:
             raise CollsimError(
                 f"line {i}: not a number", file=path, field="step_time_s", value=row[col]
             ) from None
-        if not (math.isfinite(value) and value > 0):
+        if not (math.isfinite(value) and 0 < value <= _LONGEST_STEP_S):
             raise CollsimError(
-                f"line {i}: a step time must be a positive number of seconds",
+                f"line {i}: a step time must be a positive number of seconds, at most a day",
                 file=path,
                 field="step_time_s",
                 value=row[col],
@@ -230,7 +241,7 @@ def _elastic_step(model: Any, w: Any, result: Any, gpus_per_node: int):  # type:
 @_EFF
 @click.option(
     "--measured",
-    type=click.Path(dir_okay=False),
+    type=FILE,
     help="Measured step times (seconds): a CSV with a step_time_s column, or one number per line; "
     "their mean is compared with the prediction.",
 )
@@ -272,7 +283,10 @@ def step(
         from collsim.analysis.resilience import for_job
 
         gpn = _topo.gpus_per_node
-        res = for_job(w, result.n_gpus, gpn, _elastic_step(model, w, result, gpn))
+        try:
+            res = for_job(w, result.n_gpus, gpn, _elastic_step(model, w, result, gpn))
+        except CollsimError as exc:
+            raise exc.located(file=workload) from None
         out["resilience"] = res.as_json()  # type: ignore[union-attr]
         click.echo(res.report())  # type: ignore[union-attr]
     if json_file:
@@ -302,7 +316,7 @@ def step(
 @_EFF
 @click.option(
     "--plot",
-    type=click.Path(dir_okay=False),
+    type=FILE,
     help="Write the scaling plot (PNG or SVG, by suffix).",
 )
 @_JSON
@@ -383,9 +397,7 @@ def scale(
 
 @cli.command()
 @_WORKLOAD
-@click.option(
-    "--candidates", "-c", required=True, type=click.Path(dir_okay=False), help="Candidates YAML."
-)
+@click.option("--candidates", "-c", required=True, type=FILE, help="Candidates YAML.")
 @_ENGINE
 @_PROFILE
 @_EFF
@@ -393,9 +405,7 @@ def scale(
 @click.option(
     "--top", type=click.IntRange(min=1), default=20, show_default=True, help="Rows to print."
 )
-@click.option(
-    "--plot", type=click.Path(dir_okay=False), help="Write the Pareto plot (PNG or SVG, by suffix)."
-)
+@click.option("--plot", type=FILE, help="Write the Pareto plot (PNG or SVG, by suffix).")
 @_JSON
 def plan(
     workload: str,

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from collsim.cli.base import chunk_option, cli, run_options, size_option
+from collsim.cli.base import FILE, chunk_option, cli, run_options, size_option
 from collsim.collectives.registry import COLLECTIVES, default_algorithm
 from collsim.errors import CollsimError
 from collsim.report.tables import plural
@@ -45,7 +45,7 @@ _BAR_MIN = 50
 @click.option("--samples", "-n", type=int, default=100, show_default=True, help="Draws.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
 @click.option("-j", "--jobs", type=int, default=1, show_default=True, help="Worker processes.")
-@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here.")
+@click.option("--json", "json_file", type=FILE, help="Write JSON here.")
 def stragglers(
     collective: str,
     topology: str,
@@ -81,8 +81,8 @@ def stragglers(
 
     skew_d = parse_spec("skew", skew)
     slow_d = parse_spec("slowdown", slowdown)
-    if samples < 1:
-        raise CollsimError("must be at least 1", field="--samples", value=samples)
+    if not 1 <= samples <= 100_000:  # each draw is one discrete-event run
+        raise CollsimError("must be from 1 to 100000", field="--samples", value=samples)
     if seed < 0:
         raise CollsimError("must be >= 0", field="--seed", value=seed)
     lo = size_option("-b", minbytes)

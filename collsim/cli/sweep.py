@@ -6,12 +6,12 @@ import sys
 
 import click
 
-from collsim.cli.base import ProgressBar, cli, show_progress
+from collsim.cli.base import FILE, ProgressBar, cli, show_progress
 from collsim.report.tables import plural
 
 
 @cli.command()
-@click.argument("spec_file", metavar="SPEC.yaml", type=click.Path(dir_okay=False))
+@click.argument("spec_file", metavar="SPEC.yaml", type=FILE)
 @click.option(
     "-o", "--output", required=True, metavar="RESULTS", help="Results directory (resumed)."
 )
@@ -66,6 +66,15 @@ def sweep(
         f"({plural(out.computed_tasks, 'task')} computed, "
         f"{out.reused_tasks} reused)"
     )
+    from collsim.sweep.runner import read_points
+
+    failed = [r for r in read_points(out.path / "points.csv") if r.get("error")]
+    if failed:
+        click.echo(
+            f"# warning: {plural(len(failed), 'row')} could not be computed (their 'error' "
+            f"column says why), e.g.: {failed[0]['error']}",
+            err=True,
+        )
     if out.interrupted:
         click.echo("# interrupted: finished tasks are kept; rerun the same command to resume",
                    err=True)  # fmt: skip
@@ -77,7 +86,7 @@ def sweep(
 @click.option("-o", "--output", required=True, metavar="DIR", help="Report folder.")
 @click.option(
     "--measured",
-    type=click.Path(dir_okay=False),
+    type=FILE,
     help="CSV of measured times (collective, size_bytes, time_us; optional topology, nodes, "
     "algorithm) for the predicted-vs-measured plot.",
 )

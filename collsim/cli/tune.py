@@ -6,7 +6,7 @@ import json
 
 import click
 
-from collsim.cli.base import cli, refuse_overwriting_inputs, size_option, whatif_for
+from collsim.cli.base import FILE, cli, refuse_overwriting_inputs, size_option, whatif_for
 from collsim.collectives.registry import COLLECTIVES
 from collsim.errors import CollsimError
 from collsim.report.tables import plural
@@ -24,12 +24,12 @@ from collsim.report.tables import plural
 @click.option("--model", default="collsim", show_default=True, help="collsim or nccl.")
 @click.option(
     "--profile",
-    type=click.Path(dir_okay=False),
+    type=FILE,
     default=None,
     help="Calibration profile (collsim calibrate fit) for this topology: the collsim model "
     "prices every candidate under it.",
 )
-@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here.")
+@click.option("--json", "json_file", type=FILE, help="Write JSON here.")
 def tune(
     collective: str,
     topology: str,

@@ -6,15 +6,16 @@ import json
 
 import click
 
-from collsim.cli.base import cli, nccl_env, nccl_env_option, refuse_overwriting_inputs
+from collsim.cli.base import FILE, cli, nccl_env, nccl_env_option, refuse_overwriting_inputs
+from collsim.report.tables import plural
 
 
 @cli.command()
-@click.argument("logs", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("logs", nargs=-1, required=True, type=FILE)
 @click.option("--topology", "-t", required=True, metavar="NAME|PATH", help="Catalog name or file.")
 @click.option("--nodes", type=int, default=None, help="Override the nodes the logs report.")
 @click.option("--gpus-per-node", type=int, default=None, help="Override the GPUs per node.")
-@click.option("--profile", type=click.Path(dir_okay=False), default=None, help="Fitted profile.")
+@click.option("--profile", type=FILE, default=None, help="Fitted profile.")
 @click.option(
     "--model",
     type=click.Choice(["collsim", "nccl"]),
@@ -39,8 +40,8 @@ from collsim.cli.base import cli, nccl_env, nccl_env_option, refuse_overwriting_
     help="Compare logs with anomalies (#wrong > 0, times that disagree with the bandwidths).",
 )
 @click.option("--summary", is_flag=True, help="Only the MAPE lines, no per-size table.")
-@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write JSON here.")
-@click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="busbw plot (PNG/SVG).")
+@click.option("--json", "json_file", type=FILE, help="Write JSON here.")
+@click.option("--plot", "plot_file", type=FILE, help="busbw plot (PNG/SVG).")
 def validate(
     logs: tuple[str, ...],
     topology: str,
@@ -93,6 +94,21 @@ def validate(
         params = prof.params()
     result = validate_samples(samples, params, model=model)
     notes += [n for s in samples if (n := gpu_mismatch(s.log, s.topology))]
+    notes += [
+        f"{s.name}: the log ran on {plural(s.log.nodes, 'node')}; modelled on "
+        f"{plural(s.topology.nodes, 'node')} of {plural(s.topology.gpus_per_node, 'GPU')} as the "
+        "flags say"
+        for s in samples
+        if s.log.nodes and s.log.nodes != s.topology.nodes
+    ]
+    hints = (("--ranks", ranks, "ranks"), ("--gpus-per-thread", gpus_per_thread, "gpus_per_thread"))
+    for flag, given, attr in hints:
+        notes += [
+            f"{s.name}: the log records {attr.replace('_', ' ')} = {getattr(s.log, attr)}, "
+            f"which wins over {flag} {given}"
+            for s in samples
+            if given is not None and getattr(s.log, attr) != given
+        ]
     result.notes = notes
     for s in samples:
         result.notes += [f"{s.name}: {a}" for a in s.log.anomalies]

@@ -244,37 +244,97 @@ class ModelParams:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ModelParams:
-        """Parameters from :meth:`to_dict`'s form; unknown keys are errors (one line each)."""
-        known = {
-            "source", "base_latency_s", "launch_floor_s", "p2p_op_s", "route_latency_scale",
-            "bandwidth_efficiency", "duplex_efficiency", "reduce_efficiency", "copy_efficiency",
-            "size_factors", "tree_correction", "protocols",
-        }  # fmt: skip
-        extra = sorted(set(data) - known)
+        """Parameters from :meth:`to_dict`'s form. Every value is checked for its type and for
+        the physical range a fitted profile allows (:mod:`collsim.model.profile`), one error
+        naming the field and value: a hand-written file is read here too (``collsim step
+        --profile``)."""
+        if not isinstance(data, Mapping):
+            raise CalibrationError("model parameters must be a mapping", field="params", value=data)
+        known = [*_RANGES, "size_factors", "protocols", "tree_correction", "source"]
+        extra = sorted(set(data) - set(known), key=str)
         if extra:
-            raise CalibrationError("unknown model parameter", field=extra[0])
-        kwargs: dict[str, Any] = {k: data[k] for k in known - {"protocols"} if k in data}
-        for key in ("route_latency_scale", "bandwidth_efficiency", "duplex_efficiency"):
-            if key in kwargs:
-                kwargs[key] = tuple(kwargs[key])
-        if "size_factors" in kwargs:
-            kwargs["size_factors"] = tuple(tuple(p) for p in kwargs["size_factors"])
-        if "protocols" in data:
-            try:
-                kwargs["protocols"] = tuple(
-                    ProtocolParams(
-                        str(name),
-                        float(p["bandwidth_fraction"]),
-                        tuple(float(x) for x in p["hop_latency_s"]),  # type: ignore[arg-type]
-                    )
-                    for name, p in data["protocols"].items()
+            raise CalibrationError(
+                f"unknown model parameter; expected one of: {', '.join(known)}",
+                field=str(extra[0]),
+            )
+        kwargs: dict[str, Any] = {}
+        for key, (count, lo, hi) in _RANGES.items():
+            if key in data:
+                kwargs[key] = _numbers(data[key], key, count, lo, hi)
+        if "tree_correction" in data:
+            kwargs["tree_correction"] = data["tree_correction"]
+        if "source" in data:
+            kwargs["source"] = str(data["source"])
+        if "size_factors" in data:
+            pts = data["size_factors"]
+            if not isinstance(pts, list | tuple):
+                raise CalibrationError(
+                    "needs a list of [size_bytes, factor] pairs", field="size_factors", value=pts
                 )
-            except (KeyError, TypeError, ValueError) as exc:
-                raise CalibrationError(f"bad protocol entry ({exc})", field="protocols") from None
-        try:
-            return cls(**kwargs)
-        except (TypeError, ValueError) as exc:
-            raise CalibrationError(f"bad model parameters ({exc})", field="params") from None
+            kwargs["size_factors"] = tuple(_size_factor(p, i) for i, p in enumerate(pts))
+        if "protocols" in data:
+            kwargs["protocols"] = _protocols(data["protocols"])
+        return cls(**kwargs)
+
+
+_RANGES: dict[str, tuple[int, float, float]] = {
+    "base_latency_s": (0, 0.0, 10.0),
+    "launch_floor_s": (0, 0.0, 10.0),
+    "p2p_op_s": (0, 0.0, 1e-3),
+    "route_latency_scale": (3, 0.0, 1000.0),
+    "bandwidth_efficiency": (3, 0.001, 10.0),
+    "duplex_efficiency": (3, 0.5, 1.0),
+    "reduce_efficiency": (0, 0.001, 10.0),
+    "copy_efficiency": (0, 0.001, 10.0),
+}
+"""Per numeric parameter read from a file: how many numbers (0: one scalar) and their range, as
+a fitted profile's schema bounds them (times up to 10 s, as a topology's)."""
+
+
+def _numbers(value: Any, name: str, count: int, lo: float, hi: float) -> Any:
+    """``value`` checked: a number in [lo, hi] (``count`` 0) or a list of ``count`` of them."""
+    items = [value] if count == 0 else value
+    shape = "a number" if count == 0 else f"a list of {count} numbers"
+    if count and (not isinstance(value, list | tuple) or len(value) != count):
+        raise CalibrationError(f"needs {shape}", field=name, value=value)
+    for x in items:
+        if isinstance(x, bool) or not isinstance(x, int | float):
+            raise CalibrationError(f"needs {shape}", field=name, value=value)
+        if not (np.isfinite(x) and lo <= x <= hi):
+            raise CalibrationError(f"needs {shape} from {lo:g} to {hi:g}", field=name, value=value)
+    return float(value) if count == 0 else tuple(float(x) for x in value)
+
+
+def _size_factor(pair: Any, i: int) -> tuple[float, float]:
+    """One ``[size_bytes, factor]`` point: a size up to 1 EB, a factor up to 10 (as a profile's
+    efficiencies)."""
+    size, factor = _numbers(pair, f"size_factors[{i}]", 2, 0.0, 1e18)
+    if factor > 10.0:
+        raise CalibrationError(
+            "a size factor is at most 10", field=f"size_factors[{i}]", value=pair
+        )
+    return size, factor
+
+
+def _protocols(data: Any) -> tuple[ProtocolParams, ...]:
+    """``protocols: {NAME: {bandwidth_fraction, hop_latency_s: [nvlink, pci, net]}}``."""
+    if not isinstance(data, Mapping):
+        raise CalibrationError(
+            "needs a mapping of protocol name to {bandwidth_fraction, hop_latency_s}",
+            field="protocols",
+            value=data,
+        )
+    out = []
+    for name, p in data.items():
+        where = f"protocols.{name}"
+        if not isinstance(p, Mapping) or set(p) != {"bandwidth_fraction", "hop_latency_s"}:
+            raise CalibrationError(
+                "needs exactly bandwidth_fraction and hop_latency_s", field=where, value=p
+            )
+        fraction = _numbers(p["bandwidth_fraction"], f"{where}.bandwidth_fraction", 0, 0.001, 1)
+        hops = _numbers(p["hop_latency_s"], f"{where}.hop_latency_s", 3, 0.0, 10.0)
+        out.append(ProtocolParams(str(name), fraction, hops))
+    return tuple(out)
 
 
 DEFAULT_PARAMS = ModelParams()

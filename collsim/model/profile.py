@@ -260,9 +260,15 @@ class Profile:
         return header + yaml.safe_dump(self.to_dict(), sort_keys=False, width=100)
 
     def save(self, path: str | Path) -> None:
+        """YAML, or JSON where the name ends in ``.json`` (every reader takes either)."""
+        import json
+
         from collsim.io import atomic_write_text
 
-        atomic_write_text(path, self.to_yaml())
+        if Path(path).suffix.lower() == ".json":
+            atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
+        else:
+            atomic_write_text(path, self.to_yaml())
 
 
 def profile_from_dict(data: Any, file: str | None = None) -> Profile:

@@ -326,8 +326,14 @@ def unreachable_gpus(topo: Topology) -> list[str]:
     for comps in touches.values():
         for c in comps:
             count[c] = count.get(c, 0) + 1
-    if not count:
-        return []
+    if not count:  # nothing forwards any more: only GPUs linked directly still reach each other
+        gpus = nx.Graph()
+        gpus.add_nodes_from(touches)
+        gpus.add_edges_from((lk.a, lk.b) for lk in topo.links if {lk.a, lk.b} <= set(touches))
+        main_group = max(
+            nx.connected_components(gpus), key=lambda c: (len(c), topo.gpus[0].name in c)
+        )
+        return [g for g in touches if g not in main_group]
     first = touches[topo.gpus[0].name]
     main = max(count, key=lambda c: (count[c], c in first, -c))  # ties: rank 0's side
     return [g for g, comps in touches.items() if main not in comps]

@@ -59,6 +59,9 @@ def resolve_in_catalog(
     """
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists() or os.sep in str(name_or_path):
+        if path.is_dir():
+            raise error(f"a folder, not a {what} file (name one of its .yaml files)",
+                        file=str(path))  # fmt: skip
         if not path.is_file():
             raise error(f"no such {what} file", file=str(path))
         return path
@@ -190,6 +193,11 @@ def _sources(spec: BaseModel, prefix: str = "") -> dict[str, str]:
 MAX_GPUS = 1 << 20
 """The largest system a template expands to (over 10x today's largest clusters)."""
 
+MAX_GPUS_PER_NODE = 1024
+"""The most GPUs one node (one NVLink / PCIe domain) holds: GB200 NVL72 has 72 and NVIDIA's
+announced NVL576 576; collsim routes every pair inside a node, which grows with its square
+(1024 GPUs: about 5 s)."""
+
 
 def _from_template(
     spec: TemplateIn, nodes: int | None, gpus_per_node: int | None, file: str | None
@@ -197,6 +205,13 @@ def _from_template(
     n_nodes = nodes if nodes is not None else spec.nodes
     gpus = gpus_per_node if gpus_per_node is not None else spec.node.gpus
     fabric = spec.fabric
+    if gpus > MAX_GPUS_PER_NODE:
+        raise TopologyError(
+            f"a node holds at most {MAX_GPUS_PER_NODE} GPUs in collsim (the largest NVLink "
+            "domains announced hold 576)",
+            field="--gpus-per-node" if gpus_per_node is not None else "node.gpus",
+            value=gpus,
+        )
     if n_nodes * gpus > MAX_GPUS:  # refused before building (a million nodes took minutes)
         flag, value = ("--nodes", n_nodes) if nodes is not None else ("nodes", n_nodes)
         if gpus_per_node is not None and (nodes is None or gpus >= n_nodes):
@@ -473,14 +488,24 @@ def _one_line(exc: ValidationError, model: type[BaseModel]) -> TopologyError:
 def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """Field names of the (nested) model found at ``loc``, for "did you mean" hints."""
     current: Any = model
+    keyed = False  # the field before was a mapping: this part is one of its keys
     for part in loc:
-        if isinstance(part, int):
+        if isinstance(part, int) or keyed:
+            keyed = False
             continue
         field = current.model_fields.get(part) if isinstance(current, type) else None
         if field is None:
             return []
+        keyed = _is_mapping(field.annotation)
         current = _model_in(field.annotation)
     return list(current.model_fields) if isinstance(current, type) else []
+
+
+def _is_mapping(annotation: Any) -> bool:
+    """A ``dict[...]`` annotation (or an optional one)."""
+    if typing.get_origin(annotation) is dict:
+        return True
+    return any(typing.get_origin(a) is dict for a in typing.get_args(annotation))
 
 
 def _model_in(annotation: Any) -> Any:

@@ -129,15 +129,31 @@ class Strict(BaseModel):
         return value
 
 
+TFlops = Annotated[float, Field(gt=0, le=1e5, allow_inf_nan=False)]
+"""A GPU's dense TFLOP/s for one data type: positive, at most 100 PFLOP/s (the fastest
+datasheet figure today, B200 FP4 with sparsity, is 18 PFLOP/s)."""
+
+
 class GpuIn(Strict):
     model: str
-    peak_tflops: dict[str, Annotated[float, Field(gt=0)]]
+    peak_tflops: dict[str, TFlops]
     memory: Size
     memory_bandwidth: Rate
-    matmul_tflops: dict[str, Annotated[float, Field(gt=0)]] | None = None
+    matmul_tflops: dict[str, TFlops] | None = None
     """Measured maximum achievable matmul TFLOP/s by dtype (optional; see
     :attr:`collsim.topology.spec.GpuModel.matmul_flops`)."""
     source: Source = None
+
+    @field_validator("memory")
+    @classmethod
+    def _memory_plausible(cls, value: int) -> int:
+        """100 MB to 10 TB: a bare ``80`` is 80 bytes, a unit slip rather than a GPU."""
+        if not 100e6 <= value <= 10e12:
+            raise ValueError(
+                f"{value:,} bytes is not a GPU's memory (collsim takes 100 MB to 10 TB): give a "
+                "unit, e.g. 80GB"
+            )
+        return value
 
     @field_validator("matmul_tflops")
     @classmethod
@@ -213,10 +229,24 @@ class FabricIn(Strict):
     in_network_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
     dims: list[Annotated[int, Field(ge=1)]] | None = None
     attach: Literal["nic", "gpu"] = "nic"
-    routers_per_group: Annotated[int, Field(ge=1)] = 8
-    nics_per_router: Annotated[int, Field(ge=1)] = 16
+    routers_per_group: Annotated[int, Field(ge=1, le=256)] = 8
+    nics_per_router: Annotated[int, Field(ge=1, le=256)] = 16
+    """Dragonfly sizes: Slingshot has 32 routers per group and 16 NICs per router, Aries 96
+    routers per group; 256 bounds both (a group is one router's all-to-all)."""
     global_links_per_router: Annotated[int, Field(ge=1)] = 1
     source: Source = None
+
+    @field_validator("oversubscription")
+    @classmethod
+    def _leaf_can_split(cls, value: float, info: ValidationInfo) -> float:
+        """A leaf of ``radix`` ports keeps at least one up: at most ``radix - 1`` down per up."""
+        radix = info.data.get("radix")
+        if radix is not None and value > radix - 1:
+            raise ValueError(
+                f"a leaf switch of radix {radix} has at most {radix - 1} ports down per port up "
+                f"(oversubscription up to {radix - 1})"
+            )
+        return value
 
 
 class FaultIn(Strict):
