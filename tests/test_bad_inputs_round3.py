@@ -13,17 +13,9 @@ from collsim.cli import main
 from collsim.errors import CollsimError
 from collsim.io import yaml_load
 from collsim.model.params import DEFAULT_PARAMS, ModelParams
+from tests.test_bad_inputs_review import _error  # one line, exit code 2, no traceback
 
 STEP = ["step", "-w", "gpt-1.3b-ddp", "-t", "h100-4gpu-ib", "--nodes", "1"]
-
-
-def _error(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    with pytest.raises(SystemExit) as info:
-        main(args)
-    err = capsys.readouterr().err
-    assert info.value.code == 2, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    return err
 
 
 def _ok(args: list[str]) -> None:
