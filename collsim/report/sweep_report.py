@@ -278,6 +278,10 @@ def read_measured(path: str) -> list[dict[str, str]]:
             if not math.isfinite(value) or value < 0 or (positive and value == 0):
                 what = "a positive number" if positive else "a number of bytes"
                 raise CollsimError(f"line {line}: not {what}", file=path, field=col, value=text)
+        nodes = row.get("nodes") or ""
+        if nodes and not (nodes.isdecimal() and int(nodes) >= 1):  # optional, but not nonsense
+            raise CollsimError(f"line {line}: not a whole number of nodes >= 1", file=path,
+                               field="nodes", value=nodes)  # fmt: skip
     return rows
 
 

@@ -61,6 +61,11 @@ def test_measured_rows_must_be_numbers_and_big_sweeps_say_what_is_not_plotted(
         main(["report", str(tmp_path / "res"), "-o", str(tmp_path / "r1"), "--measured", str(bad)])
     assert info.value.code == 2
     assert "field 'time_us': line 2: not a positive number (value: '-5')" in capsys.readouterr().err
+    bad.write_text("collective,size_bytes,time_us,nodes\nall_reduce,1024,5,zero\n")
+    with pytest.raises(SystemExit) as info:  # was left to "matches no predicted case"
+        main(["report", str(tmp_path / "res"), "-o", str(tmp_path / "r1"), "--measured", str(bad)])
+    assert info.value.code == 2
+    assert "field 'nodes': line 2: not a whole number of nodes" in capsys.readouterr().err
     monkeypatch.setattr(sweep_report, "MAX_GROUPS", 1)
     with pytest.raises(SystemExit):
         main(["report", str(tmp_path / "res"), "-o", str(tmp_path / "r2")])
