@@ -279,10 +279,18 @@ def read_measured(path: str) -> list[dict[str, str]]:
                 what = "a positive number" if positive else "a number of bytes"
                 raise CollsimError(f"line {line}: not {what}", file=path, field=col, value=text)
         nodes = row.get("nodes") or ""
-        if nodes and not (nodes.isdecimal() and int(nodes) >= 1):  # optional, but not nonsense
+        if nodes and not _whole_at_least_one(nodes):  # optional, but not nonsense ("1.0" is 1)
             raise CollsimError(f"line {line}: not a whole number of nodes >= 1", file=path,
                                field="nodes", value=nodes)  # fmt: skip
     return rows
+
+
+def _whole_at_least_one(text: str) -> bool:
+    try:
+        value = float(text)
+    except ValueError:
+        return False
+    return math.isfinite(value) and value >= 1 and value == int(value)
 
 
 def _same(a: str | None, b: str | None) -> bool:
