@@ -236,13 +236,18 @@ class ParallelIn(Strict):
         return self
 
 
+MAX_STRAGGLER_SAMPLES = 100_000
+"""The most straggler draws a workload or ``collsim stragglers --samples`` takes (a step model
+holds draws x replicas numbers; the CLI runs one discrete-event simulation per draw)."""
+
+
 class StragglersIn(Strict):
     """Per-GPU compute-time multipliers (mean 1) drawn from ``distribution`` with ``cv``."""
 
     cv: Annotated[float, Field(ge=0)] = 0.0
     distribution: Literal["lognormal", "normal"] = "lognormal"
     seed: Annotated[int, Field(ge=0)] = 0
-    samples: Annotated[int, Field(ge=1, le=100_000)] = 64
+    samples: Annotated[int, Field(ge=1, le=MAX_STRAGGLER_SAMPLES)] = 64
     """Monte Carlo draws of the slowest GPU (memory grows with draws x replicas)."""
 
 

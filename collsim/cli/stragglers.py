@@ -75,14 +75,17 @@ def stragglers(
     rank finishing) and their ratio to healthy, and the mean time after the last rank entered.
     """
     from collsim import units
+    from collsim.analysis.workload import MAX_STRAGGLER_SAMPLES
     from collsim.io import atomic_write_text
     from collsim.stragglers import parse_spec, run_stragglers
     from collsim.topology.loader import load_topology
 
     skew_d = parse_spec("skew", skew)
     slow_d = parse_spec("slowdown", slowdown)
-    if not 1 <= samples <= 100_000:  # each draw is one discrete-event run
-        raise CollsimError("must be from 1 to 100000", field="--samples", value=samples)
+    if not 1 <= samples <= MAX_STRAGGLER_SAMPLES:  # each draw is one discrete-event run
+        raise CollsimError(
+            f"must be from 1 to {MAX_STRAGGLER_SAMPLES}", field="--samples", value=samples
+        )
     if seed < 0:
         raise CollsimError("must be >= 0", field="--seed", value=seed)
     lo = size_option("-b", minbytes)

@@ -66,13 +66,10 @@ def sweep(
         f"({plural(out.computed_tasks, 'task')} computed, "
         f"{out.reused_tasks} reused)"
     )
-    from collsim.sweep.runner import read_points
-
-    failed = [r for r in read_points(out.path / "points.csv") if r.get("error")]
-    if failed:
+    if out.errors:
         click.echo(
-            f"# warning: {plural(len(failed), 'row')} could not be computed (their 'error' "
-            f"column says why), e.g.: {failed[0]['error']}",
+            f"# warning: {plural(len(out.errors), 'row')} could not be computed (their 'error' "
+            f"column says why), e.g.: {out.errors[0]}",
             err=True,
         )
     if out.interrupted:

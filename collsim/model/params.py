@@ -48,6 +48,7 @@ import numpy as np
 
 from collsim.errors import CalibrationError, ScheduleError
 from collsim.protocols import PROTOCOLS, Protocol
+from collsim.units import TIME_RANGE_S
 
 _CLASSES = 3  # nvlink, pci, net
 
@@ -278,8 +279,8 @@ class ModelParams:
 
 
 _RANGES: dict[str, tuple[int, float, float]] = {
-    "base_latency_s": (0, 0.0, 10.0),
-    "launch_floor_s": (0, 0.0, 10.0),
+    "base_latency_s": (0, *TIME_RANGE_S),
+    "launch_floor_s": (0, *TIME_RANGE_S),
     "p2p_op_s": (0, 0.0, 1e-3),
     "route_latency_scale": (3, 0.0, 1000.0),
     "bandwidth_efficiency": (3, 0.001, 10.0),
@@ -332,7 +333,7 @@ def _protocols(data: Any) -> tuple[ProtocolParams, ...]:
                 "needs exactly bandwidth_fraction and hop_latency_s", field=where, value=p
             )
         fraction = _numbers(p["bandwidth_fraction"], f"{where}.bandwidth_fraction", 0, 0.001, 1)
-        hops = _numbers(p["hop_latency_s"], f"{where}.hop_latency_s", 3, 0.0, 10.0)
+        hops = _numbers(p["hop_latency_s"], f"{where}.hop_latency_s", 3, *TIME_RANGE_S)
         out.append(ProtocolParams(str(name), fraction, hops))
     return tuple(out)
 

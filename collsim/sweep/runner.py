@@ -53,6 +53,7 @@ class SweepOutcome:
     computed_points: int
     interrupted: bool = False
     problems: tuple[str, ...] = ()  # what an earlier, interrupted or damaged run left (not used)
+    errors: tuple[str, ...] = ()  # the 'error' cell of each row that could not be computed
 
 
 @functools.cache
@@ -138,19 +139,26 @@ def _dropped(root: Path, before: tuple[set[tuple[str, ...]], str]) -> tuple[str,
     )
 
 
-def merge(root: Path, spec: SweepSpec, store=None) -> int:  # type: ignore[no-untyped-def]
-    """Write ``points.csv`` from the intact parts of ``spec``'s tasks (in task order)."""
+_ERROR = COLUMNS.index("error")
+
+
+def merge(root: Path, spec: SweepSpec, store=None) -> tuple[int, tuple[str, ...]]:  # type: ignore[no-untyped-def]
+    """Write ``points.csv`` from the intact parts of ``spec``'s tasks (in task order); returns
+    its rows and the error of each row that could not be computed."""
     store = store or _store(root)
     text = [to_csv([], header=True)]
     n = 0
+    errors: list[str] = []
     for task in spec.tasks:
         data = store.verified(task.key)
         if data is not None:
             part = data.decode()
             text.append(part)
             n += part.count("\n")
+            rows = csv.reader(part.splitlines(keepends=True))
+            errors += [row[_ERROR] for row in rows if row[_ERROR]]
     atomic_write_text(root / POINTS, "".join(text))
-    return n
+    return n, tuple(errors)
 
 
 def _local(tasks: list[Task], jobs: int) -> Iterator[tuple[str, str, int]]:
@@ -302,11 +310,11 @@ def _run(
         if runs is not None and hasattr(runs, "close"):
             runs.close()
         restore()
-    points = merge(root, spec, store)
+    points, errors = merge(root, spec, store)
     if not interrupted:  # an interrupted run's table is short of what it did not reach yet
         problems += _dropped(root, before)
     return SweepOutcome(root, len(spec.tasks), points, reused, computed, computed_points,
-                        interrupted, problems)  # fmt: skip
+                        interrupted, problems, errors)  # fmt: skip
 
 
 def read_points(path: str | os.PathLike[str]) -> list[dict[str, str]]:
