@@ -250,7 +250,13 @@ def read_cmd(
 )
 @click.option("--allow-anomalies", is_flag=True, help="Fit logs with anomalies (#wrong > 0).")
 @nccl_env_option
-@click.option("-o", "--output", required=True, type=FILE, help="Profile YAML to write.")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=FILE,
+    help="Profile to write (YAML; JSON where the name ends in .json).",
+)
 def fit_cmd(
     logs: tuple[str, ...],
     topology: str,

@@ -21,6 +21,7 @@ level.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -190,11 +191,7 @@ def _spanning_parents(local: np.ndarray, layout: RankLayout) -> np.ndarray:
     g = local.size
     if not layout.local_rings or g != layout.ranks_per_node:
         return (np.arange(1, g) - 1) // 2
-    linked = np.zeros((g, g), dtype=bool)
-    for ring in layout.local_rings:
-        r = np.asarray(ring)
-        linked[r, np.roll(r, 1)] = linked[np.roll(r, 1), r] = True
-    near = linked[np.ix_(local, local)]  # by position
+    near = _linked(layout.local_rings)[np.ix_(local, local)]  # by position
     par = np.full(g, -1, dtype=np.int64)
     kids = np.zeros(g, dtype=np.int64)
     placed = np.zeros(g, dtype=bool)
@@ -210,6 +207,19 @@ def _spanning_parents(local: np.ndarray, layout: RankLayout) -> np.ndarray:
         par[y], placed[y] = hosts[np.argmin(kids[hosts])], True
         kids[par[y]] += 1
     return par[1:]
+
+
+@functools.lru_cache(maxsize=64)
+def _linked(rings: tuple[tuple[int, ...], ...]) -> np.ndarray:
+    """Which local indices a mesh's rings join directly (once per mesh, not per node and
+    channel)."""
+    g = len(rings[0])
+    linked = np.zeros((g, g), dtype=bool)
+    for ring in rings:
+        r = np.asarray(ring)
+        linked[r, np.roll(r, 1)] = linked[np.roll(r, 1), r] = True
+    linked.flags.writeable = False
+    return linked
 
 
 def pipeline_chunk_cap(
