@@ -52,6 +52,10 @@ NCCL_TESTS_DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "hal
 
 
 LOCAL = ("local", "torchrun")
+TORCH_MISSING = (
+    "torch is not installed: on GPUs pip install 'collsim[calib]' (the CUDA build); on CPUs "
+    "(gloo) pip install torch --index-url https://download.pytorch.org/whl/cpu"
+)
 """Launchers that start every process on this machine."""
 
 _TORCH_STARTUP_S = 60.0
@@ -156,7 +160,7 @@ class RunConfig:
                 import torch
             except ImportError:
                 raise CalibrationError(
-                    "torch is not installed (pip install 'collsim[calib]')",
+                    TORCH_MISSING,
                     field="--runner",
                     value=self.runner,
                 ) from None
@@ -331,7 +335,7 @@ def check_tools(cfg: RunConfig, steps: list[Step]) -> None:
             metadata.version("torch")
         except metadata.PackageNotFoundError:
             raise CalibrationError(
-                "torch is not installed (pip install 'collsim[calib]')",
+                TORCH_MISSING,
                 field="--runner",
                 value="torch",
             ) from None

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,12 @@ from collsim.analysis.metrics import COLLECTIVES, bus_factor
 from collsim.calibration import read_log
 from collsim.calibration.store import ResultStore
 from collsim.cli import cli
+
+pytest.importorskip(
+    "torch",
+    reason="torch is not installed: `make test` installs it only where pip resolves a CPU build "
+    "(scripts/install_torch.py says why it did not)",
+)
 
 SIZES = ["-b", "1K", "-e", "64K", "-f", "8"]  # 1K, 8K, 64K
 FAST = ["-w", "1", "-n", "3", "--backend", "gloo", "--timeout", "60"]
@@ -64,7 +71,7 @@ def test_gloo_end_to_end(tmp_path, nprocs):
         assert all((r.oop_time_us is not None) == has_oop for r in log.rows)
         assert all(r.has_in_place == has_ip for r in log.rows)
     env = json.loads((out / "env.json").read_text())
-    assert env["torch"].startswith("2.13.0") and "127.0.0.1" in env["commands"][0]
+    assert env["torch"] == metadata.version("torch") and "127.0.0.1" in env["commands"][0]
 
 
 def test_resume_measures_only_what_is_missing_or_damaged(tmp_path):
