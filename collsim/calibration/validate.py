@@ -16,7 +16,7 @@ JSON (``collsim validate --json``)::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,12 +119,19 @@ class Validation:
 
 
 def validate_samples(
-    samples: Sequence[Sample], params: ModelParams = DEFAULT_PARAMS, *, model: str = "collsim"
+    samples: Sequence[Sample],
+    params: ModelParams = DEFAULT_PARAMS,
+    *,
+    model: str = "collsim",
+    progress: Callable[[int, int], None] | None = None,
 ) -> Validation:
-    """Predict every sample on its system under ``params`` (or NCCL's model) and compare."""
+    """Predict every sample on its system under ``params`` (or NCCL's model) and compare;
+    ``progress(done, total)`` is called before the first log and after each one."""
     predictors: dict[int, Predictor] = {}
     results = []
-    for s in samples:
+    for done, s in enumerate(samples):
+        if progress is not None:
+            progress(done, len(samples))
         key = id(s.topology)
         if key not in predictors:
             predictors[key] = Predictor(s.topology, params, model=model)
@@ -136,6 +143,8 @@ def validate_samples(
             gpus_per_thread=s.log.gpus_per_thread,
         )
         results.append(compare(s, pred, labels))
+    if progress is not None:
+        progress(len(samples), len(samples))
     return Validation(results)
 
 

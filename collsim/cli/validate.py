@@ -6,7 +6,15 @@ import json
 
 import click
 
-from collsim.cli.base import FILE, cli, nccl_env, nccl_env_option, refuse_overwriting_inputs
+from collsim.cli.base import (
+    FILE,
+    ProgressBar,
+    cli,
+    nccl_env,
+    nccl_env_option,
+    refuse_overwriting_inputs,
+    show_progress,
+)
 from collsim.report.tables import plural
 
 
@@ -92,7 +100,12 @@ def validate(
         for s in samples:
             notes += [n for n in prof.check_topology(s.topology) if n not in notes]
         params = prof.params()
-    result = validate_samples(samples, params, model=model)
+    bar = ProgressBar("log", "validate") if show_progress() else None
+    try:
+        result = validate_samples(samples, params, model=model, progress=bar)
+    finally:
+        if bar:
+            bar.close()
     notes += [n for s in samples if (n := gpu_mismatch(s.log, s.topology))]
     notes += [
         f"{s.name}: the log ran on {plural(s.log.nodes, 'node')}; modelled on "

@@ -8,6 +8,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+import collsim.cli.validate as validate_cli
 from collsim.calibration.dataset import DATA_DIR
 from collsim.cli import cli
 from collsim.errors import CalibrationError
@@ -249,3 +250,15 @@ def test_nccl_settings_collsim_does_not_model_are_named_not_dropped():
     assert "NCCL_ALG0 is not modelled" in notes[0] and "did you mean NCCL_ALGO?" in notes[0]
     assert "NCCL_SOCKET_IFNAME is not modelled" in notes[1] and "did you mean" not in notes[1]
     assert [ln for ln in extra.output.splitlines() if ln not in notes] == plain.output.splitlines()
+
+
+def test_validate_shows_progress_on_a_terminal(monkeypatch):
+    """Long validations (a 540-node log takes minutes) show a bar per log on a terminal only."""
+    args = ["validate", AR, AG, "-t", "dgx-h100", "--nodes", "1", "--summary"]
+    quiet = CliRunner().invoke(cli, args)
+    assert quiet.exit_code == 0 and "validate" not in quiet.stderr
+    monkeypatch.setattr(validate_cli, "show_progress", lambda: True)
+    shown = CliRunner().invoke(cli, args)
+    assert shown.exit_code == 0, shown.output
+    assert "validate: 100%" in shown.stderr and "2/2" in shown.stderr
+    assert shown.stdout == quiet.stdout  # the bar goes to stderr, the results are unchanged
