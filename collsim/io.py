@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from collsim.errors import CollsimError
+
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``.
@@ -33,9 +35,9 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
         with open(given, "ab") as handle:
             handle.write(data)
         return Path(given)
+    make_folders(given)
     target = Path(os.path.realpath(given))
     folder = target.parent
-    folder.mkdir(parents=True, exist_ok=True)
     mode = _mode_for(target)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     try:
@@ -49,6 +51,49 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return Path(given)
+
+
+def folder_problem(
+    path: str | os.PathLike[str], *, within: str | os.PathLike[str] | None = None
+) -> str | None:
+    """Why collsim would not write ``path`` (a file, or an output folder to create), or None.
+
+    The one rule for output paths (``--json``, ``--trace``, ``-o``, sweep and report folders):
+    the folder that holds ``path`` must exist, unless it lies inside the working directory, where
+    missing folders are made. So ``--json out/run1/x.json`` makes ``out/run1``, and
+    ``sweep -o /scratch/run1`` makes ``run1`` in an existing ``/scratch``, but a slip such as
+    ``--json /nonexistent/dir/x.json`` is refused instead of creating folders at the root of
+    the filesystem. ``within`` names an existing output folder collsim writes its own layout
+    into (a results directory's ``parts/``, ``logs/``): folders inside it are made wherever it
+    lies."""
+    holder = Path(os.path.realpath(path)).parent  # symbolic links followed, ".." resolved
+    if holder.is_dir():
+        return None
+    if holder.exists():
+        return f"{holder} is a file, not a folder"
+    roots = [os.getcwd()] + ([os.fspath(within)] if within is not None else [])
+    for root in map(os.path.realpath, roots):
+        if os.path.isdir(root) and os.path.commonpath([root, str(holder)]) == root:
+            return None
+    return (f"folder {holder} does not exist (collsim makes missing folders only inside the "
+            "working directory: create it first)")  # fmt: skip
+
+
+def make_folders(
+    path: str | os.PathLike[str],
+    *,
+    folder: bool = False,
+    within: str | os.PathLike[str] | None = None,
+) -> Path:
+    """Make the folders writing ``path`` needs (with ``folder``, ``path`` is itself the output
+    folder, made too), under :func:`folder_problem`'s rule; a path it refuses is a
+    :class:`CollsimError` naming it."""
+    problem = folder_problem(path, within=within)
+    if problem is not None:
+        raise CollsimError(problem, file=os.fspath(path))
+    target = Path(os.path.realpath(path))
+    (target if folder else target.parent).mkdir(parents=True, exist_ok=True)
+    return Path(path)
 
 
 def _mode_for(target: Path) -> int:
@@ -80,8 +125,6 @@ def figure_format(path: str | os.PathLike[str], field: str = "--plot") -> str:
     """The image format ``path``'s suffix names (PNG without one); an unknown one is an error
     naming the option, raised before any work (check outputs before computing them)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    from collsim.errors import CollsimError
 
     fmt = Path(path).suffix.lstrip(".").lower() or "png"
     kinds = FigureCanvasAgg.get_supported_filetypes()
@@ -184,10 +227,11 @@ def directory_lock(
     :class:`~collsim.errors.CollsimError`)."""
     import fcntl
 
-    from collsim.errors import CollsimError
-
     error = error or CollsimError
-    out.mkdir(parents=True, exist_ok=True)
+    problem = folder_problem(out)
+    if problem is not None:
+        raise error(problem, field=flag, value=str(out))
+    make_folders(out, folder=True)
     with (out / ".lock").open("a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -2,14 +2,17 @@
 
 Conventions (stated once, used everywhere):
 
-* Sizes are integers of bytes. Bare numbers and the nccl-tests suffixes ``K``, ``M``, ``G``, ``T``
-  are powers of 1024, exactly as nccl-tests reads ``-b 8 -e 8G``; ``KiB``/``MiB``/... are powers
-  of 1024 too, while ``KB``/``MB``/``GB``/``TB`` are powers of 1000 (SI).
+* Sizes are integers of bytes. Bare numbers are bytes and the nccl-tests suffixes ``K``, ``M``,
+  ``G``, ``T`` powers of 1024, exactly as nccl-tests reads ``-b 8 -e 8G``; ``KiB``/``MiB``/... are
+  powers of 1024 too, while ``KB``/``MB``/``GB``/``TB`` are powers of 1000 (SI). Topology files
+  require a unit (``unit_required``).
 * Rates are floats of bytes per second internally. ``GB/s`` and ``GBps`` mean 1e9 bytes/s, as
-  nccl-tests prints; ``Gbps``/``Gb/s`` mean 1e9 *bits*/s, as network datasheets print.
+  nccl-tests prints; ``Gbps``/``Gb/s`` mean 1e9 *bits*/s, as network datasheets print. A rate
+  always needs its unit: a bare number could be either (8x apart).
   In names, ``_gbps`` means GB/s (1e9 bytes/s), matching nccl-tests' ``algbw``/``busbw``;
   bit rates are never stored.
-* Times are floats of seconds internally; names carry ``_s`` or ``_us``.
+* Times are floats of seconds internally; names carry ``_s`` or ``_us``. A bare number is
+  microseconds on the command line; topology files require a unit.
 """
 
 from __future__ import annotations
@@ -82,9 +85,16 @@ def _split(text: str | int | float, what: str) -> tuple[float, str]:
     return value, unit
 
 
-RATE_RANGE_BYTES_PER_S = (1e3, 1e16)
-"""Physical range of a link rate, 1 kB/s to 10 PB/s (topologies, faults): outside it a figure
-is a slip of the unit, whose times would overflow or print 300 digits."""
+LINK_RATE_RANGE_BYTES_PER_S = (1e3, 1e13)
+"""Physical range of one direction of one link (a topology's ``bandwidth``, a fault's ``rate``),
+1 kB/s to 10 TB/s: outside it a figure is a slip of the unit (a ``400000GB/s`` meant as 400 Gb/s
+is 400 TB/s; below, times overflow or print 300 digits). The fastest link today, NVLink 5,
+carries 0.9 TB/s per direction per GPU (18 x 50 GB/s)."""
+DUPLEX_RATE_RANGE_BYTES_PER_S = (1e3, 2e13)
+"""Both directions of a link together, or a capacity several directions share
+(``duplex_bandwidth``, ``shared``): twice :data:`LINK_RATE_RANGE_BYTES_PER_S`."""
+MEMORY_RATE_RANGE_BYTES_PER_S = (1e9, 1e14)
+"""A GPU's memory bandwidth: 1 GB/s to 100 TB/s (B200's HBM3e: 8 TB/s; a laptop GPU: 100 GB/s)."""
 TIME_RANGE_S = (0.0, 10.0)
 """Physical range of a latency, 0 to 10 s (topologies, faults)."""
 
@@ -92,9 +102,23 @@ MAX_SIZE_BYTES = 2**50
 """1 PiB: no buffer, memory or checkpoint is larger; past 2^63 bytes sizes overflow int64."""
 
 
-def parse_size(text: str | int) -> int:
-    """Bytes in ``text``: ``8``, ``1K`` (1024), ``8G`` (8 GiB), ``1GiB``, ``1GB`` (1e9)."""
+def _no_unit(text: str | int | float, value: float, readings: str) -> UnitError:
+    """The error for a bare number where a unit is required. ``readings`` (a format whose ``{n}``
+    is the number as written) lists what the number could mean, so the user picks one instead of
+    collsim guessing."""
+    shown = text.strip() if isinstance(text, str) else f"{value:g}"
+    return UnitError(f"{shown} has no unit: write {readings.format(n=shown)}")
+
+
+def parse_size(text: str | int, *, unit_required: bool = False) -> int:
+    """Bytes in ``text``: ``8``, ``1K`` (1024), ``8G`` (8 GiB), ``1GiB``, ``1GB`` (1e9).
+
+    A bare number is bytes (as nccl-tests reads ``-b 8``); with ``unit_required`` (topology
+    files, where ``memory: 80`` means 80 GB to its writer) it is an error naming the readings.
+    """
     value, unit = _split(text, "size")
+    if unit == "" and unit_required and value != 0:
+        raise _no_unit(text, value, f"{{n}}GiB ({value * 2**30 / 1e9:.3g} GB), {{n}}GB or {{n}}B")
     if unit not in _SIZE_UNITS:
         raise UnitError(f"unknown size unit {unit!r} in {text!r} (use B, K, M, G, KiB, MB, ...)")
     size = value * _SIZE_UNITS[unit]
@@ -108,19 +132,29 @@ def parse_size(text: str | int) -> int:
 def parse_rate(text: str | int | float) -> float:
     """Bytes per second in ``text``: ``50GB/s``, ``25 GBps`` (x1e9 B/s), ``400Gbps`` (bits).
 
-    A bare number is taken as GB/s (1e9 bytes/s), the unit nccl-tests prints.
+    A unit is required: a bare ``400`` is 400 GB/s to nccl-tests and 400 Gb/s (8x less) to a NIC
+    datasheet, so it is an error that names both readings (zero, the same in every unit, is
+    taken).
     """
     value, unit = _split(text, "rate")
-    if unit == "":
-        return value * BYTES_PER_GB
-    if unit not in _RATE_UNITS:
+    if unit == "" and value != 0:
+        readings = f"{{n}}GB/s ({value * 8:g} Gbps) or {{n}}Gbps ({value / 8:g} GB/s)"
+        raise _no_unit(text, value, readings)
+    if unit not in _RATE_UNITS and unit != "":
         raise UnitError(f"unknown rate unit {unit!r} in {text!r} (use GB/s, GBps, Gbps, Gb/s, ...)")
-    return value * _RATE_UNITS[unit]
+    return value * _RATE_UNITS.get(unit, 1.0)
 
 
-def parse_time(text: str | int | float) -> float:
-    """Seconds in ``text``: ``5us``, ``1.2ms``, ``300ns``, ``2s``. A bare number is microseconds."""
+def parse_time(text: str | int | float, *, unit_required: bool = False) -> float:
+    """Seconds in ``text``: ``5us``, ``1.2ms``, ``300ns``, ``2s``.
+
+    A bare number is microseconds; with ``unit_required`` (topology files and faults, where a
+    switch datasheet's ``100`` means nanoseconds) it is an error naming the readings. Zero needs
+    no unit.
+    """
     value, unit = _split(text, "time")
+    if unit == "" and unit_required and value != 0:
+        raise _no_unit(text, value, f"{{n}}us or {{n}}ns ({value / 1000:g} us)")
     if unit == "":
         return value * 1e-6
     if unit not in _TIME_UNITS:
@@ -157,6 +191,15 @@ def format_rate(bytes_per_s: float) -> str:
     if gbps >= 1:
         return f"{gbps:.4g} GB/s"
     return f"{bytes_per_s / 1e6:.4g} MB/s"
+
+
+def format_rate_si(bytes_per_s: float) -> str:
+    """A rate in the largest SI unit that keeps it readable (an error message's reading of a
+    figure, from far too slow to far too fast): '400 TB/s', '12.5 GB/s', '1e-291 B/s'."""
+    for scale, unit in ((1e12, "TB/s"), (1e9, "GB/s"), (1e6, "MB/s"), (1e3, "kB/s")):
+        if bytes_per_s >= scale:
+            return f"{bytes_per_s / scale:.4g} {unit}"
+    return f"{bytes_per_s:.4g} B/s"
 
 
 def format_time(seconds: float) -> str:

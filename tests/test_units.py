@@ -38,11 +38,33 @@ def test_parse_size(text, expected):
         ("25 GBps", 25e9),
         ("3.35TB/s", 3.35e12),
         ("100Mbps", 12.5e6),
-        (50, 50e9),
+        (0, 0.0),
     ],
 )
 def test_parse_rate(text, expected):
     assert units.parse_rate(text) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("bare", [400, "400", 400.0, " 400 "])
+def test_a_bare_rate_is_refused_with_both_readings(bare):
+    """A bare 400 was GB/s, 8x the 400 Gb/s a NIC datasheet means by it: the error gives both."""
+    with pytest.raises(UnitError) as info:
+        units.parse_rate(bare)
+    assert info.value.message == "400 has no unit: write 400GB/s (3200 Gbps) or 400Gbps (50 GB/s)"
+
+
+def test_a_bare_size_or_time_needs_a_unit_only_where_required():
+    """Bare sizes stay bytes and bare times microseconds (nccl-tests' -b 8, the CLI), but where
+    a unit is required (topology files) they are refused with the readings; zero needs none."""
+    assert units.parse_size("80") == 80
+    assert units.parse_time(7) == pytest.approx(7e-6)
+    with pytest.raises(UnitError, match=r"^80 has no unit: write 80GiB \(85.9 GB\), 80GB or 80B$"):
+        units.parse_size(80, unit_required=True)
+    with pytest.raises(UnitError, match=r"^100 has no unit: write 100us or 100ns \(0.1 us\)$"):
+        units.parse_time("100", unit_required=True)
+    assert units.parse_size("80GiB", unit_required=True) == 80 * 2**30
+    assert units.parse_time("130ns", unit_required=True) == pytest.approx(130e-9)
+    assert units.parse_time(0, unit_required=True) == 0.0
 
 
 @pytest.mark.parametrize(
@@ -100,6 +122,9 @@ def test_format_helpers():
     assert units.format_size(1024**2) == "1M"
     assert units.format_size(1536) == "1.5K"
     assert units.format_rate(450e9) == "450 GB/s"
+    assert units.format_rate_si(4e14) == "400 TB/s"
+    assert units.format_rate_si(12.5e9) == "12.5 GB/s"
+    assert units.format_rate_si(1e-291) == "1e-291 B/s"
     assert units.format_time(2.1e-3) == "2.1 ms"
     assert units.to_gbps(50e9) == 50.0
     assert units.to_us(1.5e-6) == pytest.approx(1.5)

@@ -476,11 +476,10 @@ def scatter(rep: Report, path: Path) -> None:
 
 def write(rep: Report, out_md: str | Path) -> Path:
     """Render ``rep`` to ``out_md`` and its plots to ``<dir>/validation/``."""
-    from collsim.io import atomic_write_text
+    from collsim.io import atomic_write_text, make_folders
 
     out_md = Path(out_md)
-    plot_dir = out_md.parent / "validation"
-    plot_dir.mkdir(parents=True, exist_ok=True)
+    plot_dir = make_folders(out_md.parent / "validation", folder=True)
     plots: dict[str, str] = {}
     scatter(rep, plot_dir / "scatter.png")
     plots["predicted vs measured time, every row"] = "validation/scatter.png"

@@ -28,7 +28,7 @@ from typing import Any
 from collsim.calibration.nccltests import Row
 from collsim.calibration.writer import format_rows
 from collsim.errors import CalibrationError
-from collsim.io import atomic_write_bytes, atomic_write_text
+from collsim.io import atomic_write_bytes, atomic_write_text, make_folders
 
 MANIFEST = "manifest.json"
 _FORMAT = "collsim-calibration-store"
@@ -160,7 +160,7 @@ class ResultStore:
 
     def record(self, key: str, relpath: str, data: bytes, **meta: Any) -> Path:
         """Write ``data`` to ``relpath`` atomically, then list it in the manifest as done."""
-        path = atomic_write_bytes(self.root / relpath, data)
+        path = atomic_write_bytes(make_folders(self.root / relpath, within=self.root), data)
         self.manifest["points"][key] = {
             "file": relpath,
             "sha256": _sha256(data),
@@ -221,4 +221,5 @@ class ResultStore:
         """Write ``logs/<collective>.txt`` (nccl-tests format) from the recorded rows."""
         preamble = self.manifest["preambles"].get(collective, [])
         text = format_rows(self.rows(collective), preamble=preamble)
-        return atomic_write_text(self.root / "logs" / f"{collective}.txt", text)
+        path = make_folders(self.root / "logs" / f"{collective}.txt", within=self.root)
+        return atomic_write_text(path, text)

@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from collsim.errors import CollsimError
+from collsim.io import folder_problem
 
 
 class CollsimGroup(click.Group):
@@ -47,10 +48,32 @@ class _Path(click.Path):
         return super().convert(value, param, ctx)
 
 
+class _OutputPath(_Path):
+    """An output file or folder, checked before any work: one whose folder collsim would not
+    make (:func:`collsim.io.folder_problem`) is one line naming the option."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        value = super().convert(value, param, ctx)
+        if value == "-" or str(value).startswith(("/dev/", "/proc/")):
+            return value
+        problem = folder_problem(value)
+        if problem is not None:
+            flags = [o for o in getattr(param, "opts", ()) if o.startswith("--")]
+            name = flags[0] if flags else (getattr(param, "name", None) or "output").upper()
+            raise CollsimError(problem, field=name, value=str(value))
+        return value
+
+
 FILE = _Path(dir_okay=False)
-"""A file option or argument (input or output)."""
+"""An input file option or argument."""
 FOLDER = _Path(file_okay=False)
-"""A folder option (results directories)."""
+"""An input folder option."""
+OUT_FILE = _OutputPath(dir_okay=False)
+"""An output file option (``--json``, ``--plot``, ``-o``): its folder must exist or lie inside
+the working directory."""
+OUT_FOLDER = _OutputPath(file_okay=False)
+"""An output folder option (results and report directories), made if missing: its parent must
+exist or lie inside the working directory."""
 
 
 def refuse_overwriting_inputs(inputs: Any, **outputs: str | None) -> None:

@@ -9,7 +9,16 @@ from pathlib import Path
 
 import click
 
-from collsim.cli.base import FILE, FOLDER, cli, nccl_env, nccl_env_option, refuse_overwriting_inputs
+from collsim.cli.base import (
+    FILE,
+    FOLDER,
+    OUT_FILE,
+    OUT_FOLDER,
+    cli,
+    nccl_env,
+    nccl_env_option,
+    refuse_overwriting_inputs,
+)
 from collsim.collectives.registry import COLLECTIVES
 from collsim.report.tables import plural
 
@@ -77,7 +86,7 @@ def _collectives(text: str) -> list[str]:
 @click.option("-d", "--datatype", default="float", show_default=True, help="nccl-tests type.")
 @click.option("-w", "--warmup", type=int, default=5, show_default=True, help="Warm-up calls.")
 @click.option("-n", "--iters", type=int, default=20, show_default=True, help="Timed calls.")
-@click.option("--out", type=FOLDER, required=True, help="Results directory.")
+@click.option("--out", type=OUT_FOLDER, required=True, help="Results directory.")
 @click.option(
     "--binary-dir",
     type=FOLDER,
@@ -254,7 +263,7 @@ def read_cmd(
     "-o",
     "--output",
     required=True,
-    type=FILE,
+    type=OUT_FILE,
     help="Profile to write (YAML; JSON where the name ends in .json).",
 )
 def fit_cmd(

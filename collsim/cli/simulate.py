@@ -10,6 +10,7 @@ import click
 
 from collsim.cli.base import (
     FILE,
+    OUT_FILE,
     ProgressBar,
     chunk_option,
     cli,
@@ -59,8 +60,8 @@ SLOW_RUN_S = 30.0
     "link rates and latencies; its base latency, launch floor, size factors and NCCL's tree "
     "correction apply with --engine analytic (the collsim model) only.",
 )
-@click.option("--json", "json_file", type=FILE, help="Write JSON here.")
-@click.option("--trace", type=FILE, help="Chrome/Perfetto trace (max size).")
+@click.option("--json", "json_file", type=OUT_FILE, help="Write JSON here.")
+@click.option("--trace", type=OUT_FILE, help="Chrome/Perfetto trace (max size).")
 @click.option(
     "--tuned",
     is_flag=True,

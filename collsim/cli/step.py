@@ -10,7 +10,14 @@ from typing import Any
 
 import click
 
-from collsim.cli.base import FILE, cli, context_faults, fault_meta_option, refuse_overwriting_inputs
+from collsim.cli.base import (
+    FILE,
+    OUT_FILE,
+    cli,
+    context_faults,
+    fault_meta_option,
+    refuse_overwriting_inputs,
+)
 from collsim.errors import CollsimError
 from collsim.io import figure_format
 
@@ -25,7 +32,7 @@ _WORKLOAD = click.option(
 _TOPOLOGY = click.option(
     "--topology", "-t", required=True, metavar="NAME|PATH", help="Catalog name or file."
 )
-_JSON = click.option("--json", "json_file", type=FILE, help="Write JSON here.")
+_JSON = click.option("--json", "json_file", type=OUT_FILE, help="Write JSON here.")
 _ENGINE = click.option(
     "--engine",
     default="analytic",
@@ -316,7 +323,7 @@ def step(
 @_EFF
 @click.option(
     "--plot",
-    type=FILE,
+    type=OUT_FILE,
     help="Write the scaling plot (PNG or SVG, by suffix).",
 )
 @_JSON
@@ -405,7 +412,7 @@ def scale(
 @click.option(
     "--top", type=click.IntRange(min=1), default=20, show_default=True, help="Rows to print."
 )
-@click.option("--plot", type=FILE, help="Write the Pareto plot (PNG or SVG, by suffix).")
+@click.option("--plot", type=OUT_FILE, help="Write the Pareto plot (PNG or SVG, by suffix).")
 @_JSON
 def plan(
     workload: str,

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from collsim.cli.base import FILE, chunk_option, cli, run_options, size_option
+from collsim.cli.base import OUT_FILE, chunk_option, cli, run_options, size_option
 from collsim.collectives.registry import COLLECTIVES, default_algorithm
 from collsim.errors import CollsimError
 from collsim.report.tables import plural
@@ -45,7 +45,7 @@ _BAR_MIN = 50
 @click.option("--samples", "-n", type=int, default=100, show_default=True, help="Draws.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
 @click.option("-j", "--jobs", type=int, default=1, show_default=True, help="Worker processes.")
-@click.option("--json", "json_file", type=FILE, help="Write JSON here.")
+@click.option("--json", "json_file", type=OUT_FILE, help="Write JSON here.")
 def stragglers(
     collective: str,
     topology: str,

@@ -6,14 +6,19 @@ import sys
 
 import click
 
-from collsim.cli.base import FILE, ProgressBar, cli, show_progress
+from collsim.cli.base import FILE, OUT_FOLDER, ProgressBar, cli, show_progress
 from collsim.report.tables import plural
 
 
 @cli.command()
 @click.argument("spec_file", metavar="SPEC.yaml", type=FILE)
 @click.option(
-    "-o", "--output", required=True, metavar="RESULTS", help="Results directory (resumed)."
+    "-o",
+    "--output",
+    required=True,
+    type=OUT_FOLDER,
+    metavar="RESULTS",
+    help="Results directory (resumed).",
 )
 @click.option(
     "--executor",
@@ -80,7 +85,9 @@ def sweep(
 
 @cli.command()
 @click.argument("results", metavar="RESULTS", type=click.Path(exists=True))
-@click.option("-o", "--output", required=True, metavar="DIR", help="Report folder.")
+@click.option(
+    "-o", "--output", required=True, type=OUT_FOLDER, metavar="DIR", help="Report folder."
+)
 @click.option(
     "--measured",
     type=FILE,

@@ -6,7 +6,13 @@ import json
 
 import click
 
-from collsim.cli.base import FILE, CollsimGroup, cli, refuse_overwriting_inputs, topology_options
+from collsim.cli.base import (
+    OUT_FILE,
+    CollsimGroup,
+    cli,
+    refuse_overwriting_inputs,
+    topology_options,
+)
 
 
 @cli.group(cls=CollsimGroup)
@@ -44,7 +50,7 @@ def topo_show(topology: str, nodes: int | None, gpus_per_node: int | None, as_js
 
 @topo.command("draw")
 @topology_options
-@click.option("-o", "--output", required=True, type=FILE, help="PNG/SVG/PDF file.")
+@click.option("-o", "--output", required=True, type=OUT_FILE, help="PNG/SVG/PDF file.")
 def topo_draw(topology: str, nodes: int | None, gpus_per_node: int | None, output: str) -> None:
     """Draw a topology: servers boxed, layers from GPUs to core, link kinds coloured."""
     from collsim.io import figure_format

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from collsim.cli.base import FILE, cli, refuse_overwriting_inputs, size_option, whatif_for
+from collsim.cli.base import FILE, OUT_FILE, cli, refuse_overwriting_inputs, size_option, whatif_for
 from collsim.collectives.registry import COLLECTIVES
 from collsim.errors import CollsimError
 from collsim.report.tables import plural
@@ -29,7 +29,7 @@ from collsim.report.tables import plural
     help="Calibration profile (collsim calibrate fit) for this topology: the collsim model "
     "prices every candidate under it.",
 )
-@click.option("--json", "json_file", type=FILE, help="Write JSON here.")
+@click.option("--json", "json_file", type=OUT_FILE, help="Write JSON here.")
 def tune(
     collective: str,
     topology: str,

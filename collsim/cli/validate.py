@@ -8,6 +8,7 @@ import click
 
 from collsim.cli.base import (
     FILE,
+    OUT_FILE,
     ProgressBar,
     cli,
     nccl_env,
@@ -48,8 +49,8 @@ from collsim.report.tables import plural
     help="Compare logs with anomalies (#wrong > 0, times that disagree with the bandwidths).",
 )
 @click.option("--summary", is_flag=True, help="Only the MAPE lines, no per-size table.")
-@click.option("--json", "json_file", type=FILE, help="Write JSON here.")
-@click.option("--plot", "plot_file", type=FILE, help="busbw plot (PNG/SVG).")
+@click.option("--json", "json_file", type=OUT_FILE, help="Write JSON here.")
+@click.option("--plot", "plot_file", type=OUT_FILE, help="busbw plot (PNG/SVG).")
 def validate(
     logs: tuple[str, ...],
     topology: str,

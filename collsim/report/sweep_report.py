@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from collsim.errors import CollsimError
-from collsim.io import atomic_write_text
+from collsim.io import atomic_write_text, make_folders
 from collsim.report.tables import plural
 from collsim.units import format_size
 
@@ -436,8 +436,7 @@ def write_report(
                 "without its name",
                 file=str(spec),
             ) from None
-    folder = Path(output)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = make_folders(output, folder=True)
     coll = [r for r in rows if r["kind"] == "collective"]
     steps = [r for r in rows if r["kind"] == "step"]
     errors = [r for r in rows if r.get("error")]

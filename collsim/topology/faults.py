@@ -150,7 +150,7 @@ def make_fault(
         value = fields["lat"]
         text = value.lstrip("+") if isinstance(value, str) else value
         try:
-            kw["lat_s"] = units.parse_time(text)  # type: ignore[arg-type]
+            kw["lat_s"] = units.parse_time(text, unit_required=True)  # type: ignore[arg-type]
         except CollsimError as exc:
             raise bad(f"lat: {exc.message}", value) from None
         low, high = units.TIME_RANGE_S
@@ -161,9 +161,11 @@ def make_fault(
             kw["rate_bytes_per_s"] = units.parse_rate(fields["rate"])  # type: ignore[arg-type]
         except CollsimError as exc:
             raise bad(f"rate: {exc.message}", fields["rate"]) from None
-        low, high = units.RATE_RANGE_BYTES_PER_S
+        low, high = units.LINK_RATE_RANGE_BYTES_PER_S
         if not low <= kw["rate_bytes_per_s"] <= high:  # type: ignore[operator]
-            raise bad("rate must be from 1kB/s to 10PB/s (the topology's range)", fields["rate"])
+            read = units.format_rate_si(kw["rate_bytes_per_s"])  # type: ignore[arg-type]
+            raise bad(f"rate reads as {read}: must be from 1kB/s to 10TB/s (a link's range)",
+                      fields["rate"])  # fmt: skip
     if kind == "background" and "[" in target:
         name, _, nodes = target.partition("[")
         if name not in PATTERNS or not nodes.endswith("]"):

@@ -7,6 +7,7 @@ default). ``docs/topology-format.md`` documents every field with an example.
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
@@ -47,13 +48,15 @@ def _device_kind(value: str) -> str:
     return value
 
 
-def _within(low: float, high: float, what: str) -> AfterValidator:
-    """A physical range: outside it a figure is a slip of the unit, whose times would
-    overflow or print 300 digits."""
+def _within(low: float, high: float, what: str, show: Any = None) -> AfterValidator:
+    """A physical range: outside it a figure is a slip of the unit, whose times would overflow,
+    print 300 digits or make a link 1000x faster than any built. ``show`` renders the value as
+    read (its unit), so the error says what the file's figure came to."""
 
     def check(value: float) -> float:
         if not low <= value <= high:
-            raise ValueError(f"must be from {what}")
+            read = f"reads as {show(value)}: " if show else ""
+            raise ValueError(f"{read}must be from {what}")
         return value
 
     return AfterValidator(check)
@@ -61,15 +64,30 @@ def _within(low: float, high: float, what: str) -> AfterValidator:
 
 Rate = Annotated[
     float, _unit(units.parse_rate), Field(gt=0),
-    _within(*units.RATE_RANGE_BYTES_PER_S, "1kB/s to 10PB/s"),
+    _within(*units.LINK_RATE_RANGE_BYTES_PER_S, "1kB/s to 10TB/s per direction (NVLink 5 carries "
+            "0.9TB/s)", units.format_rate_si),
 ]  # fmt: skip
-"""Bytes per second (``400Gbps``, ``50GB/s``), from 1 kB/s to 10 PB/s."""
+"""One direction of a link, in bytes per second (``400Gbps``, ``50GB/s``): 1 kB/s to 10 TB/s."""
+DuplexRate = Annotated[
+    float, _unit(units.parse_rate), Field(gt=0),
+    _within(*units.DUPLEX_RATE_RANGE_BYTES_PER_S, "1kB/s to 20TB/s", units.format_rate_si),
+]  # fmt: skip
+"""Both directions of a link, or a capacity several directions share: 1 kB/s to 20 TB/s."""
+MemoryRate = Annotated[
+    float, _unit(units.parse_rate), Field(gt=0),
+    _within(*units.MEMORY_RATE_RANGE_BYTES_PER_S, "1GB/s to 100TB/s (B200 has 7.7TB/s)",
+            units.format_rate_si),
+]  # fmt: skip
+"""A GPU's memory bandwidth: 1 GB/s to 100 TB/s."""
 Time = Annotated[
-    float, _unit(units.parse_time), Field(ge=0), _within(*units.TIME_RANGE_S, "0 to 10s")
+    float,
+    _unit(functools.partial(units.parse_time, unit_required=True)),
+    Field(ge=0),
+    _within(*units.TIME_RANGE_S, "0 to 10s"),
 ]
-"""Seconds (``1.5us``), from 0 to 10 s."""
-Size = Annotated[int, _unit(units.parse_size), Field(gt=0)]
-"""Bytes, strictly positive (``80GB``, ``80GiB``)."""
+"""Seconds (``1.5us``, ``130ns``), from 0 to 10 s; a bare number other than 0 is an error."""
+Size = Annotated[int, _unit(functools.partial(units.parse_size, unit_required=True)), Field(gt=0)]
+"""Bytes, strictly positive (``80GB``, ``80GiB``); a bare number is an error."""
 LinkKind = Annotated[str, AfterValidator(_link_kind)]
 DeviceKind = Annotated[str, AfterValidator(_device_kind)]
 Source = Annotated[str | None, Field(default=None, min_length=3)]
@@ -138,7 +156,7 @@ class GpuIn(Strict):
     model: str
     peak_tflops: dict[str, TFlops]
     memory: Size
-    memory_bandwidth: Rate
+    memory_bandwidth: MemoryRate
     matmul_tflops: dict[str, TFlops] | None = None
     """Measured maximum achievable matmul TFLOP/s by dtype (optional; see
     :attr:`collsim.topology.spec.GpuModel.matmul_flops`)."""
@@ -179,7 +197,7 @@ class LinkClassIn(Strict):
     kind: LinkKind
     bandwidth: Rate
     latency: Time = 0.0
-    duplex_bandwidth: Rate | None = None
+    duplex_bandwidth: DuplexRate | None = None
     source: Source = None
 
     _duplex = field_validator("duplex_bandwidth")(_duplex_within)
@@ -303,7 +321,7 @@ class LinkIn(Strict):
     kind: LinkKind
     bandwidth: Rate
     latency: Time = 0.0
-    duplex_bandwidth: Rate | None = None
+    duplex_bandwidth: DuplexRate | None = None
     source: Source = None
 
     _duplex = field_validator("duplex_bandwidth")(_duplex_within)
@@ -314,7 +332,7 @@ class SharedIn(Strict):
 
     name: str
     kind: LinkKind
-    bandwidth: Rate
+    bandwidth: DuplexRate
     directions: Annotated[list[tuple[str, str]], Field(min_length=1)]
     source: Source = None
 

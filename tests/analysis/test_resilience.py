@@ -231,5 +231,5 @@ def test_plan_adds_goodput_columns(tmp_path):
 
 def test_a_storage_bandwidth_under_a_byte_per_second_is_refused():
     """1e-300 B/s made the checkpoint write time infinite past validation (found by the fuzz)."""
-    with pytest.raises(WorkloadError, match=r"resilience\.storage_bandwidth"):
-        workload_from_dict(SMALL | {"resilience": SECTION | {"storage_bandwidth": 1e-300}})
+    with pytest.raises(WorkloadError, match=r"resilience\.storage_bandwidth.*at least 1 B/s"):
+        workload_from_dict(SMALL | {"resilience": SECTION | {"storage_bandwidth": "1e-300GB/s"}})
