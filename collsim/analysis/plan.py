@@ -425,28 +425,3 @@ def mark_pareto(options: list[Option]) -> None:
             and (p.expected_hours < t or p.expected_cost_usd < c)
             for p in options
         )
-
-
-def plot_pareto(options: list[Option], path: str | os.PathLike[str], title: str = "") -> Path:
-    """Time to train vs cost, one point per option, the Pareto front joined."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from collsim.io import save_figure
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for o in options:
-        xy = (o.expected_hours / 24, o.expected_cost_usd / 1e6)
-        ax.scatter(*xy, c="C1" if o.pareto else "C0", s=18)
-        ax.annotate(f"{o.cluster} ({o.result.layout.label()})", xy, fontsize=6, alpha=0.7)
-    front = sorted((o for o in options if o.pareto), key=lambda o: o.expected_hours)
-    if front:
-        days = [o.expected_hours / 24 for o in front]
-        ax.plot(days, [o.expected_cost_usd / 1e6 for o in front], "C1-")
-    ax.set_xlabel("days to train (with failures when the workload models them)")
-    ax.set_ylabel("cost (million USD)")
-    ax.set_title(title or "capacity plan: time vs cost (Pareto front in orange)")
-    fig.tight_layout()
-    return save_figure(fig, path)

@@ -409,12 +409,12 @@ def scale(
     json_file: str | None,
 ) -> None:
     """Step time vs GPU count with the Amdahl (strong) or Gustafson (weak) fit and Karp-Flatt."""
-    from collsim.analysis.amdahl import plot_scaling
     from collsim.analysis.scaling import scale_workload
     from collsim.analysis.summary import scaling_report
     from collsim.analysis.tp_span import span_cost
     from collsim.analysis.workload import with_changes
     from collsim.io import atomic_write_text
+    from collsim.report.step_plots import plot_scaling
 
     refuse_overwriting_inputs([workload, topology, profile], plot=plot, json=json_file)
     if plot:
@@ -527,6 +527,7 @@ def plan(
     from collsim.analysis import plan as planning
     from collsim.analysis.workload import load_workload
     from collsim.io import atomic_write_text
+    from collsim.report.step_plots import plot_pareto
     from collsim.report.tables import table
 
     refuse_overwriting_inputs([workload, candidates, profile], plot=plot, json=json_file)
@@ -566,7 +567,7 @@ def plan(
             + first.tp_split.message()  # type: ignore[union-attr]
         )
     if plot:
-        planning.plot_pareto(options, plot, title=f"{w.name}: time vs cost")
+        plot_pareto(options, plot, title=f"{w.name}: time vs cost")
         click.echo(f"# wrote {plot}")
     if json_file:
         data = [
