@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from collsim.cli.base import FILE, cli, context_faults, fault_meta_option, refuse_overwriting_inputs
+from collsim.cli.batch import GLOBAL_BATCH, MICRO_BATCH, batch_changes, batch_error, with_batch
 from collsim.errors import CollsimError
 from collsim.io import figure_format
 
@@ -43,54 +44,6 @@ _EFF = click.option(
     default=None,
     help="GEMM efficiency in (0, 1] (overrides profile/workload).",
 )
-
-_GLOBAL_BATCH = click.option(
-    "--global-batch",
-    type=int,
-    default=None,
-    help="Samples per step (overrides the workload's global_batch).",
-)
-_MICRO_BATCH = click.option(
-    "--micro-batch",
-    type=int,
-    default=None,
-    help="Samples per micro-batch (overrides the workload's micro_batch).",
-)
-_OPTION_OF = {"global_batch": "--global-batch", "micro_batch": "--micro-batch"}
-
-
-def _batch_changes(global_batch: int | None, micro_batch: int | None) -> dict[str, int]:
-    """The batch fields the options set."""
-    given = (("global_batch", global_batch), ("micro_batch", micro_batch))
-    for key, value in given:
-        if value is not None and value < 1:  # one line, as the file's field gets
-            raise CollsimError("must be a whole number >= 1", field=_OPTION_OF[key], value=value)
-    return {k: v for k, v in given if v is not None}
-
-
-def with_batch(w: Any, changes: dict[str, int]) -> Any:
-    """The workload with ``--global-batch``/``--micro-batch`` applied and validated as the file's
-    fields are (micro-batch dividing the global batch); an error names the option and value."""
-    if not changes:
-        return w
-    from collsim.analysis.workload import WorkloadError, with_changes
-
-    try:
-        return with_changes(w, **changes)  # type: ignore[arg-type]
-    except WorkloadError as exc:
-        raise batch_error(exc, changes) from None
-
-
-def batch_error(exc: CollsimError, changes: dict[str, int]) -> CollsimError:
-    """An error about the batch fields (the file's rule, or the layout's ``global_batch`` vs
-    data parallelism), blamed on the option that set one: the field it names where an option
-    set it, else the micro-batch's option when given, else the global batch's."""
-    field = exc.field if exc.field in changes else None
-    if field is None:
-        field = "micro_batch" if "micro_batch" in changes else "global_batch"
-    other = {"global_batch": "micro_batch", "micro_batch": "global_batch"}[field]
-    given = f" (with {_OPTION_OF[other]} {changes[other]})" if other in changes else ""
-    return CollsimError(exc.message + given, field=_OPTION_OF[field], value=changes[field])
 
 
 def _after(row: dict[str, Any], key: str, new: str, value: Any) -> dict[str, Any]:
@@ -303,8 +256,8 @@ def _elastic_step(model: Any, w: Any, result: Any, gpus_per_node: int):  # type:
     help="Measured step times (seconds): a CSV with a step_time_s column, or one number per line; "
     "their mean is compared with the prediction.",
 )
-@_GLOBAL_BATCH
-@_MICRO_BATCH
+@GLOBAL_BATCH
+@MICRO_BATCH
 @_JSON
 @fault_meta_option
 def step(
@@ -327,7 +280,7 @@ def step(
 
     refuse_overwriting_inputs([workload, topology, profile, measured], json=json_file)
     w, _topo, model, _, _ = _setup(workload, topology, nodes, engine, profile)
-    batch = _batch_changes(global_batch, micro_batch)
+    batch = batch_changes(global_batch, micro_batch)
     w = with_batch(w, batch)
     model.force_efficiency = efficiency
     try:
@@ -391,8 +344,8 @@ def step(
     type=FILE,
     help="Write the scaling plot (PNG or SVG, by suffix).",
 )
-@_GLOBAL_BATCH
-@_MICRO_BATCH
+@GLOBAL_BATCH
+@MICRO_BATCH
 @_JSON
 @fault_meta_option
 def scale(
@@ -428,7 +381,7 @@ def scale(
     if not counts or counts[0] < 1:
         raise CollsimError("node counts must be >= 1", field="--nodes", value=node_list)
     w, topo, model, _, _ = _setup(workload, topology, max(counts), engine, profile)
-    w = with_batch(w, _batch_changes(global_batch, micro_batch))
+    w = with_batch(w, batch_changes(global_batch, micro_batch))
     model.force_efficiency = efficiency
     faults = context_faults()
     models: dict[int, Any] = {}
@@ -501,7 +454,7 @@ def scale(
     "--top", type=click.IntRange(min=1), default=20, show_default=True, help="Rows to print."
 )
 @click.option("--plot", type=FILE, help="Write the Pareto plot (PNG or SVG, by suffix).")
-@_GLOBAL_BATCH
+@GLOBAL_BATCH
 @click.option(
     "--micro-batch",
     type=int,
@@ -533,7 +486,7 @@ def plan(
     refuse_overwriting_inputs([workload, candidates, profile], plot=plot, json=json_file)
     if plot:
         figure_format(plot)
-    w = with_batch(load_workload(workload), _batch_changes(global_batch, micro_batch))
+    w = with_batch(load_workload(workload), batch_changes(global_batch, micro_batch))
     cand = planning.load_candidates(candidates)
     if micro_batch is not None and cand.search.micro_batch:
         click.echo(f"# note: --micro-batch {micro_batch} replaces the candidates' search of "
