@@ -15,16 +15,13 @@ count ``n0`` (taken as perfectly efficient, so speedups are in units of ``n0`` G
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from collsim.errors import CollsimError
-from collsim.io import save_figure
 
 
 @dataclass(frozen=True)
@@ -133,34 +130,3 @@ def scaling_curve(
         serial_fraction=f,
         fit_t1_s=t1,
     )
-
-
-def plot_scaling(curve: ScalingCurve, path: str | os.PathLike[str], *, title: str = "") -> Path:
-    """Speedup vs GPUs (log-log) with ideal and the fitted law; efficiency on a second panel."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    n = curve.n_gpus.astype(float)
-    grid = np.geomspace(n.min(), n.max(), 64)
-    ax1.loglog(n, curve.speedup, "o-", label="collsim")
-    ax1.loglog(grid, grid, "k--", lw=0.8, label="ideal")
-    if curve.mode == "strong":
-        fit = curve.fit_t1_s / curve.predicted(grid)
-        ax1.loglog(grid, fit, ":", label=f"Amdahl fit, f = {curve.serial_fraction:.3g}")
-    else:
-        ax1.loglog(
-            grid, curve.predicted(grid), ":", label=f"Gustafson, f = {curve.serial_fraction:.3g}"
-        )
-    ax1.set_xlabel("GPUs")
-    ax1.set_ylabel("speedup (x 1 GPU)" if curve.mode == "strong" else "scaled speedup")
-    ax1.legend()
-    ax2.semilogx(n, 100 * curve.efficiency, "o-")
-    ax2.set_xlabel("GPUs")
-    ax2.set_ylabel("parallel efficiency (%)")
-    ax2.set_ylim(0, 105)
-    fig.suptitle(title or f"{curve.mode} scaling")
-    fig.tight_layout()
-    return save_figure(fig, path)

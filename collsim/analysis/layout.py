@@ -76,6 +76,11 @@ class Layout:
         return self.dp * self.cp
 
     @property
+    def global_batch(self) -> int:
+        """Samples per step: ``m`` micro-batches of ``micro`` on each of ``dp`` replicas."""
+        return self.m * self.micro * self.dp
+
+    @property
     def replica_gpus(self) -> int:
         """GPUs of one data-parallel replica (``tp x cp x pp``): they meet every step."""
         return self.tp * self.cp * self.pp

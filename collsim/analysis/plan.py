@@ -34,6 +34,7 @@ from pydantic import BeforeValidator, Field, PrivateAttr, ValidationError, field
 from collsim.analysis.comm import make_timer
 from collsim.analysis.resilience import ResilienceError, dp_step_time, for_job
 from collsim.analysis.step import StepModel, StepResult
+from collsim.analysis.tp_span import SpanCost, span_cost
 from collsim.analysis.workload import WorkloadError, WorkloadIn, parse_count, with_changes
 from collsim.errors import CollsimError
 from collsim.io import beside
@@ -191,6 +192,13 @@ class Option:
     pareto: bool = False
     goodput: float | None = None
     """Expected goodput under failures (the workload's ``resilience``), else None."""
+    tp_split: SpanCost | None = None
+    """Where a tensor-parallel group spans nodes: how many, and what its collectives cost."""
+
+    @property
+    def tp_nodes(self) -> int:
+        """The most nodes one tensor-parallel group spans (1: inside a node)."""
+        return 1 if self.tp_split is None else self.tp_split.span.nodes
 
     @property
     def expected_hours(self) -> float:
@@ -365,7 +373,7 @@ def plan(
         model.force_efficiency = force_efficiency
         for nodes in node_counts:
             n = nodes * biggest.gpus_per_node
-            found: list[Option] = []
+            found: list[tuple[Option, WorkloadIn]] = []
             for v in variants:
                 try:
                     res = model.evaluate_if_fits(v, n)
@@ -385,7 +393,7 @@ def plan(
                 except ResilienceError as exc:  # this cluster size never completes the job
                     rejected.invalid(f"{cl.label} x {nodes}: {_workload_label(v)}", exc.message)
                     continue
-                found.append(
+                found.append((
                     Option(
                         cluster=cl.name or f"{cl.label} x {nodes}",
                         topology=cl.source,
@@ -394,12 +402,15 @@ def plan(
                         hours=hours,
                         cost_usd=hours * n * cl.gpu_hour_usd,
                         goodput=None if fail is None else fail.expected_goodput,
-                    )
-                )
+                    ),
+                    v,
+                ))  # fmt: skip
             # The best layout of a cluster size is the one ranked first overall: by time to
             # train with failures (goodput), not by the bare step time.
-            found.sort(key=lambda o: (o.expected_hours, o.expected_cost_usd))
-            options.extend(found if keep == "all" else found[:1])
+            found.sort(key=lambda ov: (ov[0].expected_hours, ov[0].expected_cost_usd))
+            for o, v in found if keep == "all" else found[:1]:
+                o.tp_split = span_cost(model, v, o.result)  # priced only where TP spans nodes
+                options.append(o)
     options.sort(key=lambda o: (o.expected_hours, o.expected_cost_usd))
     mark_pareto(options)
     return options, rejected
@@ -414,28 +425,3 @@ def mark_pareto(options: list[Option]) -> None:
             and (p.expected_hours < t or p.expected_cost_usd < c)
             for p in options
         )
-
-
-def plot_pareto(options: list[Option], path: str | os.PathLike[str], title: str = "") -> Path:
-    """Time to train vs cost, one point per option, the Pareto front joined."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from collsim.io import save_figure
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for o in options:
-        xy = (o.expected_hours / 24, o.expected_cost_usd / 1e6)
-        ax.scatter(*xy, c="C1" if o.pareto else "C0", s=18)
-        ax.annotate(f"{o.cluster} ({o.result.layout.label()})", xy, fontsize=6, alpha=0.7)
-    front = sorted((o for o in options if o.pareto), key=lambda o: o.expected_hours)
-    if front:
-        days = [o.expected_hours / 24 for o in front]
-        ax.plot(days, [o.expected_cost_usd / 1e6 for o in front], "C1-")
-    ax.set_xlabel("days to train (with failures when the workload models them)")
-    ax.set_ylabel("cost (million USD)")
-    ax.set_title(title or "capacity plan: time vs cost (Pareto front in orange)")
-    fig.tight_layout()
-    return save_figure(fig, path)

@@ -52,7 +52,7 @@ Per micro-batch and pipeline stage (one GPU's view; ``b`` sequences, TP size ``t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -159,6 +159,8 @@ class StepResult:
             "memory_gb_per_gpu": self.memory.total / 1e9,
             "memory": self.memory.as_json(),
             "fits_in_memory": self.fits,
+            "global_batch": self.layout.global_batch,
+            "micro_batch": self.layout.micro,
             "details": self.details,
         }
 
@@ -384,6 +386,14 @@ class StepModel:
         tp_fwd = one["tp"] * 2 / calls
         fwd = one["fwd"] + tp_fwd + one["cp_fwd"]
         return fwd, one["bwd"] + one["tp"] - tp_fwd + one["cp"] - one["cp_fwd"]
+
+    def tp_comm_s(self, w: WorkloadIn, n_gpus: int, stage: int, tp_group: list[str]) -> float:
+        """Tensor-parallel seconds per step of pipeline ``stage`` with rank 0's TP group on
+        ``tp_group`` instead of where the layout puts it: what the TP collectives would cost on
+        other GPUs (:mod:`collsim.analysis.tp_span` prices a group split over nodes inside one)."""
+        lay = resolve_layout(w, n_gpus)
+        groups = replace(self._place(lay), tp=list(tp_group))
+        return lay.m * self._stages(w, lay, groups)[2][stage]["tp"]
 
     # -- pieces --------------------------------------------------------------------------------
 

@@ -25,7 +25,8 @@ def step_report(r: StepResult, measured_s: float | None = None) -> str:
     lay = r.layout
     lines = [
         f"# {r.workload} on {r.topology}: {r.n_gpus} GPUs, {lay.label()}, "
-        f"{lay.m} micro-batches/step, efficiency {r.details['efficiency']:.3f}",
+        f"global batch {lay.global_batch} ({lay.m} micro-batches of {lay.micro} per replica), "
+        f"efficiency {r.details['efficiency']:.3f}",
     ]
     rows = [
         {

@@ -28,6 +28,7 @@ from collsim.calibration.fit import Sample
 from collsim.calibration.predict import Predictor, elem_bytes
 from collsim.model.params import DEFAULT_PARAMS, ModelParams
 from collsim.report.tables import plural
+from collsim.units import format_size
 
 
 @dataclass(frozen=True)
@@ -170,26 +171,55 @@ def compare(s: Sample, predicted_s: np.ndarray, labels: Sequence[str] = ()) -> L
     return LogResult(s.name, s.log.collective, s.log.ranks, nodes, float(rel.mean()), pts)
 
 
-def plot_validation(validation: Validation, path: str | Path, title: str = "") -> None:
-    """Measured (dots) and predicted (lines) busbw per size, one curve per log."""
+def _common_prefix(names: list[str]) -> str:
+    """The dash-separated words every name starts with, with the last dash (``a100-8gpu-``)."""
+    words = [n.split("-") for n in names]
+    same = 0
+    while all(len(w) > same + 1 and w[same] == words[0][same] for w in words):
+        same += 1
+    return "".join(f"{w}-" for w in words[0][:same])
+
+
+def validation_figure(validation: Validation, title: str = "") -> Any:
+    """Measured (dots) and predicted (lines) busbw per size, one curve per log (at most 12):
+    sizes labelled as nccl-tests prints them (``64K``, ``1G``), the logs' common name prefix
+    in the title and the rest in a legend beside the axes (the labels used to be the whole
+    file names in 6-point type, over the curves)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    from collsim.io import save_figure
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, r in enumerate(validation.logs[:12]):
+    logs = validation.logs[:12]
+    names = [Path(r.file).stem for r in logs]
+    common = _common_prefix(names) if len(names) > 1 else ""
+    fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
+    for i, (r, name) in enumerate(zip(logs, names, strict=True)):
         x = [p.bytes for p in r.points]
         color = f"C{i % 10}"
         ax.plot(x, [p.measured_busbw_gbps for p in r.points], "o", ms=3, color=color,
-                label=f"{r.file} ({100 * r.mape:.0f}%)")  # fmt: skip
+                label=f"{name[len(common):] or name} ({100 * r.mape:.0f}%)")  # fmt: skip
         ax.plot(x, [p.predicted_busbw_gbps for p in r.points], "-", color=color)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("size (bytes)")
+    ax.xaxis.set_major_locator(LogLocator(base=16))  # 1, 16, 256, 4K, ...: never crowded
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_size(round(v))))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("message size")
     ax.set_ylabel("busbw (GB/s)")
-    ax.set_title(title or "measured (dots) vs predicted (lines)")
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    save_figure(fig, path)
+    ax.grid(True, alpha=0.3)
+    head = title or "measured (dots) vs predicted (lines)"
+    ax.set_title(head + (f"\nlogs {common}*" if common else ""), fontsize=10)
+    ax.legend(title="log (MAPE)", fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+              borderaxespad=0.0)  # fmt: skip
+    if len(validation.logs) > len(logs):
+        ax.text(1.02, 0.0, f"first {len(logs)} of {len(validation.logs)} logs drawn",
+                transform=ax.transAxes, fontsize=7, va="bottom")  # fmt: skip
+    return fig
+
+
+def plot_validation(validation: Validation, path: str | Path, title: str = "") -> None:
+    """:func:`validation_figure` written to ``path`` (PNG/SVG by suffix, atomically)."""
+    from collsim.io import save_figure
+
+    save_figure(validation_figure(validation, title), path)

@@ -18,6 +18,7 @@ from collsim.cli.base import (
     fault_meta_option,
     refuse_overwriting_inputs,
 )
+from collsim.cli.batch import GLOBAL_BATCH, MICRO_BATCH, batch_changes, batch_error, with_batch
 from collsim.errors import CollsimError
 from collsim.io import figure_format
 
@@ -50,6 +51,16 @@ _EFF = click.option(
     default=None,
     help="GEMM efficiency in (0, 1] (overrides profile/workload).",
 )
+
+
+def _after(row: dict[str, Any], key: str, new: str, value: Any) -> dict[str, Any]:
+    """``row`` with ``new: value`` inserted after ``key``."""
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        out[k] = v
+        if k == key:
+            out[new] = value
+    return out
 
 
 def _json_or_yaml(path: Path) -> Any:
@@ -252,6 +263,8 @@ def _elastic_step(model: Any, w: Any, result: Any, gpus_per_node: int):  # type:
     help="Measured step times (seconds): a CSV with a step_time_s column, or one number per line; "
     "their mean is compared with the prediction.",
 )
+@GLOBAL_BATCH
+@MICRO_BATCH
 @_JSON
 @fault_meta_option
 def step(
@@ -262,21 +275,31 @@ def step(
     profile: str | None,
     efficiency: float | None,
     measured: str | None,
+    global_batch: int | None,
+    micro_batch: int | None,
     json_file: str | None,
 ) -> None:
     """Predict the training step of a workload on a cluster, with its breakdown and memory."""
     from collsim.analysis.summary import step_report
+    from collsim.analysis.tp_span import span_cost
     from collsim.analysis.workload import WorkloadError, resolve
     from collsim.io import atomic_write_text
 
     refuse_overwriting_inputs([workload, topology, profile, measured], json=json_file)
     w, _topo, model, _, _ = _setup(workload, topology, nodes, engine, profile)
+    batch = batch_changes(global_batch, micro_batch)
+    w = with_batch(w, batch)
     model.force_efficiency = efficiency
     try:
         result = model.evaluate(w)
     except WorkloadError as exc:  # a layout rule: the workload file's parallel/batch fields
+        if batch and exc.field == "global_batch":  # or the batch the options set
+            raise batch_error(exc, batch) from None
         raise exc.located(file=str(resolve(workload))) from None
     out = result.as_json()
+    split = span_cost(model, w, result)
+    if split is not None:
+        out["tp_span"] = split.as_json()
     out["engine"] = engine
     if _topo.faults:
         out["faults"] = list(_topo.faults)
@@ -286,6 +309,8 @@ def step(
         out["measured_step_time_s"] = mean
         out["error"] = (result.step_time_s - mean) / mean
     click.echo(step_report(result, out.get("measured_step_time_s")))
+    if split is not None:
+        click.echo(f"# warning: {split.message()}")
     if w.resilience is not None:
         from collsim.analysis.resilience import for_job
 
@@ -326,6 +351,8 @@ def step(
     type=OUT_FILE,
     help="Write the scaling plot (PNG or SVG, by suffix).",
 )
+@GLOBAL_BATCH
+@MICRO_BATCH
 @_JSON
 @fault_meta_option
 def scale(
@@ -337,13 +364,17 @@ def scale(
     profile: str | None,
     efficiency: float | None,
     plot: str | None,
+    global_batch: int | None,
+    micro_batch: int | None,
     json_file: str | None,
 ) -> None:
     """Step time vs GPU count with the Amdahl (strong) or Gustafson (weak) fit and Karp-Flatt."""
-    from collsim.analysis.amdahl import plot_scaling
     from collsim.analysis.scaling import scale_workload
     from collsim.analysis.summary import scaling_report
+    from collsim.analysis.tp_span import span_cost
+    from collsim.analysis.workload import with_changes
     from collsim.io import atomic_write_text
+    from collsim.report.step_plots import plot_scaling
 
     refuse_overwriting_inputs([workload, topology, profile], plot=plot, json=json_file)
     if plot:
@@ -357,14 +388,18 @@ def scale(
     if not counts or counts[0] < 1:
         raise CollsimError("node counts must be >= 1", field="--nodes", value=node_list)
     w, topo, model, _, _ = _setup(workload, topology, max(counts), engine, profile)
+    w = with_batch(w, batch_changes(global_batch, micro_batch))
     model.force_efficiency = efficiency
     faults = context_faults()
+    models: dict[int, Any] = {}
 
     def model_at(nodes: int) -> Any:
         """The system of ``nodes`` nodes with the faults whose target it has (a GPU of node 3
-        does not slow a 2-node point)."""
+        does not slow a 2-node point); built once per size."""
         if not faults or nodes == max(counts):
             return model
+        if nodes in models:
+            return models[nodes]
         from collsim.topology.loader import load_topology
 
         kept = []
@@ -377,10 +412,19 @@ def scale(
             kept.append(fault)
         at = _setup(workload, topology, nodes, engine, profile, tuple(kept), quiet=True)[2]
         at.force_efficiency = efficiency
+        models[nodes] = at
         return at
 
     curve, results, skipped = scale_workload(model, w, counts, mode, model_at=model_at)
     click.echo(scaling_report(curve, results, skipped))
+    splits = {}
+    for r in results:  # each point's own workload: weak scaling grows its global batch
+        at = model_at(r.n_gpus // topo.gpus_per_node)
+        wl = with_changes(w, parallel={"dp": "auto"}, global_batch=r.layout.global_batch)  # type: ignore[arg-type]
+        cost = span_cost(at, wl, r)  # (free where no TP group spans nodes)
+        if cost is not None:
+            splits[r.n_gpus] = cost
+            click.echo(f"# warning: {cost.message(f'{r.n_gpus} GPUs: ')}")
     if plot:
         plot_scaling(curve, plot, title=f"{w.name} on {topo.name} ({mode} scaling)")
         click.echo(f"# wrote {plot}")
@@ -398,6 +442,10 @@ def scale(
                 point["breakdown"] = {k: r.breakdown[k] for k in BREAKDOWN_KEYS}
                 point["memory_gb_per_gpu"] = r.memory.total / 1e9
                 point["fits_in_memory"] = r.fits
+                point["global_batch"] = r.layout.global_batch
+                point["micro_batch"] = r.layout.micro
+                if r.n_gpus in splits:
+                    point["tp_span"] = splits[r.n_gpus].as_json()
         atomic_write_text(json_file, json.dumps(data, indent=2) + "\n")
         click.echo(f"# wrote {json_file}")
 
@@ -413,6 +461,14 @@ def scale(
     "--top", type=click.IntRange(min=1), default=20, show_default=True, help="Rows to print."
 )
 @click.option("--plot", type=OUT_FILE, help="Write the Pareto plot (PNG or SVG, by suffix).")
+@GLOBAL_BATCH
+@click.option(
+    "--micro-batch",
+    type=int,
+    default=None,
+    help="Samples per micro-batch (overrides the workload's micro_batch and the candidates' "
+    "search of it).",
+)
 @_JSON
 def plan(
     workload: str,
@@ -423,19 +479,27 @@ def plan(
     all_layouts: bool,
     top: int,
     plot: str | None,
+    global_batch: int | None,
+    micro_batch: int | None,
     json_file: str | None,
 ) -> None:
     """Rank cluster options for a workload by time to train and cost (layouts searched)."""
     from collsim.analysis import plan as planning
     from collsim.analysis.workload import load_workload
     from collsim.io import atomic_write_text
+    from collsim.report.step_plots import plot_pareto
     from collsim.report.tables import table
 
     refuse_overwriting_inputs([workload, candidates, profile], plot=plot, json=json_file)
     if plot:
         figure_format(plot)
-    w = load_workload(workload)
+    w = with_batch(load_workload(workload), batch_changes(global_batch, micro_batch))
     cand = planning.load_candidates(candidates)
+    if micro_batch is not None and cand.search.micro_batch:
+        click.echo(f"# note: --micro-batch {micro_batch} replaces the candidates' search of "
+                   f"micro_batch {cand.search.micro_batch}")  # fmt: skip
+        search = cand.search.model_copy(update={"micro_batch": None})
+        cand = cand.model_copy(update={"search": search})
     params, eff = load_profile(profile)
     options, rejected = planning.plan(
         w, cand, engine=engine, efficiency=eff, force_efficiency=efficiency, params=params,
@@ -443,17 +507,35 @@ def plan(
     )  # fmt: skip
     for note in rejected.notes:
         click.echo(f"# note: {note}")
-    click.echo(f"# {w.name}: {cand.tokens:.3g} tokens; {rejected.summary()}")
+    click.echo(f"# {w.name}: {cand.tokens:.3g} tokens, global batch {w.global_batch}; "
+               f"{rejected.summary()}")  # fmt: skip
     if not options:
         why = "fits in memory" if not rejected.reasons else "can run and fits in memory"
         raise CollsimError(f"no candidate layout {why}", file=candidates, field="clusters")
     rows = [o.row() for o in options[:top]]
+    split = [o for o in options[:top] if o.tp_split is not None]
+    if split:  # marked in their own column, next to the layout
+        rows = [_after(r, "layout", "tp_nodes", o.tp_nodes)
+                for r, o in zip(rows, options[:top], strict=True)]  # fmt: skip
     cols = list(rows[0])
     click.echo(table(rows, cols))
+    if split:
+        first = split[0]
+        click.echo(
+            f"# warning: {len(split)} listed option(s) split a tensor-parallel group over nodes "
+            f"(tp_nodes > 1), e.g. {first.cluster} {first.result.layout.label()}: "
+            + first.tp_split.message()  # type: ignore[union-attr]
+        )
     if plot:
-        planning.plot_pareto(options, plot, title=f"{w.name}: time vs cost")
+        plot_pareto(options, plot, title=f"{w.name}: time vs cost")
         click.echo(f"# wrote {plot}")
     if json_file:
-        data = [o.row() | {"step": o.result.as_json()} for o in options]
+        data = [
+            o.row()
+            | {"tp_nodes": o.tp_nodes}
+            | ({"tp_span": o.tp_split.as_json()} if o.tp_split else {})
+            | {"step": o.result.as_json()}
+            for o in options
+        ]
         atomic_write_text(json_file, json.dumps(data, indent=2) + "\n")
         click.echo(f"# wrote {json_file}")

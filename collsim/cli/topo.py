@@ -51,7 +51,15 @@ def topo_show(topology: str, nodes: int | None, gpus_per_node: int | None, as_js
 @topo.command("draw")
 @topology_options
 @click.option("-o", "--output", required=True, type=OUT_FILE, help="PNG/SVG/PDF file.")
-def topo_draw(topology: str, nodes: int | None, gpus_per_node: int | None, output: str) -> None:
+@click.option(
+    "--full/--compact",
+    default=None,
+    help="Every device and link, or node 0 in full with the other nodes and the fabric's tiers "
+    "grouped and their links bundled (default: compact beyond 2 nodes or 150 links).",
+)
+def topo_draw(
+    topology: str, nodes: int | None, gpus_per_node: int | None, output: str, full: bool | None
+) -> None:
     """Draw a topology: servers boxed, layers from GPUs to core, link kinds coloured."""
     from collsim.io import figure_format
     from collsim.report.topology_plot import draw_topology
@@ -60,7 +68,7 @@ def topo_draw(topology: str, nodes: int | None, gpus_per_node: int | None, outpu
     refuse_overwriting_inputs([topology], output=output)
     figure_format(output, "--output")
     topo_ = load_topology(topology, nodes=nodes, gpus_per_node=gpus_per_node)
-    click.echo(f"# wrote {draw_topology(topo_, output)}")
+    click.echo(f"# wrote {draw_topology(topo_, output, full=full)}")
 
 
 @topo.command("export")

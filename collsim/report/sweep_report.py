@@ -26,6 +26,7 @@ from typing import Any
 
 from collsim.errors import CollsimError
 from collsim.io import atomic_write_text, make_folders
+from collsim.report.axes import count_axis, legend_beside, plain_log_axis, size_axis, thin_ticks
 from collsim.report.tables import plural
 from collsim.units import format_size
 
@@ -63,8 +64,9 @@ def _plt() -> Any:
 
 
 def _save(fig: Any, folder: Path, name: str) -> str:
-    fig.tight_layout()
-    fig.savefig(folder / name, dpi=110)
+    """Write ``fig`` (its legend beside the axes, tick labels thinned until none overlap)."""
+    thin_ticks(fig)
+    fig.savefig(folder / name, dpi=110, bbox_inches="tight")
     _plt().close(fig)
     return name
 
@@ -87,10 +89,10 @@ def _slug(key: tuple[str, ...]) -> str:
 
 
 def _size_axis(ax: Any) -> None:
-    ax.set_xscale("log", base=2)
-    ticks = [t for t in ax.get_xticks() if t >= 1]
-    ax.set_xticks(ticks[:: max(1, len(ticks) // 8)])
-    ax.set_xticklabels([format_size(int(t)) for t in ax.get_xticks()], rotation=30)
+    """Message sizes over the plotted range (:func:`collsim.report.axes.size_axis`; the ticks
+    used to come from the default locator, before the data, and ran from 1 B to 64 G)."""
+    xs = [x for line in ax.get_lines() for x in line.get_xdata() if x > 0]
+    size_axis(ax, min(xs, default=1.0), max(xs, default=1.0))
     ax.set_xlabel("message size")
     ax.grid(True, which="both", alpha=0.3)
 
@@ -119,7 +121,7 @@ def _bandwidth_section(coll_groups: dict, folder: Path) -> list[Block]:
         _size_axis(ax)
         ax.set_ylabel("busbw (GB/s)")
         ax.set_title(_title(key), fontsize=10)
-        ax.legend(fontsize=8)
+        legend_beside(ax)
         blocks.append(("img", _save(fig, folder, f"busbw-{_slug(key)}.png"), _title(key)))
     return blocks + _omitted(coll_groups, "cases")
 
@@ -158,10 +160,11 @@ def _crossover_section(coll_groups: dict, folder: Path) -> list[Block]:
             ax.plot(x[: len(ratio)], ratio, marker=".", label=algo)
         _size_axis(ax)
         ax.set_yscale("log")
+        plain_log_axis(ax, which="y")
         ax.set_ylabel("time / fastest algorithm's")
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_title(_title(key), fontsize=10)
-        ax.legend(fontsize=8)
+        legend_beside(ax)
         blocks.append(("img", _save(fig, folder, f"crossover-{_slug(key)}.png"), _title(key)))
     if table:
         blocks.insert(1, ("table", table, ["case", "from", "to", "fastest"]))
@@ -190,7 +193,7 @@ def _link_section(coll_groups: dict, folder: Path) -> list[Block]:
         ax.set_ylim(0, 1.05)
         ax.set_ylabel("busiest link utilization")
         ax.set_title(_title(key), fontsize=10)
-        ax.legend(fontsize=8)
+        legend_beside(ax)
         blocks.append(("img", _save(fig, folder, f"links-{_slug(key)}.png"), _title(key)))
     return blocks + _omitted(coll_groups, "cases") if len(blocks) > 2 else []
 
@@ -212,13 +215,13 @@ def _scaling_section(coll: list[dict[str, str]], steps: list[dict[str, str]], fo
                 if _f(r, "size_bytes") == largest
             )
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=algo[0])
-        ax.set_xscale("log", base=2)
+        count_axis(ax, [int(r["gpus"]) for r in ok])
         ax.set_xlabel("GPUs")
         ax.set_ylabel(f"busbw at {format_size(int(largest))} (GB/s)")
         title = f"{key[1]} on {key[0]}, {key[2]}"
         ax.set_title(title, fontsize=10)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        legend_beside(ax)
         blocks.append(("img", _save(fig, folder, f"scaling-{_slug(key)}.png"), title))
     ok_steps = [r for r in steps if not r.get("error") and _f(r, "step_time_s")]
     for key, rows in list(_groups(ok_steps, ("workload", "engine")).items())[:MAX_GROUPS]:
@@ -227,13 +230,14 @@ def _scaling_section(coll: list[dict[str, str]], steps: list[dict[str, str]], fo
             pts = sorted((int(r["gpus"]), _f(r, "step_time_s")) for r in items)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
                     label=f"{topo} {layout}")  # fmt: skip
-        ax.set_xscale("log", base=2)
+        count_axis(ax, [int(r["gpus"]) for r in rows])
         ax.set_yscale("log")
+        plain_log_axis(ax, which="y")
         ax.set_xlabel("GPUs")
         ax.set_ylabel("step time (s)")
         ax.set_title(f"{key[0]} step time ({key[1]})", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        legend_beside(ax, fontsize=7)
         blocks.append(("img", _save(fig, folder, f"steps-{_slug(key)}.png"), key[0]))
         fitting = [r for r in rows if r.get("fits_in_memory", "true").lower() != "false"]
         if not fitting:

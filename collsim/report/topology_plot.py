@@ -1,10 +1,19 @@
 """A picture of a topology a person can read: layers from GPUs up to the core, servers boxed,
-link kinds coloured, link widths growing with bandwidth."""
+link kinds coloured, link widths growing with bandwidth.
+
+Small systems (up to two nodes, at most 150 links) are drawn device by device. Larger ones are
+drawn compactly: node 0 in full, the other nodes as boxes and each fabric tier as a box (or its
+few switches), each bundle of links between two of them one line labelled with its count and
+rate (:mod:`collsim.report.topology_groups`), so the fabric's shape shows instead of hundreds of
+crossing lines. Chip-level tori are drawn chip by chip, one panel per z-plane."""
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -14,7 +23,9 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import FancyBboxPatch
 
 from collsim.io import save_figure
-from collsim.topology.spec import Device, Topology
+from collsim.report.topology_groups import MAX_NODE_BOXES, Unit, box_text, group
+from collsim.topology.spec import Device, Link, Topology
+from collsim.units import format_rate
 
 LINK_COLOURS = {
     "nvlink": "#76b900",
@@ -84,15 +95,23 @@ def layout(topology: Topology) -> dict[str, tuple[float, float]]:
     return pos
 
 
-def draw_topology(topology: Topology, path: str | os.PathLike[str], *, title: str = "") -> Path:
-    """Write a PNG/SVG/PDF picture of ``topology`` to ``path`` (atomically) and return the path."""
+def _panel(x: float, topology: Topology) -> int:
+    """The z-plane of a chip drawn at ``x`` (:func:`grid_layout`)."""
+    return int(x // (topology.grid_dims[0] + 1))
+
+
+def _panel_centre(z: int, topology: Topology) -> float:
+    return z * (topology.grid_dims[0] + 1.0) + (topology.grid_dims[0] - 1) / 2
+
+
+def _draw_full(ax: Any, topology: Topology) -> list[str]:
+    """Every device and link (small systems); returns the link kinds drawn."""
     pos = layout(topology)
     n_devices = len(topology.devices)
-    width = min(40.0, max(8.0, 0.35 * len(pos) ** 0.8))
-    fig, ax = plt.subplots(figsize=(width, 6.5))
     max_bw = max((lk.bandwidth_bytes_per_s for lk in topology.links), default=1.0)
     seen_kinds: list[str] = []
     thin = n_devices > 600
+    between: dict[tuple[int, ...], list[Link]] = {}
     for lk in topology.links:
         (x0, y0), (x1, y1) = pos[lk.a], pos[lk.b]
         colour = LINK_COLOURS.get(lk.kind, "black")
@@ -103,11 +122,14 @@ def draw_topology(topology: Topology, path: str | os.PathLike[str], *, title: st
         far = abs(x1 - x0) + abs(y1 - y0) > 1.01
         if topology.grid_dims and not far:
             ax.plot([x0, x1], [y0, y1], color=colour, lw=lw, alpha=0.7, zorder=1)
-        elif topology.grid_dims:  # a wrap-around link: a dashed arc
-            mid_x = (x0 + x1) / 2 + (0.35 if x0 == x1 else 0)
-            mid_y = (y0 + y1) / 2 + (0.35 if y0 == y1 else 0)
-            ax.plot([x0, mid_x, x1], [y0, mid_y, y1], color=colour, lw=lw * 0.6, alpha=0.5,
-                    ls="--", zorder=1)  # fmt: skip
+        elif topology.grid_dims and _panel(x0, topology) != _panel(x1, topology):
+            pair = tuple(sorted((_panel(x0, topology), _panel(x1, topology))))
+            between.setdefault(pair, []).append(lk)  # z-links: one bundle per pair of planes
+        elif topology.grid_dims:  # a wrap-around link: a dashed stub out of each end
+            for (xa, ya), (xb, yb) in (((x0, y0), (x1, y1)), ((x1, y1), (x0, y0))):
+                dx, dy = (xa > xb) - (xa < xb), (ya > yb) - (ya < yb)
+                ax.plot([xa, xa + 0.3 * dx], [ya, ya + 0.3 * dy], color=colour, lw=lw * 0.6,
+                        alpha=0.6, ls="--", zorder=1)  # fmt: skip
         elif same_layer:
             # Links within a layer (meshes, tori): arcs so they do not hide each other.
             mid_x, mid_y = (x0 + x1) / 2, y0 - 0.25 - 0.05 * abs(x1 - x0) ** 0.5
@@ -116,6 +138,24 @@ def draw_topology(topology: Topology, path: str | os.PathLike[str], *, title: st
             ax.plot([x0, x1], [y0, y1], color=colour, lw=lw, alpha=0.55, zorder=1)
         if lk.kind not in seen_kinds:
             seen_kinds.append(lk.kind)
+    if between:  # planes side by side: a labelled arrow between neighbours, wraps said below
+        top = max(p[1] for p in pos.values()) + 0.6
+        planes = 1 + max(z for pair in between for z in pair)
+        for z in range(planes):
+            ax.text(_panel_centre(z, topology), -0.7, f"z = {z}", ha="center", fontsize=8)
+        wraps = []
+        for (za, zb), links in between.items():
+            rate = format_rate(links[0].bandwidth_bytes_per_s)
+            if zb - za > 1:
+                wraps.append(f"z {zb} to z {za} (wrap-around): {len(links)} x {rate}")
+                continue
+            xa, xb = (_panel_centre(z, topology) for z in (za, zb))
+            ax.annotate("", (xb, top), (xa, top), arrowprops={"arrowstyle": "<->", "lw": 1.2,
+                        "color": LINK_COLOURS.get(links[0].kind, "black")})  # fmt: skip
+            ax.text((xa + xb) / 2, top + 0.12, f"{len(links)} x {rate}", **_LABEL)
+        if wraps:
+            ax.text(_panel_centre(0, topology), -1.0, "; ".join(wraps), fontsize=8, va="top")
+        ax.plot([0, 0], [-1.3, top + 0.3], alpha=0)  # room for the labels
     size = 60 if n_devices < 200 else 15
     for kind, (marker, colour) in _MARKERS.items():
         pts = [pos[d.name] for d in topology.devices if d.kind == kind]
@@ -138,16 +178,138 @@ def draw_topology(topology: Topology, path: str | os.PathLike[str], *, title: st
         )
         if topology.nodes <= 32:
             ax.text(node * (gpn + 1) + gpn / 2, -0.75, f"node {node}", ha="center", fontsize=8)
-    handles = [Line2D([0], [0], color=LINK_COLOURS.get(k, "black"), lw=2.5) for k in seen_kinds]
-    legend1 = ax.legend(
-        handles, seen_kinds, title="links", loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8
-    )
-    ax.add_artist(legend1)
-    ax.legend(title="devices", loc="lower left", bbox_to_anchor=(1.0, 0.0), fontsize=8)
+    return seen_kinds
+
+
+def _node0_positions(topology: Topology, units: dict[str, Unit]) -> dict[str, tuple[float, float]]:
+    """Node 0's devices placed as the full picture places them (x in [0, GPUs per node])."""
+    gpn = max(1, topology.gpus_per_node)
+    by_layer: dict[float, list[Unit]] = {}
+    for u in units.values():
+        if not u.is_box and u.devices[0].node is not None:
+            by_layer.setdefault(u.layer, []).append(u)
+    pos = {}
+    for layer, members in by_layer.items():
+        members.sort(key=lambda u: (u.devices[0].index, u.devices[0].name))
+        step = gpn / len(members)
+        for i, u in enumerate(members):
+            pos[u.key] = ((i + 0.5) * step, layer)
+    return pos
+
+
+def _draw_compact(ax: Any, topology: Topology) -> list[str]:
+    """Node 0 in full, the other nodes and the fabric's tiers as boxes, link bundles labelled
+    with their count and rate (:mod:`collsim.report.topology_groups`); returns the link kinds."""
+    units, bundles = group(topology)
+    gpn = max(1, topology.gpus_per_node)
+    pos = _node0_positions(topology, units)
+    boxes: dict[str, tuple[float, float, float, float]] = {}  # key -> x0, y0, width, height
+    x = gpn + 1.0
+    for u in units.values():
+        if u.kind == "nodes":
+            boxes[u.key] = (x, -0.4, 1.8, 2.8)
+            pos[u.key] = (x + 0.9, 2.4)  # links leave a node box at its top
+            x += 2.4
+    width = max(x - 0.6, gpn)
+    fabric: dict[float, list[Unit]] = {}
+    for u in units.values():
+        if u.key not in pos:
+            fabric.setdefault(u.layer, []).append(u)
+    for layer, members in fabric.items():
+        members.sort(
+            key=lambda u: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", u.key)]
+        )
+        step = width / len(members)
+        for i, u in enumerate(members):
+            pos[u.key] = ((i + 0.5) * step, layer)
+            if u.is_box:
+                w = min(0.8 * step, 4.0)
+                boxes[u.key] = (pos[u.key][0] - w / 2, layer - 0.22, w, 0.44)
+    kinds: list[str] = []
+    # Bundles within a fabric layer (between dragonfly groups); node 0's own mesh is unlabelled.
+    same_layer = [b for b in bundles if pos[b.a][1] == pos[b.b][1] and units[b.a].is_box]
+    for b in bundles:
+        (x0, y0), (x1, y1) = pos[b.a], pos[b.b]
+        colour = LINK_COLOURS.get(b.kind, "black")
+        lw = 0.8 + 0.9 * math.log2(b.count)
+        if b.kind not in kinds:
+            kinds.append(b.kind)
+        if y0 == y1:  # within a tier (dragonfly groups): an arc below it
+            mid = ((x0 + x1) / 2, y0 - 0.3 - 0.08 * abs(x1 - x0) ** 0.5)
+            ax.plot([x0, mid[0], x1], [y0, mid[1], y1], color=colour, lw=lw, alpha=0.5, zorder=1)
+            if b in same_layer and len(same_layer) <= 6:
+                ax.text(*mid, b.label(), **_LABEL)
+            continue
+        ax.plot([x0, x1], [y0, y1], color=colour, lw=lw, alpha=0.6, zorder=1)
+        if b.count > 1:  # single links: the legend gives their rate
+            (lx, ly), (hx, hy) = sorted(((x0, y0), (x1, y1)), key=lambda p: p[1])
+            at = 0.5 if units[b.a].kind != "nodes" and units[b.b].kind != "nodes" else 0.3
+            ax.text(lx + at * (hx - lx), ly + at * (hy - ly), b.label(), **_LABEL)
+    if len(same_layer) > 6:
+        labels = sorted({b.label() for b in same_layer})
+        layer = pos[same_layer[0].a][1]
+        what = labels[0] if len(labels) == 1 else "varying"
+        ax.text(width / 2, layer - 0.75, f"{len(same_layer)} pairs of groups joined, {what} each",
+                ha="center", va="top", fontsize=7, color="#444444")  # fmt: skip
+    for key, (bx, by, bw, bh) in boxes.items():
+        u = units[key]
+        ax.add_patch(FancyBboxPatch((bx, by), bw, bh, boxstyle="round,pad=0.05", zorder=2,
+                                    fc="#f4f4f4" if u.kind == "nodes" else "white",
+                                    ec="#777777", lw=0.9))  # fmt: skip
+        ax.text(bx + bw / 2, by + bh / 2, box_text(u), ha="center", va="center", fontsize=7,
+                zorder=4)  # fmt: skip
+    size = 60
+    for kind, (marker, colour) in _MARKERS.items():
+        pts = [pos[u.key] for u in units.values() if u.kind == kind]
+        if pts:
+            xs, ys = zip(*pts, strict=True)
+            ax.scatter(xs, ys, marker=marker, s=size, c=colour, zorder=3, label=kind)
+    ax.add_patch(FancyBboxPatch((-0.1, -0.4), gpn + 0.2, 2.8, boxstyle="round,pad=0.05",
+                                fill=False, ec="#999999", lw=0.8, zorder=0))  # fmt: skip
+    ax.text(gpn / 2, -0.75, "node 0", ha="center", fontsize=8)
+    ax.set_xlim(-0.6, width + 0.6)
+    return kinds
+
+
+_LABEL: dict[str, Any] = {
+    "fontsize": 7, "ha": "center", "va": "center", "zorder": 5,
+    "bbox": {"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85},
+}  # fmt: skip
+
+
+def compact_by_default(topology: Topology) -> bool:
+    """More than two nodes, or more links than a reader can follow: the compact picture."""
+    return not topology.grid_dims and (topology.nodes > 2 or len(topology.links) > 150)
+
+
+def topology_figure(topology: Topology, *, title: str = "", full: bool | None = None) -> Any:
+    """The picture of ``topology`` as a matplotlib figure: every device and link (``full``), or
+    node 0 in full with the rest grouped (``full=False``); ``None`` picks by size."""
+    full = not compact_by_default(topology) if full is None else full
+    gpn = max(1, topology.gpus_per_node)
+    if full:
+        n = len(topology.devices)
+        width = min(40.0, max(8.0, 0.35 * n**0.8))
+    else:
+        width = min(24.0, max(9.0, 0.5 * (gpn + 2.4 * min(topology.nodes - 1, MAX_NODE_BOXES)) + 4))
+    fig, ax = plt.subplots(figsize=(width, 6.5), layout="constrained")
+    kinds = _draw_full(ax, topology) if full else _draw_compact(ax, topology)
+    rates: dict[str, set[float]] = {}
+    for lk in topology.links:
+        rates.setdefault(lk.kind, set()).add(lk.bandwidth_bytes_per_s)
+    names = [f"{k} ({', '.join(format_rate(r) for r in sorted(rates[k])[:3])})" for k in kinds]
+    handles = [Line2D([0], [0], color=LINK_COLOURS.get(k, "black"), lw=2.5) for k in kinds]
+    # Figure legends "outside": the constrained layout makes room for them (a second axes
+    # legend added as an artist was left out of the saved picture's bounding box).
+    fig.legend(handles, names, title="links (per direction)", loc="outside right upper",
+               fontsize=8)  # fmt: skip
+    fig.legend(*ax.get_legend_handles_labels(), title="devices", loc="outside right lower",
+               fontsize=8)  # fmt: skip
+    shown = "" if full or topology.nodes < 2 else "; node 0 in full, the rest grouped"
     ax.set_title(
         title
         or f"{topology.name}: {topology.nodes} x {gpn} {topology.gpu.model} "
-        f"({topology.intra_fabric}; {topology.inter_fabric})",
+        f"({topology.intra_fabric}; {topology.inter_fabric}{shown})",
         fontsize=10,
         wrap=True,
     )
@@ -156,5 +318,12 @@ def draw_topology(topology: Topology, path: str | os.PathLike[str], *, title: st
     for spine in ax.spines.values():
         spine.set_visible(False)
     ax.margins(0.03, 0.12)
-    fig.tight_layout()
-    return save_figure(fig, path)
+    return fig
+
+
+def draw_topology(
+    topology: Topology, path: str | os.PathLike[str], *, title: str = "", full: bool | None = None
+) -> Path:
+    """Write a PNG/SVG/PDF picture of ``topology`` to ``path`` (atomically) and return the path
+    (:func:`topology_figure`)."""
+    return save_figure(topology_figure(topology, title=title, full=full), path)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collsim.analysis.amdahl import karp_flatt, plot_scaling, scaling_curve
+from collsim.analysis.amdahl import karp_flatt, scaling_curve
 from collsim.errors import CollsimError
+from collsim.report.step_plots import plot_scaling
 
 
 @pytest.mark.parametrize("f", [0.0, 0.01, 0.05, 0.3])
