@@ -23,6 +23,11 @@ from collsim.collectives.registry import (
 from collsim.collectives.schedule import Schedule
 from collsim.engine import SimResult, simulate
 from collsim.errors import ScheduleError
+from collsim.model.analytic import AnalyticModel
+from collsim.model.bounds import BusbwBounds
+from collsim.model.nccl import NcclModel
+from collsim.model.params import DEFAULT_PARAMS
+from collsim.model.tuner import model_description, nccl_tuning, tuned_algorithms
 from collsim.protocols import get_protocol
 from collsim.topology.fabric import TopologyFabric
 from collsim.topology.graph import Network
@@ -107,6 +112,11 @@ class Point:
     busbw_gbps: float
     protocol: str = "Simple"
     channels: int = 1
+    busbw_bound_gbps: float | None = None
+    """The most busbw this (algorithm, protocol, channels) can reach on the topology's links
+    (:mod:`collsim.model.bounds`); None where there is none (a lone rank, a busbw of 0)."""
+    exceeds_bound: bool = False
+    """Whether :attr:`busbw_gbps` passes that bound (a cost model's number no run can reach)."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -118,6 +128,8 @@ class Point:
             "time_us": self.time_s * 1e6,
             "algbw_gbps": self.algbw_gbps,
             "busbw_gbps": self.busbw_gbps,
+            "busbw_bound_gbps": self.busbw_bound_gbps,
+            "exceeds_bound": self.exceeds_bound,
         }
 
 
@@ -138,6 +150,14 @@ class Sweep:
     """Whether the tuner picked the algorithm, protocol and channels per size (``--tuned``)."""
     faults: tuple[str, ...] = ()
     """What-if faults of the topology (``--fault``), in the order applied."""
+    engine: str = "des"
+    timed_by: str = "the discrete-event engine"
+    """What produced the times, in words: the engine, or the cost model that estimated them."""
+    question: str | None = None
+    """With ``auto`` or :attr:`tuned`: which choice per size the rows show, in words (what NCCL
+    would run, or collsim's fastest algorithm); None for an algorithm given."""
+    chosen_by: str | None = None
+    """The cost model that made those choices, in words."""
     points: list[Point] = field(default_factory=list)
     last: SimResult | None = None
     last_schedule: Schedule | None = None
@@ -154,6 +174,10 @@ class Sweep:
             "channels": self.channels,
             "tuned": self.tuned,
             **({"faults": list(self.faults)} if self.faults else {}),
+            "engine": self.engine,
+            "timed_by": self.timed_by,
+            "question": self.question,
+            "chosen_by": self.chosen_by,
             "points": [p.as_json() for p in self.points],
         }
 
@@ -168,6 +192,7 @@ class WhatIf:
         self.layout = layout_for(topology)
         self.has_in_network = topology.reduces_for_all_gpus
         self._models: dict[str, Any] = {}
+        self._bounds: BusbwBounds | None = None
 
     def cost_model(self, name: str = "collsim") -> Any:
         """The analytic model ``name`` (``collsim`` or ``nccl``) of this topology (cached)."""
@@ -177,14 +202,21 @@ class WhatIf:
             )
         if name not in self._models:
             if name == "nccl":
-                from collsim.model.nccl import NcclModel
-
                 self._models[name] = NcclModel(self.topology, can_run=self._can_run)
             else:
-                from collsim.model.analytic import AnalyticModel
-
                 self._models[name] = AnalyticModel(self)
         return self._models[name]
+
+    def bounds(self) -> BusbwBounds:
+        """The busbw bounds of this topology's links (cached): from the collsim model where it
+        has the default parameters (sharing its flows), else from one that has (a profile's
+        efficiencies are not the hardware's limit)."""
+        if self._bounds is None:
+            model = self.cost_model("collsim")
+            if getattr(model, "params", None) != DEFAULT_PARAMS:
+                model = AnalyticModel(self)
+            self._bounds = BusbwBounds(model)
+        return self._bounds
 
     def _can_run(self, collective: str, algorithm: str) -> bool:
         """Whether this system can run ``algorithm`` (in-network needs a reachable switch)."""
@@ -287,9 +319,8 @@ class WhatIf:
             )
         extra = {"chunk_bytes": chunk_bytes} if chunk_bytes is not None else {}
         choices: list[tuple[str, int]] = [(proto, channels)] * len(sizes)
+        question = None
         if tuned:
-            from collsim.model.tuner import nccl_choices
-
             if algorithm != "auto":
                 raise ScheduleError(
                     "a tuned sweep picks the algorithm itself; leave --algorithm auto",
@@ -302,16 +333,21 @@ class WhatIf:
                     field="chunk_bytes",
                     value=chunk_bytes,
                 )
-            picked = nccl_choices(cost, collective, list(sizes), elem_bytes=elem)
+            tuning = nccl_tuning(cost, collective, list(sizes), elem_bytes=elem)
+            picked = [tuning.choice_at(i) for i in range(len(sizes))]
             picks = [c.algorithm for c in picked]
             choices = [(c.protocol, c.channels) for c in picked]
+            question = tuning.question()
         elif algorithm == "auto":
-            from collsim.model.tuner import tuned_algorithms
-
             picks = tuned_algorithms(
                 cost, collective, list(sizes), elem_bytes=elem, protocol=proto, channels=channels,
                 **extra,
             )  # fmt: skip
+            question = (
+                f"the fastest algorithm per size of those the model prices here "
+                f"({', '.join(cost.candidates(collective))}) with {proto} on {channels} "
+                "channel(s), not necessarily what NCCL runs (--tuned: what NCCL would run)"
+            )
         else:
             picks = [algorithm] * len(sizes)
         if algorithm != "auto" and not runs_protocol(algorithm, proto):
@@ -339,7 +375,12 @@ class WhatIf:
             channels=None if tuned else channels,
             tuned=tuned,
             faults=self.topology.faults,
+            engine=engine,
+            timed_by="the discrete-event engine" if engine == "des" else model_description(cost),
+            question=question,
+            chosen_by=model_description(cost) if question is not None else None,
         )
+        bounds = self.bounds()
         n = self.topology.n_gpus
         for i, (size, name, (run_proto, run_channels)) in enumerate(
             zip(sizes, picks, choices, strict=True)
@@ -362,6 +403,8 @@ class WhatIf:
                     )[0]
                 )  # fmt: skip
             size_out = count * elem
+            busbw = busbw_gbps(collective, n, size_out, time_s) if time_s > 0 else 0.0
+            bound = bounds.bound(collective, name, run_proto, run_channels) if size_out else None
             result.points.append(
                 Point(
                     size_bytes=size_out,
@@ -369,9 +412,11 @@ class WhatIf:
                     algorithm=name,
                     time_s=time_s,
                     algbw_gbps=algbw_gbps(size_out, time_s) if time_s > 0 else 0.0,
-                    busbw_gbps=busbw_gbps(collective, n, size_out, time_s) if time_s > 0 else 0.0,
+                    busbw_gbps=busbw,
                     protocol=run_proto,
                     channels=run_channels,
+                    busbw_bound_gbps=bound.busbw_gbps if bound is not None else None,
+                    exceeds_bound=bound is not None and bound.exceeded_by(busbw),
                 )
             )
         if progress is not None:

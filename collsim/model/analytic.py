@@ -45,7 +45,7 @@ from collsim.model.exchange import (
     sendrecv,
 )
 from collsim.model.flows import FlowCosts
-from collsim.model.params import DEFAULT_PARAMS, ModelParams, under_floor
+from collsim.model.params import DEFAULT_PARAMS, ModelParams, ProtocolParams, under_floor
 from collsim.model.rings import (
     Oracle,
     flat_ring,
@@ -125,7 +125,15 @@ class AnalyticModel:
         self.nranks = self.topology.n_gpus
         self.params = params
         self._cache: dict[tuple[str, str, str, int], Structure] = {}
+        self._loads: dict[tuple[str, str, str, int], Lines] = {}  # load_lines without structure
         self._shares: dict[bytes, tuple[np.ndarray, ...]] = {}  # flow shares, across protocols
+
+    @property
+    def description(self) -> str:
+        """What prices with this model, in words (for the tables and JSON that name it)."""
+        if self.params == DEFAULT_PARAMS:
+            return "collsim's analytic model"
+        return f"collsim's analytic model ({self.params.source})"
 
     def candidates(self, collective: str) -> list[str]:
         """The algorithms of ``collective`` this topology can run (as ``WhatIf.candidates``)."""
@@ -135,13 +143,55 @@ class AnalyticModel:
         self, collective: str, algorithm: str, *, protocol: str = "Simple", channels: int = 1
     ) -> Structure:
         """The cached lines of one configuration (built on first use)."""
-        proto = self.params.protocol(protocol)
-        if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
-            raise ScheduleError("must be an integer >= 1", field="channels", value=channels)
-        key = (collective, algorithm, proto.name, channels)
+        proto, key = self._key(collective, algorithm, protocol, channels)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
+        self._check(collective, algorithm)
+        costs = FlowCosts(self.fabric, self.params, proto, self._shares)
+        oracle = self._oracle(costs, collective, algorithm, channels)
+        pipeline = oracle if isinstance(oracle, Pipeline) else None
+        path = pipeline.fill if pipeline is not None else discover(oracle)
+        a, b = costs.load_lines()
+        load = upper_envelope(a, b)  # one line per link: keep the few that are ever the max
+        found = Structure(
+            collective, algorithm, proto.name, channels, path.merge(load), path, load, pipeline
+        )
+        self._cache[key] = found
+        return found
+
+    def load_lines(
+        self, collective: str, algorithm: str, *, protocol: str = "Simple", channels: int = 1
+    ) -> Lines:
+        """The link-load bound of one configuration alone: per link, its first latency plus the
+        wire bytes the algorithm puts on it per collective byte over its capacity; no schedule of
+        it finishes before ``max_i(a_i + b_i S)``. The structure's own where it is built, else
+        only the flows (no critical path: a fraction of :meth:`structure`'s cost at scale, which
+        is what a bound on every printed row needs)."""
+        proto, key = self._key(collective, algorithm, protocol, channels)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit.load_lines
+        found = self._loads.get(key)
+        if found is None:
+            self._check(collective, algorithm)
+            costs = FlowCosts(self.fabric, self.params, proto, self._shares)
+            self._oracle(costs, collective, algorithm, channels)
+            found = upper_envelope(*costs.load_lines())
+            self._loads[key] = found
+        return found
+
+    def _key(
+        self, collective: str, algorithm: str, protocol: str, channels: int
+    ) -> tuple[ProtocolParams, tuple[str, str, str, int]]:
+        """The protocol's parameters and the cache key of one configuration (checked)."""
+        proto = self.params.protocol(protocol)
+        if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
+            raise ScheduleError("must be an integer >= 1", field="channels", value=channels)
+        return proto, (collective, algorithm, proto.name, channels)
+
+    def _check(self, collective: str, algorithm: str) -> None:
+        """Refuse a collective, an algorithm of it or an in-network one this system lacks."""
         if collective not in COLLECTIVES:
             raise ScheduleError(
                 f"unknown collective; valid: {', '.join(COLLECTIVES)}",
@@ -161,17 +211,6 @@ class AnalyticModel:
                 field="algorithm",
                 value=algorithm,
             )
-        costs = FlowCosts(self.fabric, self.params, proto, self._shares)
-        oracle = self._oracle(costs, collective, algorithm, channels)
-        pipeline = oracle if isinstance(oracle, Pipeline) else None
-        path = pipeline.fill if pipeline is not None else discover(oracle)
-        a, b = costs.load_lines()
-        load = upper_envelope(a, b)  # one line per link: keep the few that are ever the max
-        found = Structure(
-            collective, algorithm, proto.name, channels, path.merge(load), path, load, pipeline
-        )
-        self._cache[key] = found
-        return found
 
     def _oracle(
         self, costs: FlowCosts, collective: str, algorithm: str, channels: int

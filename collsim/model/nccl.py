@@ -273,6 +273,9 @@ class NcclModel:
         self.has_in_network = topology.reduces_for_all_gpus
         self._inputs: dict[int, NcclInputs] = {}
 
+    description = "NCCL's tuning model (tuning.cc, v2.19-2.21)"
+    """What prices with this model, in words (for the tables and JSON that name it)."""
+
     def inputs(self, channels: int) -> NcclInputs:
         if channels not in self._inputs:
             self._inputs[channels] = inputs_from_topology(self.topology, channels)

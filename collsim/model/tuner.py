@@ -26,6 +26,8 @@ from collsim.model.params import under_floor
 
 PROTOCOL_ORDER = ("Simple", "LL128", "LL")
 CHANNEL_OPTIONS = (1, 2, 4, 8)
+"""Channel counts the tuner considers over every schedule collsim knows (``tune --candidates
+all``)."""
 NCCL_CHANNELS = (1, 8)
 """Channel counts an NCCL-like choice considers (``validate``, ``simulate --tuned``): one, and
 NCCL's usual eight or more on NVLink/IB systems (the model has no per-channel rate cap, so
@@ -56,6 +58,24 @@ class Tuning:
     best: np.ndarray  # index into choices per size
     baseline: Choice
     baseline_s: np.ndarray
+    candidates: str = "all"
+    """Which question the winners answer: ``nccl`` (what NCCL would run: NCCL's algorithms,
+    default protocols, :data:`NCCL_CHANNELS`) or ``all`` (every candidate the tuner was given)."""
+
+    def question(self) -> str:
+        """What the winners are, in words, naming the candidates that were ranked."""
+        algos = ", ".join(dict.fromkeys(c.algorithm for c in self.choices))
+        protos = ", ".join(dict.fromkeys(c.protocol for c in self.choices))
+        chans = _either(sorted({c.channels for c in self.choices}))
+        if self.candidates == "nccl":
+            return (
+                f"what NCCL would run: per size the fastest of NCCL's algorithms here ({algos}), "
+                f"the protocols it enables by default ({protos}) and {chans} channels"
+            )
+        return (
+            f"the fastest schedule collsim knows, not what NCCL runs: per size the fastest of "
+            f"every algorithm here ({algos}), protocol ({protos}) and {chans} channels"
+        )
 
     @property
     def best_s(self) -> np.ndarray:
@@ -63,6 +83,12 @@ class Tuning:
 
     def choice_at(self, i: int) -> Choice:
         return self.choices[int(self.best[i])]
+
+
+def _either(counts: list[int]) -> str:
+    """``1``, ``1 or 8``, ``1, 2, 4 or 8``."""
+    words = [str(c) for c in counts]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
 
 
 @dataclass(frozen=True)
@@ -263,13 +289,55 @@ def nccl_algorithms(
     return [a for a in wanted if a in runnable] or runnable[:1]
 
 
-def nccl_choices(
-    model: CostModel, collective: str, sizes_bytes: list[int], *, elem_bytes: int
-) -> list[Choice]:
-    """What NCCL would run per size (``simulate --tuned``): the fastest of NCCL's own algorithms
-    (:data:`collsim.collectives.registry.NCCL_ALGORITHMS`, those the model can run here), over
-    the protocols NCCL enables by default and :data:`NCCL_CHANNELS`, as its tuner picks."""
+def nccl_tuning(
+    model: CostModel, collective: str, sizes_bytes: list[int] | np.ndarray, *, elem_bytes: int
+) -> Tuning:
+    """What NCCL would run per size (``simulate --tuned``, ``tune --candidates nccl``): the
+    fastest of NCCL's own algorithms (:data:`collsim.collectives.registry.NCCL_ALGORITHMS`, those
+    the model can run here), over the protocols NCCL enables by default and
+    :data:`NCCL_CHANNELS`, as its tuner picks. One function for both commands, so they agree."""
     tuner = Tuner(model, protocols=PROTOCOL_ORDER, channels=NCCL_CHANNELS)
     algos = nccl_algorithms(model, collective)
     result = tuner.tune(collective, sizes_bytes, elem_bytes=elem_bytes, algorithms=algos)
+    result.candidates = "nccl"
+    return result
+
+
+def nccl_choices(
+    model: CostModel, collective: str, sizes_bytes: list[int], *, elem_bytes: int
+) -> list[Choice]:
+    """:func:`nccl_tuning`'s choice per size."""
+    result = nccl_tuning(model, collective, sizes_bytes, elem_bytes=elem_bytes)
     return [result.choice_at(i) for i in range(len(sizes_bytes))]
+
+
+CANDIDATES = ("nccl", "all")
+"""``tune --candidates``: ``nccl``, what NCCL would run (:func:`nccl_tuning`); ``all``, the
+fastest of every schedule the model prices here (every algorithm, the protocols NCCL enables by
+default, :data:`CHANNEL_OPTIONS`), which NCCL may not have."""
+
+
+def tuning(
+    model: CostModel,
+    collective: str,
+    sizes_bytes: list[int] | np.ndarray,
+    *,
+    elem_bytes: int,
+    candidates: str = "nccl",
+) -> Tuning:
+    """The winners per size among ``candidates`` (:data:`CANDIDATES`)."""
+    if candidates not in CANDIDATES:
+        raise ScheduleError(
+            f"unknown candidate set (choose from {', '.join(CANDIDATES)})",
+            field="candidates",
+            value=candidates,
+        )
+    if candidates == "nccl":
+        return nccl_tuning(model, collective, sizes_bytes, elem_bytes=elem_bytes)
+    return Tuner(model).tune(collective, sizes_bytes, elem_bytes=elem_bytes)
+
+
+def model_description(model: Any) -> str:
+    """Which cost model priced a choice, in words (its ``description``; the class name of a
+    model without one)."""
+    return str(getattr(model, "description", type(model).__name__))

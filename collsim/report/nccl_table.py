@@ -11,7 +11,11 @@ _ROOTED = {"broadcast", "reduce"}
 
 
 def sweep_table(sweep: Sweep) -> str:
-    """Header, one row per size (size, count, type, redop, root, time, algbw, busbw), average."""
+    """Header, one row per size (size, count, type, redop, root, time, algbw, busbw), average.
+
+    The header says what chose each size's algorithm (with ``auto`` or ``--tuned``) and what
+    produced the times; a busbw above what its (algorithm, protocol, channels) can reach on the
+    topology's links is marked ``!`` and explained under the table (:func:`bound_notes`)."""
     tuned = sweep.tuned
     how = (
         "algorithm, protocol and channels per size as NCCL's tuner picks them"
@@ -21,6 +25,11 @@ def sweep_table(sweep: Sweep) -> str:
     lines = [
         f"# collsim: {sweep.collective} on {sweep.topology}: {plural(sweep.ranks, 'rank')} "
         f"({plural(sweep.nodes, 'node')}), {how}",
+    ]
+    if sweep.question is not None:
+        lines.append(f"# choices: {sweep.question}; chosen by {sweep.chosen_by}")
+    lines += [
+        f"# times: {sweep.timed_by}",
         "#",
         f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>5}  "
         f"{'time':>10}  {'algbw':>7}  {'busbw':>7}  algorithm",
@@ -30,15 +39,41 @@ def sweep_table(sweep: Sweep) -> str:
     redop = _REDUCING.get(sweep.collective, "none")
     root = "0" if sweep.collective in _ROOTED else "-1"
     for p in sweep.points:
+        mark = BOUND_MARK if p.exceeds_bound else " "
         lines.append(
             f"  {p.size_bytes:>10}  {p.count:>12}  {sweep.dtype:>8}  {redop:>6}  {root:>5}  "
-            f"{p.time_s * 1e6:>10.2f}  {p.algbw_gbps:>7.2f}  {p.busbw_gbps:>7.2f}  {p.algorithm}"
-            + (f"/{p.protocol}/{p.channels}ch" if tuned else "")
+            f"{p.time_s * 1e6:>10.2f}  {p.algbw_gbps:>7.2f}  {p.busbw_gbps:>7.2f}{mark} "
+            f"{p.algorithm}" + (f"/{p.protocol}/{p.channels}ch" if tuned else "")
         )
     if sweep.points:
         avg = sum(p.busbw_gbps for p in sweep.points) / len(sweep.points)
         lines.append(f"# Avg bus bandwidth    : {avg:.4g}")
+    flagged = [
+        (f"{p.algorithm}/{p.protocol}/{p.channels}ch", p.busbw_gbps, p.busbw_bound_gbps or 0.0)
+        for p in sweep.points
+        if p.exceeds_bound
+    ]
+    lines += bound_notes(flagged, sweep.timed_by, sweep.topology)
     return "\n".join(lines)
+
+
+BOUND_MARK = "!"
+"""The mark after a busbw above its bound (:mod:`collsim.model.bounds`)."""
+
+
+def bound_notes(flagged: list[tuple[str, float, float]], model: str, topology: str) -> list[str]:
+    """One footnote per (algorithm, protocol, channels) whose busbw passed its bound: ``flagged``
+    holds (label, busbw, bound) per marked row; ``model`` produced the numbers."""
+    worst: dict[str, tuple[float, float, int]] = {}
+    for label, busbw, bound in flagged:
+        top, _, count = worst.get(label, (0.0, bound, 0))
+        worst[label] = (max(top, busbw), bound, count + 1)
+    return [
+        f"# {BOUND_MARK} {model} puts {label} at up to {top:.2f} GB/s busbw "
+        f"({plural(count, 'size')}), above the {bound:.2f} GB/s its busiest link allows on "
+        f"{topology}: no run of it can reach that"
+        for label, (top, bound, count) in worst.items()
+    ]
 
 
 def bottleneck_table(result: SimResult, top: int = 5) -> str:
