@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -331,10 +332,12 @@ def plan(
     params: Any = None,
     keep: str = "best",
     profile: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[list[Option], Rejected]:
     """Evaluate every cluster x node count x layout; returns the options that fit, fastest
     first (``keep="best"``: the fastest layout per cluster size; ``"all"``: every layout), and
     what was discarded: layouts that do not fit in memory, and those that cannot run (why).
+    ``progress(done, total)`` counts cluster sizes (each one's layouts) as they are priced.
 
     ``efficiency`` is the profile's (below the workload's own), ``force_efficiency`` overrides
     both (``--efficiency``); a fitted ``profile`` file must match each cluster's topology."""
@@ -353,6 +356,9 @@ def plan(
         from collsim.model.profile import load_profile
 
         fitted = load_profile(profile)
+    sizes_done, sizes_total = 0, sum(len(cl.node_counts()) for cl in cand.clusters)
+    if progress is not None:
+        progress(sizes_done, sizes_total)
     for cl in cand.clusters:
         node_counts = cl.node_counts()
         biggest = load_topology(cl.source, nodes=max(node_counts))
@@ -411,6 +417,9 @@ def plan(
             for o, v in found if keep == "all" else found[:1]:
                 o.tp_split = span_cost(model, v, o.result)  # priced only where TP spans nodes
                 options.append(o)
+            sizes_done += 1
+            if progress is not None:
+                progress(sizes_done, sizes_total)
     options.sort(key=lambda o: (o.expected_hours, o.expected_cost_usd))
     mark_pareto(options)
     return options, rejected

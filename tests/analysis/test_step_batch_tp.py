@@ -9,6 +9,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+import collsim.cli.step as step_cli
 from collsim.cli import cli
 
 runner = CliRunner()
@@ -183,3 +184,20 @@ def test_scale_and_plan_mark_layouts_whose_tp_group_spans_nodes(tmp_path):
     rows = {r["layout"]: r for r in json.loads(out.read_text())}
     assert rows["tp8-pp1-dp1-mb1"]["tp_nodes"] == 2 and "tp_span" in rows["tp8-pp1-dp1-mb1"]
     assert rows["tp4-pp1-dp2-mb1"]["tp_nodes"] == 1 and "tp_span" not in rows["tp4-pp1-dp2-mb1"]
+
+
+def test_plan_shows_progress_on_a_terminal(tmp_path, monkeypatch):
+    """A plan over many cluster sizes takes a while: a bar per cluster size on stderr, on a
+    terminal only; the table is the same either way."""
+    cand = _file(tmp_path, "c.yaml", {
+        "tokens": "1B",
+        "clusters": [{"topology": "dgx-h100", "nodes": [1, 2, 4], "gpu_hour_usd": 2}],
+    })  # fmt: skip
+    args = ["plan", "-w", "gpt-1.3b-ddp", "-c", cand]
+    quiet = runner.invoke(cli, args)
+    assert quiet.exit_code == 0, quiet.output
+    monkeypatch.setattr(step_cli, "show_progress", lambda: True)
+    shown = runner.invoke(cli, args)
+    assert shown.exit_code == 0, shown.output
+    assert "plan: 100%" in shown.stderr and "3/3" in shown.stderr
+    assert shown.stdout == quiet.stdout and "plan:" not in quiet.stderr
