@@ -98,6 +98,11 @@ def report(results: str, output: str, measured: str | None) -> None:
     """Markdown + HTML report with plots of a sweep's results."""
     from collsim.report.sweep_report import write_report
 
-    paths = write_report(results, output, measured=measured)
+    bar = ProgressBar("section", "report") if show_progress() else None
+    try:
+        paths = write_report(results, output, measured=measured, progress=bar)
+    finally:
+        if bar:
+            bar.close()
     for path in paths:
         click.echo(f"# wrote {path}")

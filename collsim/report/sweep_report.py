@@ -20,7 +20,7 @@ import os
 import re
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -417,9 +417,14 @@ def _html(blocks: list[Block], title: str) -> str:
 
 
 def write_report(
-    results: str | os.PathLike[str], output: str | os.PathLike[str], measured: str | None = None
+    results: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    measured: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[Path]:
-    """Write ``report.md``, ``report.html`` and the PNGs into ``output``; returns the two pages."""
+    """Write ``report.md``, ``report.html`` and the PNGs into ``output``; returns the two pages.
+    ``progress(done, total)`` counts the report's sections (each a set of plots) as they are
+    drawn."""
     import json
 
     from collsim.sweep.runner import read_points
@@ -458,12 +463,20 @@ def write_report(
               f"time; {len(errors)} could not be computed (their 'error' column says why)."),
     ]  # fmt: skip
     measured_rows = read_measured(measured) if measured else None  # a bad file: before any plot
-    blocks += _bandwidth_section(coll_groups, folder)
-    blocks += _crossover_section(coll_groups, folder)
-    blocks += _link_section(coll_groups, folder)
-    blocks += _scaling_section(coll, steps, folder)
+    sections: list[Callable[[], list[Block]]] = [
+        lambda: _bandwidth_section(coll_groups, folder),
+        lambda: _crossover_section(coll_groups, folder),
+        lambda: _link_section(coll_groups, folder),
+        lambda: _scaling_section(coll, steps, folder),
+    ]
     if measured_rows is not None:
-        blocks += _measured_section(coll, measured_rows, folder)
+        sections.append(lambda: _measured_section(coll, measured_rows, folder))
+    for done, section in enumerate(sections):
+        if progress is not None:
+            progress(done, len(sections))
+        blocks += section()
+    if progress is not None:
+        progress(len(sections), len(sections))
     md = atomic_write_text(folder / "report.md", _markdown(blocks))
     page = atomic_write_text(folder / "report.html", _html(blocks, f"Sweep report: {name}"))
     return [md, page]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+import collsim.cli.sweep as sweep_cli
 from collsim.cli import main
 from collsim.sweep import load_spec, read_points, run_sweep
 
 
-def test_report_renders_every_section(spec_file, tmp_path, capsys):
+def test_report_renders_every_section(spec_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sweep_cli, "show_progress", lambda: True)  # as on a terminal
     spec = load_spec(spec_file(engines=["analytic", "des"], sizes=["1K", "64K", "4M"]))
     run_sweep(spec, tmp_path / "res", jobs=1)
     rows = [r for r in read_points(tmp_path / "res") if r["kind"] == "collective"]
@@ -25,6 +27,7 @@ def test_report_renders_every_section(spec_file, tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["report", str(tmp_path / "res"), "-o", str(out), "--measured", str(measured)])
     assert info.value.code == 0
+    assert "report: 100%" in capsys.readouterr().err  # a bar over the five sections
     md = (out / "report.md").read_text()
     page = (out / "report.html").read_text()
     for heading in ("Bus bandwidth vs size", "Algorithm crossovers", "Link utilization",
