@@ -54,6 +54,7 @@ class Facts:
     legacy: bool = False
     json: bool = False
     notes: list[str] = field(default_factory=list)
+    incomplete_rows: list[int] = field(default_factory=list)  # lines of rows left out
 
     @classmethod
     def from_section(cls, s: Section) -> Facts:
@@ -79,6 +80,12 @@ class Facts:
             facts.ranks, facts.ranks_source = s.info_nranks, "NCCL INFO 'nranks'"
         elif s.command_ranks:
             facts.ranks, facts.ranks_source = s.command_ranks, "the command line"
+        for row in s.dropped:  # a run cut short, or a line lost: the complete rows are read
+            facts.incomplete_rows.append(row.line)
+            facts.notes.append(
+                f"result row at line {row.line} left out: {row.why} ({row.text!r}); "
+                f"{len(s.rows)} complete row(s) read"
+            )
         if s.info_inside_row:
             facts.notes.append(f"{s.info_inside_row} row(s) split by NCCL INFO output, rejoined")
         if s.avg_busbw is None:

@@ -6,7 +6,14 @@ import json
 
 import click
 
-from collsim.cli.base import FILE, cli, nccl_env, nccl_env_option, refuse_overwriting_inputs
+from collsim.cli.base import (
+    COLLECTIVE,
+    FILE,
+    cli,
+    nccl_env,
+    nccl_env_option,
+    refuse_overwriting_inputs,
+)
 from collsim.report.tables import plural
 
 
@@ -23,7 +30,9 @@ from collsim.report.tables import plural
     show_default=True,
     help="collsim's analytic model, or NCCL's own tuning model (baseline).",
 )
-@click.option("--collective", default=None, help="Collective, where a log does not name it.")
+@click.option(
+    "--collective", type=COLLECTIVE, default=None, help="Collective, where a log does not name it."
+)
 @click.option(
     "--ranks", type=click.IntRange(min=1), default=None, help="Ranks, where a log does not say."
 )
@@ -93,6 +102,7 @@ def validate(
             notes += [n for n in prof.check_topology(s.topology) if n not in notes]
         params = prof.params()
     result = validate_samples(samples, params, model=model)
+    notes += [f"{s.name}: {n}" for s in samples for n in s.log.incomplete_notes]
     notes += [n for s in samples if (n := gpu_mismatch(s.log, s.topology))]
     notes += [
         f"{s.name}: the log ran on {plural(s.log.nodes, 'node')}; modelled on "
