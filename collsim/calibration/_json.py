@@ -76,6 +76,11 @@ class Facts:
             ordered = [s.devices[r] for r in sorted(s.devices)]
             facts.hosts = list(dict.fromkeys(host for host, _ in ordered))
             facts.gpu = " / ".join(dict.fromkeys(name for _, name in ordered))
+            if max(s.devices) + 1 > len(s.devices):  # an elided list ("Rank 0, ..., Rank 7")
+                missing = max(s.devices) + 1 - len(s.devices)
+                facts.ranks, facts.ranks_source = max(s.devices) + 1, "the highest listed rank"
+                facts.notes.append(f"the device list leaves out {missing} rank(s); nodes "
+                                   f"({len(facts.hosts)}) from the hosts it lists")  # fmt: skip
         elif s.info_nranks:
             facts.ranks, facts.ranks_source = s.info_nranks, "NCCL INFO 'nranks'"
         elif s.command_ranks:

@@ -5,13 +5,13 @@ A spec (``collsim sweep SPEC.yaml``)::
     name: h100-vs-b200            # optional, names the report
     topologies: [dgx-h100, hgx-b200]   # catalog names or files
     nodes: [2, 4, 8]              # optional; default: each topology's own node count
-    collectives: [all_reduce, all_gather]
+    collectives: [all_reduce, all_gather]   # any spelling: allreduce, all_gather_perf, ...
     algorithms: [all]             # all (every algorithm the system can run), auto (the tuner's
                                   # pick per size) or names; a name applies where it exists
     sizes: {min: 8, max: 1G, factor: 2}   # or a list: [1K, 1M, 1G]
     engines: [analytic]           # analytic and/or des
     model: collsim                # collsim or nccl (analytic engine and the auto tuner)
-    dtype: float
+    dtype: float                  # nccl-tests' name or an alias (bf16, fp16, ...)
     protocol: Simple
     channels: 1
     faults:                       # optional: what-if scenarios (docs/faults.md), each a list

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -272,6 +273,20 @@ def test_a_log_cut_mid_row_keeps_the_rows_it_completed(write):
     early = read_log(write(standard_log([ROWS[0], ROWS[1][:70]]), "early.txt"))
     assert [r.size_bytes for r in early.rows] == [1024] and early.avg_busbw == 0.126667
     assert "line 15 left out: its table ends before it does" in early.notes[0]
+
+
+def test_an_elided_device_list_counts_ranks_to_the_highest_listed(write):
+    """A device list shortened by hand ("Rank 0 ... Rank 3") counted only the ranks listed: 2 of
+    4 here, and every busbw became an anomaly. The highest rank listed counts them, and a cut row
+    at the end of such a log is left out as in any other."""
+    lines = [line for line in standard_log().splitlines() if not re.search(r"Rank  [12] ", line)]
+    text = "\n".join(lines).replace("#  Rank  3", "#  ...\n#  Rank  3")
+    log = read_log(write(text))
+    assert (log.ranks, log.nodes, log.anomalies) == (4, 2, ())
+    assert log.notes[:2] == ("the device list leaves out 2 rank(s); nodes (2) from the hosts it "
+                             "lists", "ranks (4) from the highest listed rank")  # fmt: skip
+    cut = read_log(write(text[: text.index(ROWS[2]) + 30], "cut.txt"))
+    assert (cut.ranks, len(cut.rows), cut.anomalies, cut.incomplete_rows) == (4, 2, (), (15,))
 
 
 def test_a_cut_row_before_the_next_table_does_not_swallow_its_header(write):

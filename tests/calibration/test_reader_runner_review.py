@@ -244,6 +244,9 @@ def _run(bins: Path, out: Path, *more: str):
         (f"awk '/^ *[0-9]+ +[0-9]+ /{{n++}} {{print}} n==10{{exit}}' {SAMPLE}\n",
          "its rows stop at 4096 B of the 8589934592 B asked for and it has no 'Avg bus"),
         (f"grep -v 'Avg bus bandwidth' {SAMPLE}\n", "it has no 'Avg bus bandwidth' line"),
+        # a row lost in mid-table: the reader leaves it out (issue 26), the run lacks it
+        (f"awk '/^ *[0-9]+ +[0-9]+ /{{n++}} n==10&&!d{{print substr($0,1,40);d=1;next}} "
+         f"{{print}}' {SAMPLE}\n", "its result row(s) at line(s) "),
     ],
 )  # fmt: skip
 def test_a_table_cut_short_is_not_recorded_as_done(tmp_path, body, why):
