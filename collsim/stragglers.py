@@ -322,9 +322,10 @@ def run_stragglers(
     spreads samples over processes; results do not depend on it. ``progress(n)`` is called as
     ``n`` more samples finish.
     """
+    from collsim.dtypes import dtype_bytes
     from collsim.engine import simulate
     from collsim.protocols import get_protocol
-    from collsim.whatif import WhatIf, dtype_bytes
+    from collsim.whatif import WhatIf
 
     skew_d = skew if isinstance(skew, Distribution) else parse_spec("skew", skew)
     slow_d = slowdown if isinstance(slowdown, Distribution) else parse_spec("slowdown", slowdown)

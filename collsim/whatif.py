@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from collsim.analysis.metrics import algbw_gbps, busbw_gbps
+from collsim.analysis.metrics import algbw_gbps, busbw_gbps, canonical_collective
 from collsim.collectives.layout import RankLayout
 from collsim.collectives.registry import (
     MAX_CHANNELS,
@@ -21,6 +21,7 @@ from collsim.collectives.registry import (
     runs_protocol,
 )
 from collsim.collectives.schedule import Schedule
+from collsim.dtypes import DTYPE_BYTES, canonical_dtype
 from collsim.engine import SimResult, simulate
 from collsim.errors import ScheduleError
 from collsim.model.analytic import AnalyticModel
@@ -34,23 +35,6 @@ from collsim.topology.graph import Network
 from collsim.topology.rings import mesh_rings
 from collsim.topology.spec import Topology
 
-DTYPES: dict[str, int] = {
-    "int8": 1,
-    "uint8": 1,
-    "int32": 4,
-    "uint32": 4,
-    "int64": 8,
-    "uint64": 8,
-    "half": 2,
-    "float": 4,
-    "double": 8,
-    "bfloat16": 2,
-}
-"""nccl-tests' ``-d`` types and their sizes in bytes."""
-
-_ALIASES = {"fp16": "half", "float16": "half", "fp32": "float", "float32": "float",
-            "fp64": "double", "float64": "double", "bf16": "bfloat16"}  # fmt: skip
-
 DIRECT_MAX_RANKS = 64
 """Largest rank count for which ``auto`` considers one-shot ``direct`` reductions/gathers."""
 
@@ -62,16 +46,6 @@ ENGINES = ("des", "analytic")
 MODELS = ("collsim", "nccl")
 """Cost models for ``--engine analytic`` and the ``auto`` tuner: collsim's analytic model or
 NCCL's own tuning model (the baseline)."""
-
-
-def dtype_bytes(dtype: str) -> int:
-    """Bytes per element of an nccl-tests type name (``float``, ``half``, ``bfloat16``, ...)."""
-    name = _ALIASES.get(dtype, dtype)
-    if name not in DTYPES:
-        raise ScheduleError(
-            f"unknown data type (choose from {', '.join(DTYPES)})", field="dtype", value=dtype
-        )
-    return DTYPES[name]
 
 
 def element_count(collective: str, size_bytes: int, elem_bytes: int, nranks: int) -> int:
@@ -294,7 +268,9 @@ class WhatIf:
         ``engine``: ``des`` times it on the discrete-event engine, ``analytic`` with ``model``.
         ``progress(done, total)`` is called as each size is timed.
         """
-        elem = dtype_bytes(dtype)
+        collective = canonical_collective(collective)
+        dtype = canonical_dtype(dtype)  # rows print nccl-tests' name whatever the caller wrote
+        elem = DTYPE_BYTES[dtype]
         proto = get_protocol(protocol).name
         if not 1 <= channels <= MAX_CHANNELS:
             raise ScheduleError(f"must be from 1 to {MAX_CHANNELS} (NCCL's MAXCHANNELS)",

@@ -8,8 +8,9 @@ from click.testing import CliRunner
 
 from collsim.cli import cli
 from collsim.collectives.registry import COLLECTIVES, algorithms_for, needs_in_network
+from collsim.dtypes import dtype_bytes
 from collsim.topology.loader import catalog_names, load_topology
-from collsim.whatif import WhatIf, dtype_bytes, element_count
+from collsim.whatif import WhatIf, element_count
 
 runner = CliRunner()
 
@@ -181,7 +182,7 @@ def test_simulate_cli_table_json_and_trace(tmp_path):
         (["simulate", "all_reduce", "-t", "dgx-a100", "-a", "in_network"], ["in_network"]),
         (["simulate", "all_reduce", "-t", "dgx-h100", "-b", "1G", "-e", "8"], ["larger than"]),
         (["simulate", "all_reduce", "-t", "dgx-h100", "-b", "8X"], ["-b", "8X"]),
-        (["simulate", "all_reduce", "-t", "dgx-h100", "-d", "float7"], ["dtype", "float7"]),
+        (["simulate", "all_reduce", "-t", "dgx-h100", "-d", "float7"], ["--datatype", "float7"]),
         (["simulate", "all_reduce", "-t", "dgx-h100", "--channels", "0"], ["channels", "0"]),
         (
             ["simulate", "all_reduce", "-t", "dgx-h100", "--tuned", "-a", "ring"],

@@ -8,9 +8,15 @@ nccl-tests (``src/*.cu``, ``GetBw`` functions; see its ``doc/PERFORMANCE.md``) r
 * ``busbw = algbw * factor``, the factor making busbw comparable to link bandwidth:
   ``2(n-1)/n`` for all_reduce; ``(n-1)/n`` for all_gather, reduce_scatter and alltoall;
   ``1`` for broadcast, reduce and sendrecv.
+
+The collectives' names live here too (:data:`COLLECTIVES`, :func:`canonical_collective`), on the
+bottom floor, so every layer above reads a user's name for one the same way.
 """
 
 from __future__ import annotations
+
+import difflib
+import re
 
 from collsim.errors import ScheduleError
 from collsim.units import BYTES_PER_GB
@@ -19,26 +25,45 @@ COLLECTIVES = (
     "all_reduce",
     "all_gather",
     "reduce_scatter",
-    "alltoall",
     "broadcast",
     "reduce",
+    "alltoall",
     "sendrecv",
 )
+"""The collectives collsim models, by their canonical (nccl-tests) names: the one list the
+algorithm registry, the cost models, the CLI and the readers of logs and specs all use."""
 
-_ALIASES = {name.replace("_", ""): name for name in COLLECTIVES}
+_ALIASES = {name.replace("_", ""): name for name in COLLECTIVES} | {
+    "bcast": "broadcast",
+    "a2a": "alltoall",
+}
+NOT_MODELLED = ("gather", "scatter", "hypercube", "alltoallv")
+"""Collectives nccl-tests measures (``gather_perf``, ...) that collsim does not model."""
+_PERF = re.compile(r"perf(mpi)?$")
 
 
-def canonical_collective(collective: str) -> str:
-    """The collective's canonical name: ``AllReduce``, ``allreduce``, ``all-reduce`` ->
-    ``all_reduce``. Raises ``ScheduleError`` for unknown names."""
-    key = str(collective).lower().replace("_", "").replace("-", "").replace(" ", "")
-    if key not in _ALIASES:
-        raise ScheduleError(
-            f"unknown collective (choose from {', '.join(COLLECTIVES)})",
-            field="collective",
-            value=collective,
-        )
-    return _ALIASES[key]
+def canonical_collective(collective: object) -> str:
+    """The canonical name of the collective ``collective`` calls: the one normaliser every entry
+    point uses. Case, ``_``, ``-`` and spaces do not matter (``AllReduce``, ``allreduce``,
+    ``all-reduce`` -> ``all_reduce``; ``all_to_all``, ``AllToAll`` -> ``alltoall``), nor does
+    nccl-tests' binary suffix (``all_reduce_perf``, ``sendrecv_perf_mpi`` -> ``sendrecv``).
+
+    Raises ``ScheduleError`` naming the value: for a collective nccl-tests has that collsim does
+    not model (``gather_perf``), saying so; otherwise with a "did you mean" where a name is
+    close. Both list the collectives collsim models.
+    """
+    key = re.sub(r"[\s_-]+", "", str(collective).lower())
+    key = _PERF.sub("", key) or key
+    if key in _ALIASES:
+        return _ALIASES[key]
+    supported = f"supported: {', '.join(COLLECTIVES)}"
+    if key in NOT_MODELLED:
+        message = f"{key} (nccl-tests' {key}_perf) is not supported by collsim ({supported})"
+    else:
+        close = difflib.get_close_matches(key, list(_ALIASES), n=1, cutoff=0.7)
+        hint = f"; did you mean {_ALIASES[close[0]]!r}?" if close else ""
+        message = f"unknown collective{hint} ({supported})"
+    raise ScheduleError(message, field="collective", value=collective)
 
 
 def bus_factor(collective: str, nranks: int) -> float:

@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from collsim import units
+from collsim.dtypes import canonical_dtype
 from collsim.errors import CollsimError, UnitError
 from collsim.topology import loader as _topo_loader
 from collsim.topology.schema import Strict
@@ -39,6 +40,29 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "tf32": 4}
 """Bytes per element of the training data types."""
 PEAK_KEY = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "fp8": "fp8", "tf32": "tf32"}
 """Which ``peak_tflops`` entry of the GPU a data type runs at."""
+_TRAINING_NAME = {"bfloat16": "bf16", "half": "fp16", "float": "fp32", "f8e4m3": "fp8",
+                  "f8e5m2": "fp8", "tf32": "tf32"}  # fmt: skip
+"""The canonical type (:mod:`collsim.dtypes`) -> the training data type's name."""
+
+
+def _training_dtype(allowed: tuple[str, ...]) -> Any:
+    """A validator that takes any name :func:`canonical_dtype` knows for one of the training types
+    ``allowed`` (``bfloat16``, ``BF16``, ``float16``, ``float32``, ``e4m3``, ...) and keeps the
+    training name (``bf16``, ``fp16``, ``fp32``, ``fp8``, ``tf32``), as the rest of the file."""
+    types = tuple(t for t, name in _TRAINING_NAME.items() if name in allowed)
+
+    def check(value: object) -> object:
+        if not isinstance(value, str):
+            return value  # the type check says what it is
+        try:
+            return _TRAINING_NAME[canonical_dtype(value, types)]
+        except CollsimError:
+            raise ValueError(
+                f"not a training data type (choose from {', '.join(allowed)}, or another name "
+                "of one: bfloat16, float16, float32, e4m3, ...)"
+            ) from None
+
+    return BeforeValidator(check)
 
 
 class WorkloadError(CollsimError):
@@ -268,7 +292,9 @@ class CompressionIn(Strict):
 
 class TrainingIn(Strict):
     optimizer: Literal["adam", "sgd", "none"] = "adam"
-    grad_reduce_dtype: Literal["bf16", "fp16", "fp32"] | None = None
+    grad_reduce_dtype: (
+        Annotated[Literal["bf16", "fp16", "fp32"], _training_dtype(("bf16", "fp16", "fp32"))] | None
+    ) = None
     dp_overlap: bool = True
     bucket: Annotated[Size, Field(ge=4096)] | None = None
     """Gradient bucket bytes, at least 4 KiB; unset: the framework's default for the layout
@@ -376,7 +402,9 @@ class WorkloadIn(Strict):
     model: TransformerIn | GenericIn
     global_batch: Annotated[int, Field(ge=1, le=1 << 40)]
     micro_batch: Pos = 1
-    dtype: Literal["bf16", "fp16", "fp32", "fp8", "tf32"] = "bf16"
+    dtype: Annotated[
+        Literal["bf16", "fp16", "fp32", "fp8", "tf32"], _training_dtype(tuple(DTYPE_BYTES))
+    ] = "bf16"
     parallel: ParallelIn = ParallelIn()
     recompute: Literal["none", "selective", "full"] = "none"
     training: TrainingIn = TrainingIn()

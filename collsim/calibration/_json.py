@@ -54,6 +54,7 @@ class Facts:
     legacy: bool = False
     json: bool = False
     notes: list[str] = field(default_factory=list)
+    incomplete_rows: list[int] = field(default_factory=list)  # lines of rows left out
 
     @classmethod
     def from_section(cls, s: Section) -> Facts:
@@ -75,10 +76,21 @@ class Facts:
             ordered = [s.devices[r] for r in sorted(s.devices)]
             facts.hosts = list(dict.fromkeys(host for host, _ in ordered))
             facts.gpu = " / ".join(dict.fromkeys(name for _, name in ordered))
+            if max(s.devices) + 1 > len(s.devices):  # an elided list ("Rank 0, ..., Rank 7")
+                missing = max(s.devices) + 1 - len(s.devices)
+                facts.ranks, facts.ranks_source = max(s.devices) + 1, "the highest listed rank"
+                facts.notes.append(f"the device list leaves out {missing} rank(s); nodes "
+                                   f"({len(facts.hosts)}) from the hosts it lists")  # fmt: skip
         elif s.info_nranks:
             facts.ranks, facts.ranks_source = s.info_nranks, "NCCL INFO 'nranks'"
         elif s.command_ranks:
             facts.ranks, facts.ranks_source = s.command_ranks, "the command line"
+        for row in s.dropped:  # a run cut short, or a line lost: the complete rows are read
+            facts.incomplete_rows.append(row.line)
+            facts.notes.append(
+                f"result row at line {row.line} left out: {row.why} ({row.text!r}); "
+                f"{len(s.rows)} complete row(s) read"
+            )
         if s.info_inside_row:
             facts.notes.append(f"{s.info_inside_row} row(s) split by NCCL INFO output, rejoined")
         if s.avg_busbw is None:

@@ -13,7 +13,10 @@ a summary, but real logs wrap that in much else. This module copes with, in orde
 * both table layouts: current (``redop root ... #wrong``) and legacy (no ``root`` column for most
   collectives, an ``error`` column holding the maximum deviation instead of a count), with an
   optional per-iteration block and a timestamp column;
-* anything else (shell echo, MPI warnings, job banners) is ignored.
+* anything else (shell echo, MPI warnings, job banners) is ignored;
+* a row that never completes (a run killed mid-row, a line lost from the middle of a table) is
+  left out and recorded in its table's ``dropped`` (line, text, why), which the reader turns into
+  a note: the rows that did complete are read. Only a log with no complete row at all is an error.
 
 The scanner returns raw sections (one per result table); :mod:`collsim.calibration.nccltests`
 turns them into :class:`~collsim.calibration.nccltests.NcclTestsLog`.
@@ -69,6 +72,14 @@ _GROUP_KEYS = {
 }
 
 
+def ends_table(body: str) -> bool:
+    """Whether a line ends the open table: its summary, or the next test's start, parameters,
+    devices or header (a row cut before one of these never completes)."""
+    if body.startswith("Using devices") or parse_header(body) is not None:
+        return True
+    return any(p.search(body) for p in (_AVG, _OOB, _TEST_START, _BINARY, _PARAMS))
+
+
 def is_number(token: str) -> bool:
     """True for tokens nccl-tests prints as numbers (``12``, ``-1``, ``1e-07``, ``0.00``)."""
     return bool(_NUMBER.match(token))
@@ -120,6 +131,18 @@ class Section:
     avg_busbw: float | None = None
     oob: tuple[int, str] | None = None
     info_inside_row: int = 0
+    dropped: list[Dropped] = field(default_factory=list)  # rows that never completed
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A result row left out because it never completed: where it starts, what of it was
+    there, why it cannot be completed, and the error it is when a log has no complete row."""
+
+    line: int
+    text: str
+    why: str
+    error: str
 
 
 def parse_header(body: str) -> Columns | None:
@@ -233,6 +256,7 @@ class Scanner:
         self.pending: list[str] = []
         self.pending_line = 0
         self.pending_last = 0  # the last line that added to the pending row
+        self.lost: list[Dropped] = []  # rows left out of tables that have no complete row
         # facts seen outside any table, handed to the next section
         self.ctx = Section(columns=Columns(False, False, [], 0, False), header_line=0)
 
@@ -260,15 +284,26 @@ class Scanner:
                 for line in lines[self.pending_last :]
                 for seg in clean_segments(line)
             )
-            raise self.error(
-                self.pending_line,
-                "result row is cut short (file ends inside it)"
-                if at_end
-                else "result row incomplete: no numbers after it complete it",
-                " ".join(self.pending),
-            )
+            if at_end:
+                self.drop(
+                    "the file ends inside it", "result row is cut short (file ends inside it)"
+                )
+            else:
+                self.drop("nothing after it completes it",
+                          "result row incomplete: no numbers after it complete it")  # fmt: skip
         self.close()
+        if not self.sections and self.lost:  # not one complete row: that row is the error
+            first = self.lost[0]
+            raise self.error(first.line, first.error, first.text)
         return self.sections
+
+    def drop(self, why: str, error: str | None = None) -> None:
+        """Leave the pending row out, recording where it was, what of it, and why."""
+        assert self.current is not None
+        error = error or f"result row is cut short ({why})"
+        row = Dropped(self.pending_line, " ".join(self.pending), why, error)
+        self.current.dropped.append(row)
+        self.pending = []
 
     def unglue(self, segment: str, marker: re.Match[str]) -> tuple[int, str]:
         """(where the row fragment before an INFO marker ends, the host). NCCL can print its
@@ -289,13 +324,17 @@ class Scanner:
         return start + number.end(), host[number.end() :]
 
     def close(self) -> None:
+        """End the open table: kept if it has a complete row. The rows a table without one left
+        out go to the table before it, or, with none, make the log an error (:meth:`scan`)."""
         if self.current is not None:
             if self.pending:
-                raise self.error(
-                    self.pending_line, "result row is cut short", " ".join(self.pending)
-                )
+                self.drop("its table ends inside it")
             if self.current.rows:
                 self.sections.append(self.current)
+            elif self.sections:
+                self.sections[-1].dropped += self.current.dropped
+            else:
+                self.lost += self.current.dropped
             self.current = None
 
     def info(self, message: str, who: tuple[str, str, str]) -> None:
@@ -312,6 +351,8 @@ class Scanner:
     def text(self, segment: str, lineno: int) -> None:
         stripped = segment.strip()
         body = stripped.lstrip("#").strip()
+        if self.pending and ends_table(body):
+            self.drop("its table ends before it does")  # the run went on: a row was lost
         if self.pending:
             self.continue_row(body.split(), lineno)
             return
@@ -371,7 +412,9 @@ class Scanner:
         # which once took such a row, words and all, for noise and dropped it)
         own = split_row(tokens, cols) if tokens else None
         if own is not None and tokens[0].isdecimal() and len(tokens) == own[1] and cols.tail:
-            raise self.error(self.pending_line, "result row is cut short", " ".join(self.pending))
+            self.drop(f"line {lineno} is a whole row of its own")
+            self.start_row(tokens, lineno)
+            return
         words_allowed = len(self.pending) < 5  # the text columns may still be missing
         if not tokens or not all(
             is_number(t) or t == "N/A" or (words_allowed and t.isalpha()) for t in tokens
@@ -383,12 +426,18 @@ class Scanner:
             self.pending, self.pending_last = joined, lineno
             return
         if len(joined) > shape[1]:
-            raise self.error(self.pending_line, "result row is cut short", " ".join(self.pending))
+            self.drop(f"line {lineno} holds more values than it lacks")
+            if tokens[0].isdecimal():  # perhaps the next row, itself cut: try it as one
+                self.start_row(tokens, lineno)
+            return
         self.current.rows.append(make_row(joined, cols, self.pending_line))
         self.pending = []
 
     def fact(self, body: str, lineno: int) -> None:
         """Anything that is not a row: preamble, summary, command lines."""
+        summary = _AVG.search(body) or _OOB.search(body)
+        if ends_table(body) and not summary:  # the next test: a table without a summary ends
+            self.close()
         target = self.current or self.ctx
         if body.startswith("Using devices"):
             self.close()

@@ -19,7 +19,9 @@ Every row is checked: ``#wrong > 0`` (or, in the legacy layout, a maximum error 
 own tolerance for the type), algbw that does not match size/time, busbw that is not algbw times
 nccl-tests' factor for the rank count, and element counts that do not match size, type and ranks.
 Problems become ``anomalies`` (``strict=True`` raises on the first); format observations become
-``notes``. Structural problems (empty file, no table, a cut-off row) raise
+``notes``. A row that never completed (a run killed mid-row, a line lost) is left out and noted,
+with its line and text (``incomplete_rows``); the rows that did complete are read. Structural
+problems (empty file, no table, not one complete row) raise
 :class:`~collsim.errors.CalibrationError` naming the file and the line.
 """
 
@@ -59,10 +61,20 @@ class NcclTestsLog:
     nccl_tests_version: str | None = None
     ranks_source: str = ""
     nodes_source: str = ""
+    incomplete_rows: tuple[int, ...] = ()
+    """Lines of result rows left out because they never completed (a run cut short mid-row,
+    a line lost); each is also a note."""
     gpus_per_thread: int = 1
     """GPUs one host thread drives (nccl-tests ``-g``; 1 where the log does not say): the
     thread issues each call to all of them in turn, so calls follow each other no faster than
     that many launches (:attr:`collsim.model.params.ModelParams.launch_floor_s`)."""
+
+    @property
+    def incomplete_notes(self) -> tuple[str, ...]:
+        """The notes on rows left out (``incomplete_rows``): what ``validate`` and
+        ``calibrate fit`` print besides their results, as the rows they use are fewer."""
+        marks = tuple(f"result row at line {line} " for line in self.incomplete_rows)
+        return tuple(n for n in self.notes if marks and n.startswith(marks))
 
     @property
     def gpus_per_node(self) -> int | None:
@@ -237,6 +249,7 @@ def _build(
         ranks_source=ranks_source,
         nodes_source=nodes_source,
         gpus_per_thread=sec.gpus_per_thread or hints.gpus_per_thread or 1,
+        incomplete_rows=tuple(sec.incomplete_rows),
     )
 
 

@@ -295,7 +295,7 @@ def measured_points(log: NcclTestsLog) -> tuple[np.ndarray, np.ndarray]:
 
 
 def elem_bytes(log: NcclTestsLog) -> int:
-    from collsim.whatif import dtype_bytes
+    from collsim.dtypes import dtype_bytes
 
     try:
         return dtype_bytes(log.dtype)

@@ -15,10 +15,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from collsim.analysis.metrics import bus_factor
-from collsim.whatif import DTYPES, ROUNDED_TO_RANKS
+from collsim.dtypes import DTYPE_BYTES, canonical_dtype
+from collsim.errors import CollsimError
+from collsim.whatif import ROUNDED_TO_RANKS
 
 LEGACY_ERROR_LIMIT = {"half": 1e-2, "bfloat16": 1e-2, "float": 1e-5, "double": 1e-12}
 """nccl-tests' ``DeltaMaxValue``: the largest ``error`` the legacy layout accepts (integers: 0)."""
+
+
+def _type(printed: str) -> str | None:
+    """The canonical name of a type a table prints (nccl-tests for NCCL 1 printed ``char`` and
+    ``int``), or None for one collsim does not know (its rows' counts are then not checked)."""
+    try:
+        return canonical_dtype(printed)
+    except CollsimError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -132,7 +143,7 @@ def infer_ranks(collective: str, drafts: list[Draft]) -> tuple[int | None, str]:
     """Ranks from the printed numbers: counts (rounded collectives) or busbw/algbw."""
     if collective in ROUNDED_TO_RANKS:
         for d in drafts:
-            elem = DTYPES.get(d.dtype)
+            elem = DTYPE_BYTES.get(_type(d.dtype) or "")
             if elem and d.count > 0 and d.size % (d.count * elem) == 0:
                 return d.size // (d.count * elem), "element counts"
     if collective in ("broadcast", "reduce", "sendrecv"):
@@ -158,7 +169,7 @@ def check_rows(collective: str, ranks: int, drafts: Iterable[Draft], legacy: boo
     out: list[str] = []
     for d in drafts:
         where = f"line {d.line}, size {d.size}" if d.line else f"size {d.size}"
-        elem = DTYPES.get(d.dtype)
+        elem = DTYPE_BYTES.get(_type(d.dtype) or "")
         if elem:
             expect = d.size // elem // (ranks if collective in ROUNDED_TO_RANKS else 1)
             if d.count != expect:
@@ -171,7 +182,7 @@ def check_rows(collective: str, ranks: int, drafts: Iterable[Draft], legacy: boo
                 continue
             t, a, b, w = g.time, g.algbw, g.busbw, g.wrong
             if w.value is not None:
-                limit = LEGACY_ERROR_LIMIT.get(d.dtype, 0.0) if legacy else 0.0
+                limit = LEGACY_ERROR_LIMIT.get(_type(d.dtype) or "", 0.0) if legacy else 0.0
                 if w.value > limit:
                     what = "max error" if legacy else "#wrong"
                     out.append(f"{where} {label}: {what} = {w.value:g} (results are wrong)")

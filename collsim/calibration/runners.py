@@ -37,6 +37,7 @@ from collsim.calibration._process import (
 )
 from collsim.calibration.nccltests import NcclTestsLog, read_log
 from collsim.calibration.store import MANIFEST, ResultStore
+from collsim.dtypes import NCCL_TYPES, canonical_dtype
 from collsim.errors import CalibrationError, CollsimError
 from collsim.io import atomic_write_text, directory_lock
 from collsim.report.tables import plural
@@ -44,11 +45,6 @@ from collsim.report.tables import plural
 RUNNERS = ("nccl-tests", "torch")
 LAUNCHERS = ("local", "torchrun", "mpirun", "srun")
 _ENV_PREFIXES = ("NCCL_", "CUDA_", "UCX_", "FI_", "TORCH_NCCL_", "SLURM_JOB", "OMPI_MCA_")
-
-
-NCCL_TESTS_DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float",
-                     "double", "bfloat16", "f8e4m3", "f8e5m2")  # fmt: skip
-"""nccl-tests' ``-d`` types (``src/common.cu``)."""
 
 
 LOCAL = ("local", "torchrun")
@@ -132,13 +128,15 @@ class RunConfig:
             )
         from collsim.calibration.torchbench import TORCH_DTYPES
 
-        types = tuple(TORCH_DTYPES) if self.runner == "torch" else NCCL_TESTS_DTYPES
-        if self.dtype not in types:
+        # any alias (bf16, fp16, float32, ...) becomes the name nccl-tests' -d takes: nccl-tests
+        # runs float, saying so only in its output, for a name it does not know
+        types = tuple(TORCH_DTYPES) if self.runner == "torch" else NCCL_TYPES
+        try:
+            self.dtype = canonical_dtype(self.dtype, types, field="--datatype")
+        except CollsimError as exc:
             raise CalibrationError(
-                f"the {self.runner} runner has no such type (choose from {', '.join(types)})",
-                field="--datatype",
-                value=self.dtype,
-            )
+                f"the {self.runner} runner: {exc.message}", field="--datatype", value=self.dtype
+            ) from None
         for flag, value, least in (("--iters", self.iters, 1), ("--warmup", self.warmup, 0)):
             if value < least:
                 raise CalibrationError(f"must be >= {least}", field=flag, value=value)
@@ -487,7 +485,7 @@ def _cut_short(cfg: RunConfig, log: NcclTestsLog, text: str) -> str | None:
     rows stop short of the largest size asked for (more than nccl-tests' rounding of a size down
     to whole elements of every rank; nccl-tests' own ``Reducing maxBytes to N due to memory
     limitation`` lowers that to the last size up to ``N``), or it lacks the ``Avg bus
-    bandwidth`` line nccl-tests prints after the last size."""
+    bandwidth`` line nccl-tests prints after the last size, or a row of it never completed."""
     sizes = cfg.sizes()
     asked = sizes[-1]
     if reduced := _REDUCED.search(text):
@@ -498,6 +496,9 @@ def _cut_short(cfg: RunConfig, log: NcclTestsLog, text: str) -> str | None:
         why.append(f"its rows stop at {last} B of the {asked} B asked for")
     if log.avg_busbw is None:
         why.append("it has no 'Avg bus bandwidth' line")
+    if log.incomplete_rows:  # the reader leaves such rows out: a measurement would lack them
+        lines = ", ".join(map(str, log.incomplete_rows))
+        why.append(f"its result row(s) at line(s) {lines} never completed")
     return " and ".join(why) or None
 
 

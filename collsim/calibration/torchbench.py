@@ -46,6 +46,8 @@ from collsim import units
 from collsim.analysis.metrics import canonical_collective
 from collsim.calibration.store import ResultStore, point_key
 from collsim.calibration.writer import format_row, header_lines, nccl_tests_count, row_from_times
+from collsim.dtypes import canonical_dtype
+from collsim.errors import CollsimError
 
 HUNG_EXIT = 3
 TORCH_DTYPES = {
@@ -58,7 +60,17 @@ TORCH_DTYPES = {
     "int8": "int8",
     "uint8": "uint8",
 }
+"""nccl-tests' names (:mod:`collsim.dtypes`) of the types the benchmark runs -> torch's."""
 _AVERAGE = {"0": "rank0", "1": "avg", "2": "min", "3": "max"}
+
+
+def _torch_dtype(text: str) -> str:
+    """``-d``: any name :func:`canonical_dtype` takes for a type torch runs here -> its
+    nccl-tests name (what the table prints)."""
+    try:
+        return canonical_dtype(text, tuple(TORCH_DTYPES))
+    except CollsimError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -69,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("-b", "--minbytes", default="8")
     p.add_argument("-e", "--maxbytes", default="1M")
     p.add_argument("-f", "--stepfactor", type=float, default=2.0)
-    p.add_argument("-d", "--datatype", default="float", choices=sorted(TORCH_DTYPES))
+    p.add_argument("-d", "--datatype", default="float", type=_torch_dtype)
     p.add_argument("-w", "--warmup", type=int, default=5)
     p.add_argument("-n", "--iters", type=int, default=20)
     p.add_argument(

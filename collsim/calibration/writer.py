@@ -13,7 +13,8 @@ from collections.abc import Iterable, Sequence
 
 from collsim.analysis.metrics import algbw_gbps, busbw_gbps, canonical_collective
 from collsim.calibration.nccltests import Row
-from collsim.whatif import dtype_bytes, element_count, printed_count
+from collsim.dtypes import dtype_bytes
+from collsim.whatif import element_count, printed_count
 
 REDUCING = frozenset({"all_reduce", "reduce_scatter", "reduce"})
 ROOTED = frozenset({"broadcast", "reduce"})

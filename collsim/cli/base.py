@@ -12,7 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 import click
+from click.shell_completion import CompletionItem
 
+from collsim.analysis.metrics import COLLECTIVES, canonical_collective
+from collsim.dtypes import NCCL_TYPES, canonical_dtype
 from collsim.errors import CollsimError
 from collsim.io import folder_problem
 
@@ -76,6 +79,50 @@ OUT_FOLDER = _OutputPath(file_okay=False)
 exist or lie inside the working directory."""
 
 
+class NameType(click.ParamType):
+    """A name read through one of collsim's normalisers (:func:`canonical_collective`,
+    :func:`canonical_dtype`): any alias is taken and the command gets the canonical name; help
+    and shell completion list the canonical names. A name that is none is a
+    :class:`CollsimError` (one line, as every bad input) naming the option or argument, the
+    value and what is supported, with a "did you mean" where a name is close."""
+
+    def __init__(self, name: str, normalise: Callable[[str], str], canonical: tuple[str, ...],
+                 metavar: str | None = None) -> None:  # fmt: skip
+        self.name = name
+        self.normalise = normalise
+        self.canonical = canonical
+        self.metavar = metavar
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str | None:
+        if self.metavar:
+            return self.metavar
+        names = "|".join(self.canonical)
+        required = param.required and param.param_type_name == "argument"
+        return f"{{{names}}}" if required else f"[{names}]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return self.normalise(value)
+        except CollsimError as exc:
+            if param is not None:
+                exc.field = param.opts[-1] if param.param_type_name == "option" else param.name
+            raise
+
+    def shell_complete(
+        self, ctx: click.Context, param: click.Parameter, incomplete: str
+    ) -> list[CompletionItem]:
+        return [CompletionItem(n) for n in self.canonical if n.startswith(incomplete)]
+
+
+COLLECTIVE = NameType("collective", canonical_collective, COLLECTIVES)
+"""A collective argument: ``all_reduce``, ``allreduce``, ``AllReduce``, ``all_reduce_perf``, ..."""
+DTYPE = NameType("datatype", canonical_dtype, NCCL_TYPES, metavar="TYPE")
+"""A ``-d`` data type: nccl-tests' names or any alias (``bf16``, ``fp16``, ``float32``, ...)."""
+DTYPE_HELP = (
+    f"nccl-tests type: {', '.join(NCCL_TYPES)}; or an alias (bf16, fp16, fp32, float32, ...)."
+)
+
+
 def refuse_overwriting_inputs(inputs: Any, **outputs: str | None) -> None:
     """An output path (``--json``, ``-o``, ...) that names one of the input files would destroy
     a measurement, and two outputs on one path would lose one: refuse them, naming the option."""
@@ -115,7 +162,7 @@ def run_options(func: Callable[..., Any]) -> Callable[..., Any]:
             "-f", "--stepfactor", type=float, default=2.0, show_default=True, help="Size step."
         ),
         click.option(
-            "-d", "--datatype", default="float", show_default=True, help="nccl-tests type."
+            "-d", "--datatype", type=DTYPE, default="float", show_default=True, help=DTYPE_HELP
         ),
         click.option(
             "--channels", type=int, default=1, show_default=True, help="Parallel channels (1-64)."

@@ -10,6 +10,9 @@ from pathlib import Path
 import click
 
 from collsim.cli.base import (
+    COLLECTIVE,
+    DTYPE,
+    DTYPE_HELP,
     FILE,
     FOLDER,
     OUT_FILE,
@@ -83,7 +86,7 @@ def _collectives(text: str) -> list[str]:
 @click.option("-b", "--minbytes", default="8", show_default=True, help="Smallest size.")
 @click.option("-e", "--maxbytes", default="128M", show_default=True, help="Largest size.")
 @click.option("-f", "--stepfactor", type=float, default=2.0, show_default=True, help="Size step.")
-@click.option("-d", "--datatype", default="float", show_default=True, help="nccl-tests type.")
+@click.option("-d", "--datatype", type=DTYPE, default="float", show_default=True, help=DTYPE_HELP)
 @click.option("-w", "--warmup", type=int, default=5, show_default=True, help="Warm-up calls.")
 @click.option("-n", "--iters", type=int, default=20, show_default=True, help="Timed calls.")
 @click.option("--out", type=OUT_FOLDER, required=True, help="Results directory.")
@@ -183,7 +186,12 @@ def run_cmd(
 
 @calibrate.command("read")
 @click.argument("logs", nargs=-1, required=True, type=FILE)
-@click.option("--collective", default=None, help="Collective, where the log does not name it.")
+@click.option(
+    "--collective",
+    type=COLLECTIVE,
+    default=None,
+    help="Collective, where the log does not name it.",
+)
 @click.option(
     "--ranks", type=click.IntRange(min=1), default=None, help="Ranks, where the log does not say."
 )
@@ -247,7 +255,9 @@ def read_cmd(
 @click.option("--topology", "-t", required=True, metavar="NAME|PATH", help="Catalog name or file.")
 @click.option("--nodes", type=int, default=None, help="Override the nodes the logs report.")
 @click.option("--gpus-per-node", type=int, default=None, help="Override the GPUs per node.")
-@click.option("--collective", default=None, help="Collective, where a log does not name it.")
+@click.option(
+    "--collective", type=COLLECTIVE, default=None, help="Collective, where a log does not name it."
+)
 @click.option(
     "--ranks", type=click.IntRange(min=1), default=None, help="Ranks, where a log does not say."
 )
@@ -299,6 +309,8 @@ def fit_cmd(
     from collsim.calibration.predict import gpu_mismatch
 
     for s in samples:
+        for note in s.log.incomplete_notes:  # the fit uses the rows that completed
+            click.echo(f"# note: {s.name}: {note}")
         if note := gpu_mismatch(s.log, s.topology):
             click.echo(f"# note: {note}")
     profile = fit_samples(samples)

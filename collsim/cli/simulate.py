@@ -9,6 +9,7 @@ import time
 import click
 
 from collsim.cli.base import (
+    COLLECTIVE,
     FILE,
     OUT_FILE,
     ProgressBar,
@@ -22,7 +23,6 @@ from collsim.cli.base import (
     whatif_for,
 )
 from collsim.collectives.common import MAX_CHUNKS, PIPELINE_FILL
-from collsim.collectives.registry import COLLECTIVES
 from collsim.errors import CollsimError
 
 SLOW_RUN_S = 30.0
@@ -30,7 +30,7 @@ SLOW_RUN_S = 30.0
 
 
 @cli.command()
-@click.argument("collective", type=click.Choice(COLLECTIVES))
+@click.argument("collective", type=COLLECTIVE)
 @click.option("--topology", "-t", required=True, metavar="NAME|PATH", help="Catalog name or file.")
 @click.option("--nodes", type=int, default=None, help="Override the number of nodes.")
 @click.option("--gpus-per-node", type=int, default=None, help="Override the GPUs in each node.")

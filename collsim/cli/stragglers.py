@@ -8,8 +8,8 @@ import sys
 
 import click
 
-from collsim.cli.base import OUT_FILE, chunk_option, cli, run_options, size_option
-from collsim.collectives.registry import COLLECTIVES, default_algorithm
+from collsim.cli.base import COLLECTIVE, OUT_FILE, chunk_option, cli, run_options, size_option
+from collsim.collectives.registry import default_algorithm
 from collsim.errors import CollsimError
 from collsim.report.tables import plural
 
@@ -18,7 +18,7 @@ _BAR_MIN = 50
 
 
 @cli.command()
-@click.argument("collective", type=click.Choice(COLLECTIVES))
+@click.argument("collective", type=COLLECTIVE)
 @click.option("--topology", "-t", required=True, metavar="NAME|PATH", help="Catalog name or file.")
 @click.option("--nodes", type=int, default=None, help="Override the number of nodes.")
 @click.option("--gpus-per-node", type=int, default=None, help="Override the GPUs in each node.")

@@ -8,8 +8,17 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import click
 
-from collsim.cli.base import FILE, OUT_FILE, cli, refuse_overwriting_inputs, size_option, whatif_for
-from collsim.collectives.registry import COLLECTIVES
+from collsim.cli.base import (
+    COLLECTIVE,
+    DTYPE,
+    DTYPE_HELP,
+    FILE,
+    OUT_FILE,
+    cli,
+    refuse_overwriting_inputs,
+    size_option,
+    whatif_for,
+)
 from collsim.errors import CollsimError
 from collsim.model.tuner import CANDIDATES, Choice
 
@@ -30,14 +39,14 @@ class _Winner(NamedTuple):
 
 
 @cli.command()
-@click.argument("collective", type=click.Choice(COLLECTIVES))
+@click.argument("collective", type=COLLECTIVE)
 @click.option("--topology", "-t", required=True, metavar="NAME|PATH", help="Catalog name or file.")
 @click.option("--nodes", type=int, default=None, help="Override the number of nodes.")
 @click.option("--gpus-per-node", type=int, default=None, help="Override the GPUs in each node.")
 @click.option("-b", "--minbytes", default="8", show_default=True, help="Smallest size.")
 @click.option("-e", "--maxbytes", default="16G", show_default=True, help="Largest size.")
 @click.option("-f", "--stepfactor", type=float, default=2.0, show_default=True, help="Size step.")
-@click.option("-d", "--datatype", default="float", show_default=True, help="nccl-tests type.")
+@click.option("-d", "--datatype", type=DTYPE, default="float", show_default=True, help=DTYPE_HELP)
 @click.option("--model", default="collsim", show_default=True, help="collsim or nccl.")
 @click.option(
     "--candidates",
@@ -85,12 +94,12 @@ def tune(
     """
     from collsim import units
     from collsim.analysis.metrics import busbw_gbps
+    from collsim.dtypes import dtype_bytes
     from collsim.io import atomic_write_text
     from collsim.model.analytic import effective_bytes
     from collsim.model.tuner import model_description, ranges, tuning
     from collsim.report.nccl_table import BOUND_MARK, bound_notes
     from collsim.topology.loader import load_topology
-    from collsim.whatif import dtype_bytes
 
     refuse_overwriting_inputs([topology, profile], json=json_file)
     try:

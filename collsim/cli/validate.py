@@ -7,6 +7,7 @@ import json
 import click
 
 from collsim.cli.base import (
+    COLLECTIVE,
     FILE,
     OUT_FILE,
     ProgressBar,
@@ -32,7 +33,9 @@ from collsim.report.tables import plural
     show_default=True,
     help="collsim's analytic model, or NCCL's own tuning model (baseline).",
 )
-@click.option("--collective", default=None, help="Collective, where a log does not name it.")
+@click.option(
+    "--collective", type=COLLECTIVE, default=None, help="Collective, where a log does not name it."
+)
 @click.option(
     "--ranks", type=click.IntRange(min=1), default=None, help="Ranks, where a log does not say."
 )
@@ -107,6 +110,7 @@ def validate(
     finally:
         if bar:
             bar.close()
+    notes += [f"{s.name}: {n}" for s in samples for n in s.log.incomplete_notes]
     notes += [n for s in samples if (n := gpu_mismatch(s.log, s.topology))]
     notes += [
         f"{s.name}: the log ran on {plural(s.log.nodes, 'node')}; modelled on "

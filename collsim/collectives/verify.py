@@ -15,6 +15,7 @@ import heapq
 
 import numpy as np
 
+from collsim.analysis.metrics import COLLECTIVES
 from collsim.collectives.schedule import (
     BUFFERS,
     NETWORK_REDUCE,
@@ -25,16 +26,6 @@ from collsim.collectives.schedule import (
     Schedule,
 )
 from collsim.errors import ScheduleError
-
-COLLECTIVES = (
-    "all_reduce",
-    "all_gather",
-    "reduce_scatter",
-    "broadcast",
-    "reduce",
-    "alltoall",
-    "sendrecv",
-)
 
 
 class VerificationError(Exception):

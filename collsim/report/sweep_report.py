@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from collsim.analysis.metrics import canonical_collective
 from collsim.errors import CollsimError
 from collsim.io import atomic_write_text, make_folders
 from collsim.report.axes import count_axis, legend_beside, plain_log_axis, size_axis, thin_ticks
@@ -305,6 +306,15 @@ def _same(a: str | None, b: str | None) -> bool:
         return (a or "").strip() == (b or "").strip()
 
 
+def _collective(name: str) -> str:
+    """A measured row's collective by its canonical name (``allreduce``, ``all_reduce_perf``),
+    or as written where it is none (the row then matches no predicted case, and is counted)."""
+    try:
+        return canonical_collective(name)
+    except CollsimError:
+        return name
+
+
 def _measured_section(coll: list[dict[str, str]], measured: list[dict[str, str]], folder: Path):  # type: ignore[no-untyped-def]
     """Each measured row against the predictions of its case: its collective and size, and its
     topology, nodes and algorithm where given. A row that names no algorithm is compared with
@@ -320,7 +330,7 @@ def _measured_section(coll: list[dict[str, str]], measured: list[dict[str, str]]
             continue
         found = [
             r for r in coll
-            if not r.get("error") and r["collective"] == m["collective"]
+            if not r.get("error") and r["collective"] == _collective(m["collective"])
             and (_same(r["size_bytes"], m["size_bytes"]) or _same(r["bytes"], m["size_bytes"]))
             and all(_same(m[k], r[k]) for k in optional if m.get(k))
         ]  # fmt: skip

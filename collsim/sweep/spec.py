@@ -5,13 +5,13 @@ A spec (``collsim sweep SPEC.yaml``)::
     name: h100-vs-b200            # optional, names the report
     topologies: [dgx-h100, hgx-b200]   # catalog names or files
     nodes: [2, 4, 8]              # optional; default: each topology's own node count
-    collectives: [all_reduce, all_gather]
+    collectives: [all_reduce, all_gather]   # any spelling: allreduce, all_gather_perf, ...
     algorithms: [all]             # all (every algorithm the system can run), auto (the tuner's
                                   # pick per size) or names; a name applies where it exists
     sizes: {min: 8, max: 1G, factor: 2}   # or a list: [1K, 1M, 1G]
     engines: [analytic]           # analytic and/or des
     model: collsim                # collsim or nccl (analytic engine and the auto tuner)
-    dtype: float
+    dtype: float                  # nccl-tests' name or an alias (bf16, fp16, ...)
     protocol: Simple
     channels: 1
     faults:                       # optional: what-if scenarios (docs/faults.md), each a list
@@ -40,8 +40,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
+from collsim.analysis.metrics import canonical_collective
 from collsim.collectives.registry import MAX_CHANNELS, algorithms_for
-from collsim.collectives.verify import COLLECTIVES
 from collsim.errors import CollsimError
 from collsim.topology.schema import Strict
 
@@ -254,7 +254,7 @@ def spec_from_dict(data: Any, *, file: str | None = None, base: Path | None = No
     _no_repeats(data, file, "")  # before any topology or workload is loaded
     if not spec.collectives and spec.steps is None:
         raise _fail("nothing to sweep: give 'collectives' (with 'sizes') and/or 'steps'", file, "")
-    _check_collectives(spec, file)
+    spec = _check_collectives(spec, file)
     tasks = _collective_tasks(spec, file, base) + _step_tasks(spec, file, base)
     tasks.sort(key=Task.sort_key)
     keys = [t.key for t in tasks]
@@ -281,18 +281,26 @@ def _no_repeats(data: Any, file: str | None, where: str) -> None:
             seen.append(item)
 
 
-def _check_collectives(spec: SweepIn, file: str | None) -> None:
+def _check_collectives(spec: SweepIn, file: str | None) -> SweepIn:
+    """``spec`` with its collectives and data type by their canonical names (any alias is taken:
+    ``allreduce``, ``all_reduce_perf``, ``bf16``), once checked."""
+    from collsim.dtypes import canonical_dtype
     from collsim.protocols import get_protocol
-    from collsim.whatif import dtype_bytes
 
+    names: list[str] = []
     for i, coll in enumerate(spec.collectives):
-        if coll not in COLLECTIVES:
-            raise _fail(
-                "unknown collective" + _did_you_mean(coll, COLLECTIVES),
-                file,
-                f"collectives.{i}",
-                coll,
-            )
+        try:
+            name = canonical_collective(coll)
+        except CollsimError as exc:
+            raise _fail(exc.message, file, f"collectives.{i}", coll) from None
+        if name in names:
+            raise _fail(f"names {name} twice", file, f"collectives.{i}", coll)
+        names.append(name)
+    try:
+        dtype = canonical_dtype(spec.dtype)
+    except CollsimError as exc:
+        raise _fail(exc.message, file, "dtype", spec.dtype) from None
+    spec = spec.model_copy(update={"collectives": tuple(names), "dtype": dtype})
     if spec.collectives and spec.sizes is None:
         raise _fail("required with 'collectives' (e.g. {min: 8, max: 1G, factor: 2})", file,
                     "sizes")  # fmt: skip
@@ -309,11 +317,10 @@ def _check_collectives(spec: SweepIn, file: str | None) -> None:
                 algo,
             )
     try:
-        dtype_bytes(spec.dtype)
         get_protocol(spec.protocol)
     except CollsimError as exc:
-        field = "dtype" if exc.field == "dtype" else "protocol"
-        raise _fail(exc.message, file, field, getattr(spec, field)) from None
+        raise _fail(exc.message, file, "protocol", spec.protocol) from None
+    return spec
 
 
 def _topologies(

@@ -73,10 +73,11 @@ def _base(task: Task, gpus: int) -> dict[str, Any]:
 
 def _collective_rows(task: Task) -> list[dict[str, Any]]:
     from collsim.analysis.metrics import algbw_gbps, busbw_gbps
+    from collsim.dtypes import dtype_bytes
     from collsim.engine.results import bottleneck_links
     from collsim.model.analytic import effective_bytes
     from collsim.topology.loader import load_topology
-    from collsim.whatif import WhatIf, dtype_bytes, printed_count
+    from collsim.whatif import WhatIf, printed_count
 
     topo = load_topology(task.topology_path, nodes=task.nodes, faults=task.faults)
     whatif = WhatIf(topo)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -235,11 +236,15 @@ def test_inconsistent_numbers_are_anomalies(write):
         ("   \n\n", "empty file"),
         ("job started\nsome output\nNCCL version 2.18.1\n", "no nccl-tests result table"),
         (HEADER + FOOTER, "no nccl-tests result table"),
+        # not one complete row: the cut row is the error (a log with one is read, see below)
         (
-            standard_log()[: standard_log().index(ROWS[2]) + 40],
-            r"line 16': result row is cut short",
+            standard_log()[: standard_log().index(ROWS[0]) + 40],
+            r"line 14': result row is cut short \(file ends inside it\)",
         ),
-        (standard_log([ROWS[0], ROWS[1][:50], ROWS[2]]), r"line 15': result row is cut short"),
+        (
+            standard_log([ROWS[0][:50]]),
+            r"line 14': result row is cut short \(its table ends before it does\) \(value: '1024",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_error(write, text, message):
@@ -247,6 +252,52 @@ def test_bad_input_is_one_clear_error(write, text, message):
     with pytest.raises(CalibrationError, match=message) as info:
         read_log(path)
     assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)
+
+
+def test_a_log_cut_mid_row_keeps_the_rows_it_completed(write):
+    """A run killed mid-row was refused whole ("result row is cut short"): its complete rows are
+    read and a note says at which line the log stops and what was there (README: "from a run cut
+    short, the rows it completed, with a note")."""
+    cut = read_log(write(standard_log()[: standard_log().index(ROWS[2]) + 40]))
+    assert [r.size_bytes for r in cut.rows] == [1024, 2048] and cut.anomalies == ()
+    assert cut.incomplete_rows == (16,)
+    (note,) = cut.incomplete_notes
+    assert note.startswith("result row at line 16 left out: the file ends inside it ('4096")
+    assert note.endswith("2 complete row(s) read")
+    assert "no 'Avg bus bandwidth' line" in " ".join(cut.notes)  # and that is said too
+    # A line lost in the middle of a table (cut, and the next row follows): the others are read.
+    gap = read_log(write(standard_log([ROWS[0], ROWS[1][:50], ROWS[2]]), "gap.txt"))
+    assert [r.size_bytes for r in gap.rows] == [1024, 4096] and gap.incomplete_rows == (15,)
+    assert "line 15 left out: line 16 is a whole row of its own ('2048" in gap.notes[0]
+    # A row cut before the summary: the table ends before the row does; the summary is read.
+    early = read_log(write(standard_log([ROWS[0], ROWS[1][:70]]), "early.txt"))
+    assert [r.size_bytes for r in early.rows] == [1024] and early.avg_busbw == 0.126667
+    assert "line 15 left out: its table ends before it does" in early.notes[0]
+
+
+def test_an_elided_device_list_counts_ranks_to_the_highest_listed(write):
+    """A device list shortened by hand ("Rank 0 ... Rank 3") counted only the ranks listed: 2 of
+    4 here, and every busbw became an anomaly. The highest rank listed counts them, and a cut row
+    at the end of such a log is left out as in any other."""
+    lines = [line for line in standard_log().splitlines() if not re.search(r"Rank  [12] ", line)]
+    text = "\n".join(lines).replace("#  Rank  3", "#  ...\n#  Rank  3")
+    log = read_log(write(text))
+    assert (log.ranks, log.nodes, log.anomalies) == (4, 2, ())
+    assert log.notes[:2] == ("the device list leaves out 2 rank(s); nodes (2) from the hosts it "
+                             "lists", "ranks (4) from the highest listed rank")  # fmt: skip
+    cut = read_log(write(text[: text.index(ROWS[2]) + 30], "cut.txt"))
+    assert (cut.ranks, len(cut.rows), cut.anomalies, cut.incomplete_rows) == (4, 2, (), (15,))
+
+
+def test_a_cut_row_before_the_next_table_does_not_swallow_its_header(write):
+    """Two tests in one file, the first killed mid-row: the second table's header used to be
+    taken for noise inside the cut row; now the cut row is left out and both tables are read."""
+    first = standard_log([ROWS[0], ROWS[1][:50]]).split("# Out of bounds")[0]
+    second = standard_log(start="broadcast_perf")
+    logs = read_logs(write(first + second))
+    assert [[r.size_bytes for r in log.rows] for log in logs] == [[1024], [1024, 2048, 4096]]
+    assert [log.collective for log in logs] == ["all_reduce", "broadcast"]
+    assert logs[0].incomplete_rows == (15,) and logs[1].incomplete_rows == ()
 
 
 def test_unknown_collective_and_conflicting_hint(write):

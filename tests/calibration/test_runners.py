@@ -143,7 +143,7 @@ def test_dry_run_torch_uses_loopback_only(tmp_path, monkeypatch):
         (["--nprocs", "3", "--nodes", "2", "--launcher", "mpirun"], "multiple of --nodes"),
         (["-c", "all_reduce,allgatherv"], "unknown collective"),
         (["--runner", "torch", "-d", "floaty"], "'--datatype'"),
-        (["-d", "float16"], "no such type"),
+        (["-d", "float61"], "unknown data type"),  # float16 is half: tests/test_names.py
         (["-n", "0"], "'--iters': must be >= 1"),
         (["--timeout", "-1"], "'--timeout': must be > 0"),
     ],

@@ -165,14 +165,31 @@ def test_step_accepts_the_profile(profile):
     assert other.exit_code == 2 and "dgx-h100" in other.output and "dgx-a100" in other.output
 
 
-def test_truncated_log_and_rank_mismatch_are_clear_errors(tmp_path):
+def test_a_log_cut_mid_row_is_validated_and_fitted_on_its_complete_rows(tmp_path):
+    """A run killed mid-row was refused whole (exit 2, "result row is cut short"): validate and
+    fit now use the rows it completed and say which row was left out, at which line (issue 26)."""
     text = (LOGS / "h100-8gpu-together-ring-all_reduce-1.txt").read_text()
     lines = text.splitlines()
     last_row = max(i for i, line in enumerate(lines) if line.strip()[:1].isdigit())
     cut = tmp_path / "cut.txt"
     cut.write_text("\n".join([*lines[:last_row], lines[last_row][:40]]) + "\n")
+    note = f"# note: cut.txt: result row at line {last_row + 1} left out: the file ends inside it"
     result = CliRunner().invoke(cli, ["validate", str(cut), "-t", "dgx-h100", "--nodes", "1"])
-    assert result.exit_code == 2 and str(cut) in result.output
+    assert result.exit_code == 0, result.output
+    assert note in result.output and "complete row(s) read" in result.output
+    measured = [line for line in result.output.splitlines() if line[:1] == " "]
+    assert len(measured) == sum(line.strip()[:1].isdigit() for line in lines) - 1
+    fit = ["calibrate", "fit", str(cut), "-t", "dgx-h100", "--nodes", "1", "-o",
+           str(tmp_path / "p.yaml")]  # fmt: skip
+    result = CliRunner().invoke(cli, fit)
+    assert result.exit_code == 0, result.output
+    assert note in result.output and (tmp_path / "p.yaml").is_file()
+    full = str(LOGS / "h100-8gpu-together-ring-all_reduce-1.txt")
+    whole = CliRunner().invoke(cli, ["validate", full, "-t", "dgx-h100", "--nodes", "1"])
+    assert whole.exit_code == 0 and "left out" not in whole.output
+
+
+def test_rank_mismatch_is_a_clear_error():
     p4d = str(LOGS / "a100-p4d-efa-2n-all_reduce-1.txt")  # 16 ranks on 2 nodes
     result = CliRunner().invoke(cli, ["validate", p4d, "-t", "dgx-a100", "--nodes", "1"])
     assert result.exit_code == 2

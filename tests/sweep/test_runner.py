@@ -97,7 +97,7 @@ def test_cli_sweep_and_bad_spec(spec_file, tmp_path, capsys):
     assert info.value.code == 0
     assert "rows in" in capsys.readouterr().out
     with pytest.raises(SystemExit) as info:
-        main(["sweep", str(spec_file(collectives=["allreduce"])), "-o", str(tmp_path / "x")])
+        main(["sweep", str(spec_file(collectives=["allreduse"])), "-o", str(tmp_path / "x")])
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "field 'collectives.0'" in err and "all_reduce" in err

@@ -41,7 +41,7 @@ def test_size_list(spec_file):
 @pytest.mark.parametrize(
     ("changes", "field", "words"),
     [
-        ({"collectives": ["allreduce"]}, "collectives.0", "did you mean 'all_reduce'"),
+        ({"collectives": ["allreduse"]}, "collectives.0", "did you mean 'all_reduce'"),
         ({"algorithms": ["rign"]}, "algorithms.0", "did you mean 'ring'"),
         ({"topologies": ["dgx-h10"]}, "topologies.0", "did you mean 'dgx-h100'"),
         ({"nodes": [0]}, "nodes.0", "greater than or equal to 1"),
