@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from collsim.analysis.metrics import algbw_gbps, busbw_gbps
 from collsim.collectives.layout import RankLayout
 from collsim.collectives.registry import (
     MAX_CHANNELS,
@@ -23,6 +22,7 @@ from collsim.collectives.registry import (
 from collsim.collectives.schedule import Schedule
 from collsim.engine import SimResult, simulate
 from collsim.errors import ScheduleError
+from collsim.metrics import algbw_gbps, busbw_gbps
 from collsim.protocols import get_protocol
 from collsim.topology.fabric import TopologyFabric
 from collsim.topology.graph import Network

@@ -62,7 +62,7 @@ from collsim.model.profile import (
     TopologyRef,
     link_fingerprint,
 )
-from collsim.report.tables import plural
+from collsim.tables import plural
 from collsim.topology.spec import Topology
 
 SIZE_KNOTS_BYTES = (64 * 1024, 1024**2, 16 * 1024**2)

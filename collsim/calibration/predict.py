@@ -38,7 +38,7 @@ from collsim.model.params import (
     under_floor,
 )
 from collsim.model.tuner import NCCL_CHANNELS, PROTOCOL_ORDER, host_floor_s, nccl_algorithms
-from collsim.report.tables import plural
+from collsim.tables import plural
 from collsim.topology.spec import Topology
 
 _ALGO_ENV = {"ring": "ring", "tree": "tree", "nvls": "in_network", "nvlstree": "in_network",

@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from collsim.analysis.metrics import bus_factor
+from collsim.metrics import bus_factor
 from collsim.whatif import DTYPES, ROUNDED_TO_RANKS
 
 LEGACY_ERROR_LIMIT = {"half": 1e-2, "bfloat16": 1e-2, "float": 1e-5, "double": 1e-12}

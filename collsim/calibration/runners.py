@@ -39,7 +39,7 @@ from collsim.calibration.nccltests import NcclTestsLog, read_log
 from collsim.calibration.store import MANIFEST, ResultStore
 from collsim.errors import CalibrationError, CollsimError
 from collsim.io import atomic_write_text, directory_lock
-from collsim.report.tables import plural
+from collsim.tables import plural
 
 RUNNERS = ("nccl-tests", "torch")
 LAUNCHERS = ("local", "torchrun", "mpirun", "srun")

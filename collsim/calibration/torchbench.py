@@ -43,9 +43,9 @@ from collections.abc import Callable
 from typing import Any
 
 from collsim import units
-from collsim.analysis.metrics import canonical_collective
 from collsim.calibration.store import ResultStore, point_key
 from collsim.calibration.writer import format_row, header_lines, nccl_tests_count, row_from_times
+from collsim.metrics import canonical_collective
 
 HUNG_EXIT = 3
 TORCH_DTYPES = {

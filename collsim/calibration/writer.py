@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from collsim.analysis.metrics import algbw_gbps, busbw_gbps, canonical_collective
 from collsim.calibration.nccltests import Row
+from collsim.metrics import algbw_gbps, busbw_gbps, canonical_collective
 from collsim.whatif import dtype_bytes, element_count, printed_count
 
 REDUCING = frozenset({"all_reduce", "reduce_scatter", "reduce"})

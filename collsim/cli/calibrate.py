@@ -11,7 +11,7 @@ import click
 
 from collsim.cli.base import FILE, FOLDER, cli, nccl_env, nccl_env_option, refuse_overwriting_inputs
 from collsim.collectives.registry import COLLECTIVES
-from collsim.report.tables import plural
+from collsim.tables import plural
 
 
 @cli.group()
@@ -32,8 +32,8 @@ def _split_args(text: str) -> list[str]:
 
 
 def _collectives(text: str) -> list[str]:
-    from collsim.analysis.metrics import canonical_collective
     from collsim.errors import CalibrationError, CollsimError
+    from collsim.metrics import canonical_collective
 
     names = []
     for item in text.split(","):

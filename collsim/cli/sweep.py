@@ -7,7 +7,7 @@ import sys
 import click
 
 from collsim.cli.base import FILE, ProgressBar, cli, show_progress
-from collsim.report.tables import plural
+from collsim.tables import plural
 
 
 @cli.command()

@@ -9,7 +9,7 @@ import click
 from collsim.cli.base import FILE, cli, refuse_overwriting_inputs, size_option, whatif_for
 from collsim.collectives.registry import COLLECTIVES
 from collsim.errors import CollsimError
-from collsim.report.tables import plural
+from collsim.tables import plural
 
 
 @cli.command()
@@ -52,8 +52,8 @@ def tune(
     xGMI, ICI; compute capability 7.0/8.0/9.0).
     """
     from collsim import units
-    from collsim.analysis.metrics import busbw_gbps
     from collsim.io import atomic_write_text
+    from collsim.metrics import busbw_gbps
     from collsim.model.tuner import Tuner, ranges
     from collsim.topology.loader import load_topology
     from collsim.whatif import dtype_bytes

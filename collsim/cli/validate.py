@@ -7,7 +7,7 @@ import json
 import click
 
 from collsim.cli.base import FILE, cli, nccl_env, nccl_env_option, refuse_overwriting_inputs
-from collsim.report.tables import plural
+from collsim.tables import plural
 
 
 @cli.command()

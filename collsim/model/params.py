@@ -71,7 +71,7 @@ class ProtocolParams:
 HOST_LAUNCH_S = 5e-6
 """A typical host cost of issuing one GPU operation (CUDA launch + dispatch), a priori: the
 uncalibrated launch floor per GPU a host thread drives (:class:`ModelParams`), and the cost of
-each copy launch in :mod:`collsim.analysis.zero3`."""
+each copy launch in :mod:`collsim.training.zero3`."""
 
 
 HOST_P2P_OP_S = 0.4e-6

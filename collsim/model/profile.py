@@ -35,7 +35,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, 
 from collsim.errors import CalibrationError
 from collsim.io import yaml_load
 from collsim.model.params import DEFAULT_PARAMS, HOST_P2P_OP_S, ModelParams, ProtocolParams
-from collsim.report.tables import plural
+from collsim.tables import plural
 from collsim.topology.spec import Topology, with_duplex
 
 CLASSES = ("nvlink", "pci", "net")

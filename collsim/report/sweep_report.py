@@ -26,7 +26,7 @@ from typing import Any
 
 from collsim.errors import CollsimError
 from collsim.io import atomic_write_text
-from collsim.report.tables import plural
+from collsim.tables import plural
 from collsim.units import format_size
 
 MAX_GROUPS = 24

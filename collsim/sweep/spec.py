@@ -406,9 +406,9 @@ def _algorithms(requested: tuple[str, ...], collective: str, topo: Any) -> tuple
 
 
 def _step_tasks(spec: SweepIn, file: str | None, base: Path | None) -> list[Task]:
-    from collsim.analysis.workload import load_workload
-    from collsim.analysis.workload import resolve as resolve_workload
     from collsim.io import beside
+    from collsim.training.workload import load_workload
+    from collsim.training.workload import resolve as resolve_workload
 
     if spec.steps is None:
         return []

@@ -72,8 +72,8 @@ def _base(task: Task, gpus: int) -> dict[str, Any]:
 
 
 def _collective_rows(task: Task) -> list[dict[str, Any]]:
-    from collsim.analysis.metrics import algbw_gbps, busbw_gbps
     from collsim.engine.results import bottleneck_links
+    from collsim.metrics import algbw_gbps, busbw_gbps
     from collsim.model.analytic import effective_bytes
     from collsim.topology.loader import load_topology
     from collsim.whatif import WhatIf, dtype_bytes, printed_count
@@ -165,10 +165,10 @@ def _busbw(fn: Any, coll: str, n: int, nbytes: int, t: float) -> float | None:
 
 
 def _step_rows(task: Task) -> list[dict[str, Any]]:
-    from collsim.analysis.comm import make_timer
-    from collsim.analysis.step import StepModel
-    from collsim.analysis.workload import load_workload, with_changes
     from collsim.topology.loader import load_topology
+    from collsim.training.comm import make_timer
+    from collsim.training.step import StepModel
+    from collsim.training.workload import load_workload, with_changes
 
     topo = load_topology(task.topology_path, nodes=task.nodes, faults=task.faults)
     w = load_workload(task.workload_path)

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from collsim.analysis.metrics import COLLECTIVES, bus_factor
 from collsim.calibration import read_log
 from collsim.calibration.store import ResultStore
 from collsim.cli import cli
+from collsim.metrics import COLLECTIVES, bus_factor
 
 SIZES = ["-b", "1K", "-e", "64K", "-f", "8"]  # 1K, 8K, 64K
 FAST = ["-w", "1", "-n", "3", "--backend", "gloo", "--timeout", "60"]

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from collsim.analysis.plan import CandidatesIn, layouts, plan
-from collsim.analysis.transformer import layer_costs
-from collsim.analysis.workload import load_workload, workload_from_dict
 from collsim.topology.loader import load_topology
-from tests.analysis._step_fixtures import MOE, gpt
-from tests.analysis._step_fixtures import evaluate as _evaluate
+from collsim.training.plan import CandidatesIn, layouts, plan
+from collsim.training.transformer import layer_costs
+from collsim.training.workload import load_workload, workload_from_dict
+from tests.training._step_fixtures import MOE, gpt
+from tests.training._step_fixtures import evaluate as _evaluate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,7 +74,7 @@ def test_replicas_stepping_on_their_own_cannot_shard_their_state(parallel, sync)
     """Local SGD and async let each data-parallel replica step alone, but ZeRO shards the
     optimizer over the replicas, which must then meet every step: refused, naming the field
     (local SGD under ZeRO-1 was priced as a deferred reduce-scatter, meaningless)."""
-    from collsim.analysis.workload import WorkloadError
+    from collsim.training.workload import WorkloadError
 
     data = gpt(parallel={"tp": 1, "pp": 1, **parallel}, training={"sync": sync})
     with pytest.raises(WorkloadError) as err:
@@ -172,8 +172,8 @@ def test_scale_applies_a_fault_only_to_the_sizes_holding_its_target(tmp_path):
 def test_dense_and_expert_reductions_share_one_backward_window(node):
     """Both are reduced during the same backward: together they cannot hide more than it lasts
     (each claimed the whole window, and 1.375 s of reductions hid behind a 1 s backward)."""
-    from collsim.analysis.dataparallel import data_parallel
-    from collsim.analysis.layout import place, resolve_layout
+    from collsim.training.dataparallel import data_parallel
+    from collsim.training.layout import place, resolve_layout
 
     w = workload_from_dict(gpt(model={**MOE}, global_batch=8, micro_batch=1,
                                parallel={"tp": 1, "pp": 1, "ep": 4},
@@ -247,8 +247,8 @@ def test_sequence_parallel_pipeline_sends_gather_nothing(node):
     """With sequence parallelism the stage boundary's activations are split by sequence: each
     TP rank sends its 1/tp to the next stage, which starts on that shard (no all-gather inside
     the TP group, which scatter-gather without sequence parallelism needs)."""
-    from collsim.analysis.comm import make_timer
-    from collsim.analysis.step import StepModel
+    from collsim.training.comm import make_timer
+    from collsim.training.step import StepModel
 
     model = StepModel(node, make_timer("analytic", node))
 

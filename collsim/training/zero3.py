@@ -41,10 +41,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from collsim.analysis.layout import Groups, Layout
-from collsim.analysis.transformer import is_moe_layer
-from collsim.analysis.workload import DTYPE_BYTES, WorkloadIn
 from collsim.model.params import HOST_LAUNCH_S
+from collsim.training.layout import Groups, Layout
+from collsim.training.transformer import is_moe_layer
+from collsim.training.workload import DTYPE_BYTES, WorkloadIn
 
 Coll = Callable[[str, list[str], float, str], float]
 
@@ -60,7 +60,7 @@ never hidden behind compute. FSDP gathers into one flat tensor (no copies)."""
 def transformer_tensors(w: WorkloadIn, tp: int, ep: int, moe: bool) -> list[float]:
     """Elements of each parameter tensor of one transformer layer on one TP rank, in forward
     order: layer norm (weight, bias), QKV (weight, bias), projection (weight, bias), layer norm,
-    MLP matrices and biases. They sum to :func:`collsim.analysis.transformer.layer_params` / tp
+    MLP matrices and biases. They sum to :func:`collsim.training.transformer.layer_params` / tp
     (experts divided over EP)."""
     m = w.model
     h = m.hidden

@@ -14,7 +14,7 @@ The candidates file (YAML, validated like every collsim input)::
       recompute: [selective, full]
 
 Cost = GPUs x hours x price per GPU-hour. When the workload has a ``resilience`` section, each
-option also gets its expected goodput under failures (:mod:`collsim.analysis.resilience`, with
+option also gets its expected goodput under failures (:mod:`collsim.training.resilience`, with
 the elastic option priced by whole data-parallel replicas) and the goodput-adjusted time and cost
 (``days_failures``, ``cost_failures_usd``), which then rank the options and form the Pareto
 front. The Pareto front is the options no other option beats on both time and cost.
@@ -31,15 +31,15 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BeforeValidator, Field, PrivateAttr, ValidationError, field_validator
 
-from collsim.analysis.comm import make_timer
-from collsim.analysis.resilience import ResilienceError, dp_step_time, for_job
-from collsim.analysis.step import StepModel, StepResult
-from collsim.analysis.workload import WorkloadError, WorkloadIn, parse_count, with_changes
 from collsim.errors import CollsimError
 from collsim.io import beside
 from collsim.topology import loader as _topo_loader
 from collsim.topology.loader import load_topology
 from collsim.topology.schema import Strict
+from collsim.training.comm import make_timer
+from collsim.training.resilience import ResilienceError, dp_step_time, for_job
+from collsim.training.step import StepModel, StepResult
+from collsim.training.workload import WorkloadError, WorkloadIn, parse_count, with_changes
 
 Pos = Annotated[int, Field(ge=1)]
 T = TypeVar("T")

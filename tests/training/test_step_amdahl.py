@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collsim.analysis.amdahl import karp_flatt, plot_scaling, scaling_curve
 from collsim.errors import CollsimError
+from collsim.training.amdahl import karp_flatt, plot_scaling, scaling_curve
 
 
 @pytest.mark.parametrize("f", [0.0, 0.01, 0.05, 0.3])

@@ -8,8 +8,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from collsim.analysis.workload import catalog_names, load_workload
 from collsim.cli import cli
+from collsim.training.workload import catalog_names, load_workload
 
 runner = CliRunner()
 

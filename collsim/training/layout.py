@@ -17,7 +17,7 @@ parameter, i.e. 16 bytes; ZeRO-1 shards the 12 over DP, ZeRO-2 also the gradient
 everything, but gathers the weights of the layer it computes and of the one it prefetches, and
 holds that layer's gradients until they are reduce-scattered (FSDP's unit: a transformer block;
 Zhao et al. 2023, PyTorch FSDP, arXiv:2304.11277, section 3). Activations: Korthikanti et al.
-2022 (see :mod:`collsim.analysis.transformer`) per layer, times the layers whose activations a
+2022 (see :mod:`collsim.training.transformer`) per layer, times the layers whose activations a
 stage holds: on stage ``i``, ``p - i`` micro-batches of its layers with 1F1B, ``m`` with GPipe,
 Megatron-LM's warm-up count of model chunks with ``v`` interleaved stages (the first stage:
 ``(1 + (p-1)/(p v))`` times 1F1B's; Korthikanti 2022, section 4.2.3); the last stage also keeps
@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from collsim.analysis.workload import DTYPE_BYTES, WorkloadError, WorkloadIn
 from collsim.topology.spec import Topology
+from collsim.training.workload import DTYPE_BYTES, WorkloadError, WorkloadIn
 
 OPTIMIZER_STATE_BYTES = {"adam": 12.0, "sgd": 8.0, "none": 0.0}
 """fp32 master weights + moments per parameter (ZeRO's K: 12 for Adam; SGD with momentum 8)."""

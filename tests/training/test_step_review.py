@@ -11,16 +11,16 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from collsim.analysis.comm import make_timer
-from collsim.analysis.plan import CandidatesIn, plan
-from collsim.analysis.scaling import scale_workload
-from collsim.analysis.step import StepModel
-from collsim.analysis.transformer import layer_costs
-from collsim.analysis.workload import WorkloadError, load_workload, workload_from_dict
 from collsim.cli import cli
 from collsim.topology.loader import load_topology
-from tests.analysis._step_fixtures import MOE, gpt
-from tests.analysis._step_fixtures import evaluate as _evaluate
+from collsim.training.comm import make_timer
+from collsim.training.plan import CandidatesIn, plan
+from collsim.training.scaling import scale_workload
+from collsim.training.step import StepModel
+from collsim.training.transformer import layer_costs
+from collsim.training.workload import WorkloadError, load_workload, workload_from_dict
+from tests.training._step_fixtures import MOE, gpt
+from tests.training._step_fixtures import evaluate as _evaluate
 
 
 @pytest.fixture(scope="module")
@@ -382,7 +382,7 @@ def test_zero_1_and_2_default_to_megatron_core_buckets(dgx):
     """ZeRO-1/2 took PyTorch DDP's 25 MB bucket: at large DP, hundreds of reduce-scatters each
     paying a ring's latency. Unset, the bucket is Megatron-Core's max(40M, 1M x DP) parameters
     for a distributed optimizer; DDP keeps 25 MB; a given bucket is used as given."""
-    from collsim.analysis.workload import workload_from_dict
+    from collsim.training.workload import workload_from_dict
 
     w = workload_from_dict(gpt())
     assert w.training.bucket is None
@@ -393,7 +393,7 @@ def test_zero_1_and_2_default_to_megatron_core_buckets(dgx):
     given = workload_from_dict(gpt(training={"bucket": "8MB"}))
     assert given.training.bucket_bytes(1, 128, 4) == 8_000_000
 
-    from collsim.analysis.workload import DTYPE_BYTES
+    from collsim.training.workload import DTYPE_BYTES
 
     def dp(bucket: int | None) -> float:
         tr = {"dp_overlap": True, **({"bucket": bucket} if bucket else {})}
@@ -408,7 +408,7 @@ def test_uneven_stages_keep_the_end_stages_lighter():
     """The first stage holds the embedding and the most activations, the last the logits: the
     layers that do not divide evenly go to the middle stages, as Llama 3 405B's 126 layers on 16
     stages (7 on the first and last, 8 elsewhere); they went to the first stages."""
-    from collsim.analysis.step import stage_layer_counts
+    from collsim.training.step import stage_layer_counts
 
     assert stage_layer_counts(126, 16) == [7] + [8] * 14 + [7]
     assert stage_layer_counts(30, 4) == [7, 8, 8, 7]
@@ -417,7 +417,7 @@ def test_uneven_stages_keep_the_end_stages_lighter():
 
 
 def test_default_buckets_hold_compressed_gradients():
-    from collsim.analysis.workload import workload_from_dict
+    from collsim.training.workload import workload_from_dict
 
     w = workload_from_dict(gpt(training={"compression": {"ratio": 4}}))
     assert w.training.bucket_bytes(0, 8, 4) == 25_000_000 // 4

@@ -1,16 +1,16 @@
-"""ZeRO-3 layer by layer (:mod:`collsim.analysis.zero3`) on hand-computed cases, and the
+"""ZeRO-3 layer by layer (:mod:`collsim.training.zero3`) on hand-computed cases, and the
 layout ranking of Narayanan et al. 2021 Table 2 (3D parallelism beats ZeRO-3) from ``plan``."""
 
 from __future__ import annotations
 
 import pytest
 
-from collsim.analysis.layout import place, resolve_layout
-from collsim.analysis.plan import CandidatesIn, plan
-from collsim.analysis.reference import load_runs, to_reference
-from collsim.analysis.step import DEFAULT_EFFICIENCY, StepModel
-from collsim.analysis.workload import workload_from_dict
-from collsim.analysis.zero3 import (
+from collsim.training.layout import place, resolve_layout
+from collsim.training.plan import CandidatesIn, plan
+from collsim.training.reference import load_runs, to_reference
+from collsim.training.step import DEFAULT_EFFICIENCY, StepModel
+from collsim.training.workload import workload_from_dict
+from collsim.training.zero3 import (
     LIST_COPY_S,
     LayerComm,
     buckets,
@@ -21,7 +21,7 @@ from collsim.analysis.zero3 import (
     transformer_tensors,
     zero3,
 )
-from tests.analysis._step_fixtures import gpt, ring_topology
+from tests.training._step_fixtures import gpt, ring_topology
 
 ALPHA, BETA = 1e-3, 1e9
 
@@ -114,7 +114,7 @@ def test_small_tensors_persist_and_a_recomputed_layer_gathers_some_weights_three
 def test_persistent_tensors_are_held_whole_in_memory():
     """Raising the persistence threshold above every tensor removes all gathers and leaves
     every GPU holding the whole weights (fp16) though gradients and optimizer stay sharded."""
-    from collsim.analysis.transformer import total_params
+    from collsim.training.transformer import total_params
 
     topo = ring_topology(4)
 
@@ -269,7 +269,7 @@ def test_zero3_step_does_not_shrink_from_768_to_1536_gpus_as_measured():
     count (ring steps, DeepSpeed's per-rank copies) eat the gain. The model keeps the step from
     shrinking too, though it predicts both runs faster than measured
     (reports/steptime_validation.md)."""
-    from collsim.analysis.reference import Predictor
+    from collsim.training.reference import Predictor
 
     pred = Predictor()
     runs = {r["id"]: to_reference(r) for r in load_runs()}

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collsim.analysis.amdahl import ScalingCurve
-from collsim.analysis.step import BREAKDOWN_KEYS, StepResult
-from collsim.report.tables import plural, table
+from collsim.tables import plural, table
+from collsim.training.amdahl import ScalingCurve
+from collsim.training.step import BREAKDOWN_KEYS, StepResult
 
 _LABELS = {
     "compute": "compute (GEMMs, elementwise, recompute)",

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collsim.analysis.workload import GenericIn, TransformerIn
+from collsim.training.workload import GenericIn, TransformerIn
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@
   all-gather updated weights (the all-reduce's volume, ``2 (n-1)/n`` bytes per byte); stage 3 /
   FSDP all-gathers weights in the forward and again in the backward and reduce-scatters
   gradients (``3 (n-1)/n``: 1.5x), per micro-batch and per layer (per tensor with DeepSpeed),
-  exposed layer by layer: :mod:`collsim.analysis.zero3`. Stage 2 keeps only its shard of the
+  exposed layer by layer: :mod:`collsim.training.zero3`. Stage 2 keeps only its shard of the
   gradients, so with gradient accumulation it reduce-scatters every micro-batch's (DeepSpeed).
 * Expert parallelism: expert gradients are reduced only among the ``dp / ep`` GPUs holding the
   same experts (DeepSpeed-MoE's expert-data-parallel group), the rest over the whole DP group.
@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from collsim.analysis.layout import Groups, Layout
-from collsim.analysis.workload import DTYPE_BYTES, WorkloadIn
-from collsim.analysis.zero3 import zero3
+from collsim.training.layout import Groups, Layout
+from collsim.training.workload import DTYPE_BYTES, WorkloadIn
+from collsim.training.zero3 import zero3
 
 
 @functools.lru_cache(maxsize=1024)
@@ -132,7 +132,7 @@ def data_parallel(
     ``tensors``: the parameter tensors per layer of the stage (ZeRO-3, :mod:`.zero3`);
     ``expert_params_gpu``: the part of ``params_gpu`` that is experts (reduced over
     ``groups.dp_expert``); ``expert_tails``: ZeRO-3's expert tensors per layer
-    (:func:`collsim.analysis.zero3.expert_tails`)."""
+    (:func:`collsim.training.zero3.expert_tails`)."""
     detail: dict[str, Any] = {}
     if lay.shards <= 1:  # no other GPU holds these weights (dp x cp = 1)
         return 0.0, 0.0, {"dp_bytes_per_gpu": 0.0}

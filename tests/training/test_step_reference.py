@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from collsim.analysis.reference import Predictor, load_runs, to_reference
-from collsim.analysis.step import DEFAULT_EFFICIENCY
+from collsim.training.reference import Predictor, load_runs, to_reference
+from collsim.training.step import DEFAULT_EFFICIENCY
 
 
 def test_all_runs_become_workloads_with_a_measured_time():
@@ -48,10 +48,10 @@ def test_llama3_405b_8k_within_ten_percent_on_h100(gpus, measured):
     (reports/steptime_validation.md, 'Other published runs')."""
     from pathlib import Path
 
-    from collsim.analysis.comm import make_timer
-    from collsim.analysis.step import StepModel
-    from collsim.analysis.workload import load_workload
     from collsim.topology.loader import load_topology
+    from collsim.training.comm import make_timer
+    from collsim.training.step import StepModel
+    from collsim.training.workload import load_workload
 
     w = load_workload(Path(__file__).resolve().parents[2] / "workloads" / "llama3-405b.yaml")
     topo = load_topology("dgx-h100", nodes=gpus // 8)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from collsim.analysis.layout import memory_per_gpu, optimizer_state_bytes, resolve_layout
-from collsim.analysis.plan import CandidatesIn, plan
-from collsim.analysis.transformer import layer_costs
-from collsim.analysis.workload import workload_from_dict
 from collsim.topology.loader import load_topology
-from tests.analysis._step_fixtures import evaluate, gpt
+from collsim.training.layout import memory_per_gpu, optimizer_state_bytes, resolve_layout
+from collsim.training.plan import CandidatesIn, plan
+from collsim.training.transformer import layer_costs
+from collsim.training.workload import workload_from_dict
+from tests.training._step_fixtures import evaluate, gpt
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def test_plan_says_why_a_searched_value_cannot_run():
 def test_the_last_stage_keeps_the_losss_fp32_logits():
     """Korthikanti et al. 2022, 4.3: the cross entropy keeps the logits in fp32, 4 s b V / t
     bytes, on the last stage only (every micro-batch's under GPipe)."""
-    from collsim.analysis.transformer import loss_logits_bytes
+    from collsim.training.transformer import loss_logits_bytes
 
     w = workload_from_dict(gpt(global_batch=64, micro_batch=2, parallel={"tp": 2, "pp": 2}))
     lay = resolve_layout(w, 4)
@@ -155,8 +155,8 @@ def test_the_last_stage_keeps_the_losss_fp32_logits():
 def test_candidates_name_an_empty_or_bad_choice(tmp_path, cluster, search, field, message):
     """``nodes: 0`` was 'Input should be a valid list'; ``search: {tp: []}`` searched the
     workload's own tp as if the key were absent."""
-    from collsim.analysis.plan import load_candidates
     from collsim.errors import CollsimError
+    from collsim.training.plan import load_candidates
 
     path = tmp_path / "c.yaml"
     doc = {"clusters": [{"topology": "dgx-h100", "gpu_hour_usd": 2, **cluster}], "search": search}
@@ -169,8 +169,8 @@ def test_candidates_name_an_empty_or_bad_choice(tmp_path, cluster, search, field
 def test_a_candidates_topology_file_is_found_next_to_it(tmp_path, monkeypatch):
     """A relative topology file in a candidates file is looked up beside it (as a sweep spec's
     are), not in whatever folder plan runs from; the cluster keeps the name as written."""
-    from collsim.analysis.plan import load_candidates
     from collsim.topology.loader import resolve
+    from collsim.training.plan import load_candidates
 
     (tmp_path / "mine.yaml").write_text(resolve("dgx-h100").read_text())
     doc = {"clusters": [{"topology": "mine.yaml", "nodes": 1, "gpu_hour_usd": 2}]}
@@ -187,9 +187,9 @@ def test_plan_discards_by_memory_before_pricing_and_loses_nothing(monkeypatch):
     same ones are counted out, and no layout that does not fit is priced."""
     from collections import Counter
 
-    from collsim.analysis.comm import make_timer
-    from collsim.analysis.plan import Rejected, layouts
-    from collsim.analysis.step import StepModel
+    from collsim.training.comm import make_timer
+    from collsim.training.plan import Rejected, layouts
+    from collsim.training.step import StepModel
 
     data = gpt(model={"layers": 40, "hidden": 5120, "heads": 40, "vocab": 32000, "seq_len": 2048},
                global_batch=64, micro_batch=1)  # fmt: skip

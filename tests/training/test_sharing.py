@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from collsim.analysis.comm import make_timer
-from collsim.analysis.layout import resolve_layout
-from collsim.analysis.sharing import concurrent_groups, link_share
-from collsim.analysis.workload import workload_from_dict
 from collsim.topology.graph import Network
 from collsim.topology.loader import load_topology
-from tests.analysis._step_fixtures import evaluate, gpt
+from collsim.training.comm import make_timer
+from collsim.training.layout import resolve_layout
+from collsim.training.sharing import concurrent_groups, link_share
+from collsim.training.workload import workload_from_dict
+from tests.training._step_fixtures import evaluate, gpt
 
 
 def _share(topology, parallel, kind, n=None):

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from collsim.analysis.amdahl import ScalingCurve, scaling_curve
-from collsim.analysis.step import StepModel, StepResult
-from collsim.analysis.workload import WorkloadError, WorkloadIn, with_changes
 from collsim.errors import CollsimError
+from collsim.training.amdahl import ScalingCurve, scaling_curve
+from collsim.training.step import StepModel, StepResult
+from collsim.training.workload import WorkloadError, WorkloadIn, with_changes
 
 
 def scale_workload(

@@ -94,7 +94,7 @@ _A_YEAR = (365 * 86400.0, "a year")
 
 
 def _duration(value: object) -> float:
-    from collsim.analysis.resilience import parse_duration_s
+    from collsim.training.resilience import parse_duration_s
 
     return parse_duration_s(value)
 
@@ -279,7 +279,7 @@ class TrainingIn(Strict):
         "5us"
     )
     """ZeRO-3's per-rank copy out of each list all-gather (DeepSpeed 2021 gathers into ``n``
-    tensors, one launch each; :mod:`collsim.analysis.zero3`, whose ``LIST_COPY_S`` is this
+    tensors, one launch each; :mod:`collsim.training.zero3`, whose ``LIST_COPY_S`` is this
     default); ``0us`` for flat-buffer gathers."""
     persistence_threshold: Annotated[int, Field(ge=0)] = 100_000
     """DeepSpeed ZeRO-3 keeps parameter tensors of fewer elements whole on every rank
@@ -289,7 +289,7 @@ class TrainingIn(Strict):
     """DeepSpeed ZeRO-3 keeps a gathered tensor for its next use only if fewer parameter
     elements are fetched in between (``stage3_max_reuse_distance``, default 1e9): with full
     recomputation the backward regathers what the recomputed forward released
-    (:mod:`collsim.analysis.zero3`)."""
+    (:mod:`collsim.training.zero3`)."""
     algorithm: Literal["nccl", "auto", "ring"] = "nccl"
     stragglers: StragglersIn = StragglersIn()
     sync: SyncIn = SyncIn()
@@ -324,7 +324,7 @@ class ComputeIn(Strict):
 
 
 class ResilienceIn(Strict):
-    """Failures over a long run (:mod:`collsim.analysis.resilience`): node MTBF, checkpoint size
+    """Failures over a long run (:mod:`collsim.training.resilience`): node MTBF, checkpoint size
     (default: weights + optimizer state), storage bandwidth, restart and repair times. Rates and
     durations keep their text; the ``*_s`` properties give seconds and bytes per second."""
 

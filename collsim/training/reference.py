@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collsim.analysis.comm import make_timer
-from collsim.analysis.step import StepModel
-from collsim.analysis.transformer import eq3_flops_per_sample, model_flops_per_sample
-from collsim.analysis.workload import WorkloadIn, workload_from_dict
 from collsim.errors import CollsimError
 from collsim.topology.loader import load_topology
+from collsim.training.comm import make_timer
+from collsim.training.step import StepModel
+from collsim.training.transformer import eq3_flops_per_sample, model_flops_per_sample
+from collsim.training.workload import WorkloadIn, workload_from_dict
 
 RUNS_FILE = Path(__file__).resolve().parents[2] / "data" / "steptime" / "runs.json"
 CALIBRATION_RUN = "korthikanti2022-t5-175B-seqsel"

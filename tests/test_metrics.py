@@ -6,14 +6,14 @@ import math
 
 import pytest
 
-from collsim.analysis.metrics import (
+from collsim.errors import ScheduleError
+from collsim.metrics import (
     COLLECTIVES,
     algbw_gbps,
     bus_factor,
     busbw_gbps,
     canonical_collective,
 )
-from collsim.errors import ScheduleError
 
 # nccl-tests src/*.cu GetBw: factor = busBw / algBw.
 EXPECTED = {

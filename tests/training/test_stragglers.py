@@ -1,5 +1,5 @@
 """Stragglers: per-rank start times and slowdowns in the engine (both paths), the seeded
-straggler study (collsim.stragglers) and ``collsim stragglers``."""
+straggler study (collsim.training.stragglers) and ``collsim stragglers``."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from collsim.collectives.schedule import ScheduleBuilder
 from collsim.engine import SimResult, ring_fabric, simulate, star_fabric
 from collsim.engine.testing import ring_all_reduce
 from collsim.errors import CollsimError, ScheduleError
-from collsim.stragglers import draw, parse_spec, run_stragglers
 from collsim.topology.loader import load_topology
+from collsim.training.stragglers import draw, parse_spec, run_stragglers
 from tests.engine.conftest import IDEAL
 from tests.engine.test_uncontended import assert_same
 
@@ -61,7 +61,7 @@ def test_late_rank_delays_a_homogeneous_ring_by_its_delay(late: int, delay: floa
 def test_late_rank_on_a_real_system_delays_by_at_most_its_delay() -> None:
     # Two DGX H100: NVLink ring edges inside a node have slack behind the InfiniBand edges, so a
     # late NVLink sender is (partly) absorbed, a late InfiniBand sender is not. Never more than D.
-    from collsim.stragglers import _schedule
+    from collsim.training.stragglers import _schedule
     from collsim.whatif import WhatIf
 
     whatif = WhatIf(load_topology("dgx-h100", nodes=2))

@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING, Any
 
 from collsim import units
 from collsim.errors import CollsimError, UnitError
-from collsim.report.tables import plural
+from collsim.tables import plural
 
 if TYPE_CHECKING:
-    from collsim.analysis.workload import WorkloadIn
+    from collsim.training.workload import WorkloadIn
 
 HOUR_S = 3600.0
 
@@ -134,10 +134,10 @@ def wall_per_useful(interval_s: float, write_s: float, restart_s: float, mtbf_s:
 
 def default_checkpoint_bytes(w: WorkloadIn) -> float:
     """Weights in the training dtype + optimizer state (fp32 master weights and moments, as
-    :mod:`collsim.analysis.layout` counts memory) of all parameters, once (not per replica)."""
-    from collsim.analysis.layout import optimizer_state_bytes
-    from collsim.analysis.transformer import total_params
-    from collsim.analysis.workload import DTYPE_BYTES
+    :mod:`collsim.training.layout` counts memory) of all parameters, once (not per replica)."""
+    from collsim.training.layout import optimizer_state_bytes
+    from collsim.training.transformer import total_params
+    from collsim.training.workload import DTYPE_BYTES
 
     params = total_params(w.model) if w.model.kind == "transformer" else w.model.params
     return params * (DTYPE_BYTES[w.value_dtype] + optimizer_state_bytes(w))

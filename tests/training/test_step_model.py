@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import pytest
 
-from collsim.analysis.comm import DesTimer, make_timer
-from collsim.analysis.step import (
+from collsim.protocols import get_protocol
+from collsim.topology.loader import load_topology
+from collsim.training.comm import DesTimer, make_timer
+from collsim.training.step import (
     StepModel,
     bubble_fraction,
     expected_max_multiplier,
     overlapped_buckets,
 )
-from collsim.analysis.transformer import eq3_flops_per_sample, model_flops_per_sample
-from collsim.analysis.workload import DTYPE_BYTES, workload_from_dict
-from collsim.protocols import get_protocol
-from collsim.topology.loader import load_topology
-from tests.analysis._step_fixtures import generic, gpt, ring_topology
+from collsim.training.transformer import eq3_flops_per_sample, model_flops_per_sample
+from collsim.training.workload import DTYPE_BYTES, workload_from_dict
+from tests.training._step_fixtures import generic, gpt, ring_topology
 
 REL = 1e-9
 
@@ -41,7 +41,7 @@ def test_pure_dp_ring_all_reduce_without_overlap_is_compute_plus_closed_form(eng
 def test_gemms_run_at_the_efficiency_times_the_gpus_best_matmul_not_its_peak():
     from collsim.topology.loader import topology_from_dict
     from collsim.topology.spec import DEFAULT_MATMUL_FRACTION
-    from tests.analysis import _step_fixtures as fx
+    from tests.training import _step_fixtures as fx
 
     w = workload_from_dict(generic())
     results = {}
@@ -202,7 +202,7 @@ def test_group_shapes_survive_a_freed_topologys_id_being_reused():
     would leave it (waiting for a natural reuse took 300 loads and collections)."""
     import gc
 
-    from collsim.analysis import comm
+    from collsim.training import comm
 
     old = load_topology("dgx-h100", nodes=1)
     assert comm.group_shape(old, [g.name for g in old.gpus])[:3] == (8, tuple(range(8)), 1)
@@ -252,7 +252,7 @@ def test_replicas_meet_every_step_whatever_the_sync_mode():
     """A replica's TP/PP GPUs wait for their slowest every step in every sync mode; only the
     data-parallel replicas wait less: local SGD for the slowest replica's mean over k steps,
     async for none (staleness 0 is synchronous). TP 2 x DP 4 on one DGX H100, cv 0.1."""
-    from collsim.analysis.dataparallel import expected_max_multiplier
+    from collsim.training.dataparallel import expected_max_multiplier
 
     topo = load_topology("dgx-h100", nodes=1)
     timer = make_timer("analytic", topo)
@@ -283,7 +283,7 @@ def test_local_sgd_wait_is_the_slowest_replicas_mean_of_its_step_maxima(distribu
     force: max over GPUs of a replica, mean over k steps, max over replicas."""
     import numpy as np
 
-    from collsim.analysis.dataparallel import _local_sgd_multiplier, _multipliers
+    from collsim.training.dataparallel import _local_sgd_multiplier, _multipliers
 
     k, replicas, per_replica, cv, n = 8, 4, 3, 0.1, 20000
     got = _local_sgd_multiplier(k, replicas, per_replica, cv, distribution, 1, n)

@@ -14,10 +14,10 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collsim.analysis import resilience as rs
-from collsim.analysis.workload import WorkloadError, load_workload, workload_from_dict
 from collsim.cli import cli
 from collsim.errors import CollsimError
+from collsim.training import resilience as rs
+from collsim.training.workload import WorkloadError, load_workload, workload_from_dict
 
 H = 3600.0
 SECTION = {

@@ -6,7 +6,7 @@ Per micro-batch and pipeline stage (one GPU's view; ``b`` sequences, TP size ``t
   ``elementwise_traffic`` / memory bandwidth, the best matmul rate being the GPU's measured
   maximum achievable one (:func:`matmul_flops`; below its peak by 13% on an A100, 20% on an
   H100); backward = 2 x forward; recomputation adds a forward (full) or the attention
-  core (selective) to the backward (FLOPs: :mod:`collsim.analysis.transformer`);
+  core (selective) to the backward (FLOPs: :mod:`collsim.training.transformer`);
 * tensor parallelism: 2 all-reduces of ``b s h`` elements in the forward and 2 in the backward
   per layer (Shoeybi et al. 2019, arXiv:1909.08053, Fig. 4), reduce-scatter + all-gather pairs
   with sequence parallelism (Korthikanti et al. 2022, section 4.2.2); full recomputation repeats
@@ -28,7 +28,7 @@ Per micro-batch and pipeline stage (one GPU's view; ``b`` sequences, TP size ``t
   backward, reduce-scatter gradients (1.5x the all-reduce's volume; Rajbhandari et al. 2020,
   section 7), per micro-batch and layer, one collective per tensor (DeepSpeed) or per layer
   (FSDP), ``max(0, comm - compute)`` exposed per layer with overlap
-  (:mod:`collsim.analysis.zero3`);
+  (:mod:`collsim.training.zero3`);
 * context parallelism over ``c`` GPUs: each computes ``1 / c`` of every sequence (FLOPs,
   activations, TP and pipeline messages ``/ c``); per layer, the keys and values of the whole
   sequence are all-gathered in the CP group before the attention, again for its backward (and
@@ -38,7 +38,7 @@ Per micro-batch and pipeline stage (one GPU's view; ``b`` sequences, TP size ``t
   over the ``dp x c`` GPUs holding the same weights;
 * expert parallelism: 2 all-to-alls (dispatch, combine) forward and 2 backward per MoE layer;
 * each kind of group is timed on rank 0's group, with the share of its links that the sibling
-  groups running the same collective at once leave it (:mod:`collsim.analysis.sharing`);
+  groups running the same collective at once leave it (:mod:`collsim.training.sharing`);
 * optimizer: memory-bound (Adam: 34 bytes per local parameter, SGD: 14);
 * stragglers: per-GPU compute multipliers (mean 1, seeded), the synchronous step waits for the
   slowest of all GPUs: ``(E[max] - 1) x (compute + bubble)``; a replica's own GPUs (TP, CP, PP)
@@ -57,14 +57,15 @@ from typing import Any
 
 import numpy as np
 
-from collsim.analysis.comm import CommTimer
-from collsim.analysis.dataparallel import (
+from collsim.topology.spec import Topology
+from collsim.training.comm import CommTimer
+from collsim.training.dataparallel import (
     data_parallel,
     expected_max_multiplier,
     overlapped_buckets,
     straggler_multiplier,
 )
-from collsim.analysis.layout import (
+from collsim.training.layout import (
     Groups,
     Layout,
     Memory,
@@ -73,8 +74,8 @@ from collsim.analysis.layout import (
     resolve_layout,
     sharded_params,
 )
-from collsim.analysis.sharing import group_shares
-from collsim.analysis.transformer import (
+from collsim.training.sharing import group_shares
+from collsim.training.transformer import (
     LayerCosts,
     generic_layer_costs,
     is_moe_layer,
@@ -83,9 +84,8 @@ from collsim.analysis.transformer import (
     loss_logits_bytes,
     model_flops_per_sample,
 )
-from collsim.analysis.workload import DTYPE_BYTES, PEAK_KEY, WorkloadError, WorkloadIn
-from collsim.analysis.zero3 import expert_tails, stage_tensors
-from collsim.topology.spec import Topology
+from collsim.training.workload import DTYPE_BYTES, PEAK_KEY, WorkloadError, WorkloadIn
+from collsim.training.zero3 import expert_tails, stage_tensors
 
 DEFAULT_EFFICIENCY = 0.765
 """GEMM efficiency (achieved FLOP/s / the GPU's best matmul rate, :func:`matmul_flops`) when
@@ -230,7 +230,7 @@ class StepModel:
 
     def _place(self, lay: Layout) -> Groups:
         """Rank 0's groups on the topology, and how many concurrent groups share the links each
-        one crosses (:mod:`collsim.analysis.sharing`): its collectives are timed with that share
+        one crosses (:mod:`collsim.training.sharing`): its collectives are timed with that share
         of each link class."""
         groups = place(lay, self.topology)
         network = getattr(self.timer, "network", None)

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from collsim.analysis.comm import make_timer
-from collsim.analysis.layout import place, resolve_layout
-from collsim.analysis.plan import SearchIn, layouts
-from collsim.analysis.sharing import concurrent_groups
-from collsim.analysis.step import StepModel
-from collsim.analysis.transformer import layer_costs
-from collsim.analysis.workload import WorkloadError, workload_from_dict
 from collsim.errors import CollsimError
 from collsim.topology.loader import load_topology
-from tests.analysis._step_fixtures import generic, gpt
+from collsim.training.comm import make_timer
+from collsim.training.layout import place, resolve_layout
+from collsim.training.plan import SearchIn, layouts
+from collsim.training.sharing import concurrent_groups
+from collsim.training.step import StepModel
+from collsim.training.transformer import layer_costs
+from collsim.training.workload import WorkloadError, workload_from_dict
+from tests.training._step_fixtures import generic, gpt
 
 GQA = {"layers": 8, "hidden": 1024, "heads": 16, "kv_heads": 4, "vocab": 32000, "seq_len": 4096}
 
@@ -181,7 +181,7 @@ def test_the_elastic_option_shrinks_whole_replicas_of_tp_cp_pp(node):
     result = model2.evaluate(w)
     at = _elastic_step(model2, w, result, 8)
     assert at(2) == result.step_time_s
-    from collsim.analysis.workload import with_changes
+    from collsim.training.workload import with_changes
 
     expected = model2.evaluate(with_changes(w, parallel={"dp": 4}), 8).step_time_s
     assert at(1) == pytest.approx(expected)
@@ -222,7 +222,7 @@ def test_plan_turns_to_context_parallelism_where_long_sequences_do_not_fit():
     """A 7B-class model at 64K tokens a sequence on one DGX H100 without recomputation: a whole
     sequence's activations exceed 80 GB on one GPU, so every cp 1 layout is discarded and the
     plan's answer splits the sequence (cp 8 holds one eighth of it on each GPU)."""
-    from collsim.analysis.plan import CandidatesIn, plan
+    from collsim.training.plan import CandidatesIn, plan
 
     spec = {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "vocab": 32000,
             "seq_len": 65536, "flash_attention": True}  # fmt: skip

@@ -1,7 +1,7 @@
 """How many concurrent groups share a group's links: the contention per-group timers leave out.
 
 The step model times one representative group of each kind (rank 0's TP, DP, EP group, its
-pipeline neighbour) alone on the network (:mod:`collsim.analysis.comm`). In a real step its
+pipeline neighbour) alone on the network (:mod:`collsim.training.comm`). In a real step its
 sibling groups run the same collective at the same moment: the TP ranks of a stage all-reduce
 their gradient shards together, every TP rank of a stage sends its slice to the next stage, all
 expert-parallel groups exchange tokens at once. Where siblings cross the same links as the
@@ -12,7 +12,7 @@ inside the node (DGX, rail-optimised clusters) none do.
 :func:`link_share` is that factor: the representative group's ring rate alone over its rate
 when the links of its first node are shared in proportion to every concurrent group's crossings
 (a shared link that stays faster than the ring's own bottleneck costs nothing). The timers then
-run the group's collective with its rates divided by it (:func:`collsim.analysis.comm.make_timer`):
+run the group's collective with its rates divided by it (:func:`collsim.training.comm.make_timer`):
 the bandwidth a fair share leaves, the latencies unchanged.
 """
 
@@ -22,8 +22,8 @@ import weakref
 from collections import defaultdict
 from collections.abc import Sequence
 
-from collsim.analysis.layout import Groups, Layout
 from collsim.topology.graph import Network
+from collsim.training.layout import Groups, Layout
 
 KINDS = ("tp", "dp", "pp", "ep", "dp_expert", "cp")
 
@@ -63,7 +63,7 @@ def concurrent_groups(layout: Layout, names: Sequence[str], kind: str) -> list[l
 
 
 def group_shares(layout: Layout, groups: Groups, network: Network) -> dict[tuple[str, ...], float]:
-    """:func:`link_share` of each of rank 0's groups (:func:`collsim.analysis.layout.place`),
+    """:func:`link_share` of each of rank 0's groups (:func:`collsim.training.layout.place`),
     keyed by its GPUs (where two kinds are the same GPUs, the larger share)."""
     names = [g.name for g in network.topology.gpus]
     mine = {"tp": groups.tp, "dp": groups.dp, "pp": groups.pp_pair, "ep": groups.ep,

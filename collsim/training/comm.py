@@ -3,7 +3,7 @@
 ``timer.time_s(collective, gpus, size_bytes)`` is the time of ``collective`` over ``size_bytes``
 (nccl-tests' size convention) among ``gpus`` (topology GPU names), with the group alone on the
 network, or with ``1 / share`` of its links' rates where concurrent groups cross the same links
-(:mod:`collsim.analysis.sharing`). Two implementations:
+(:mod:`collsim.training.sharing`). Two implementations:
 
 * :class:`AnalyticTimer` -- :class:`collsim.model.analytic.AnalyticModel` on the group (closed
   forms, milliseconds per new group shape, then microseconds): the default for ``step``,
@@ -54,7 +54,7 @@ class CommTimer(Protocol):
 
 def links_shared(topology: Topology, share: float) -> Topology:
     """``topology`` with every link at ``1 / share`` of its rate: what a group gets while
-    concurrent groups load its links (:mod:`collsim.analysis.sharing`)."""
+    concurrent groups load its links (:mod:`collsim.training.sharing`)."""
     import dataclasses
 
     def scaled(lk: Any) -> Any:

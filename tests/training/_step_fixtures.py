@@ -70,8 +70,8 @@ MOE = {"layers": 4, "hidden": 1024, "heads": 16, "vocab": 32000, "seq_len": 1024
 
 def evaluate(topo: Any, data: dict[str, Any], n: int | None = None) -> Any:
     """The step model (analytic timer) on ``topo`` for the workload ``data``."""
-    from collsim.analysis.comm import make_timer
-    from collsim.analysis.step import StepModel
-    from collsim.analysis.workload import workload_from_dict
+    from collsim.training.comm import make_timer
+    from collsim.training.step import StepModel
+    from collsim.training.workload import workload_from_dict
 
     return StepModel(topo, make_timer("analytic", topo)).evaluate(workload_from_dict(data), n)
