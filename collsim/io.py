@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from collsim.errors import CollsimError
+
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``.
@@ -80,8 +82,6 @@ def figure_format(path: str | os.PathLike[str], field: str = "--plot") -> str:
     """The image format ``path``'s suffix names (PNG without one); an unknown one is an error
     naming the option, raised before any work (check outputs before computing them)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    from collsim.errors import CollsimError
 
     fmt = Path(path).suffix.lstrip(".").lower() or "png"
     kinds = FigureCanvasAgg.get_supported_filetypes()
@@ -183,8 +183,6 @@ def directory_lock(
     command in the error, ``flag`` its output option; ``error`` the error class (a
     :class:`~collsim.errors.CollsimError`)."""
     import fcntl
-
-    from collsim.errors import CollsimError
 
     error = error or CollsimError
     out.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,8 @@ nccl-tests (``src/*.cu``, ``GetBw`` functions; see its ``doc/PERFORMANCE.md``) r
 
 from __future__ import annotations
 
+import numpy as np
+
 from collsim.errors import ScheduleError
 from collsim.units import BYTES_PER_GB
 
@@ -72,3 +74,18 @@ def busbw_gbps(collective: str, nranks: int, size_bytes: float, time_s: float) -
     if factor == 0.0:
         return 0.0
     return algbw_gbps(size_bytes, time_s) * factor
+
+
+ROUNDED_TO_RANKS = frozenset({"all_gather", "reduce_scatter", "alltoall"})
+"""Collectives whose element count nccl-tests rounds down to a multiple of the rank count."""
+
+
+def effective_bytes(
+    collective: str, sizes_bytes: np.ndarray, elem_bytes: int, nranks: int
+) -> np.ndarray:
+    """The bytes nccl-tests actually moves for each requested size (whole elements, rounded to a
+    multiple of the ranks for the blocked collectives)."""
+    count = np.asarray(sizes_bytes, dtype=np.int64) // elem_bytes
+    if collective in ROUNDED_TO_RANKS:
+        count = count // nranks * nranks
+    return (count * elem_bytes).astype(np.float64)

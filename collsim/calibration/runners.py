@@ -37,6 +37,7 @@ from collsim.calibration._process import (
 )
 from collsim.calibration.nccltests import NcclTestsLog, read_log
 from collsim.calibration.store import MANIFEST, ResultStore
+from collsim.calibration.torchbench import TORCH_DTYPES
 from collsim.errors import CalibrationError, CollsimError
 from collsim.io import atomic_write_text, directory_lock
 from collsim.tables import plural
@@ -126,8 +127,6 @@ class RunConfig:
                 field="--launcher",
                 value=self.launcher,
             )
-        from collsim.calibration.torchbench import TORCH_DTYPES
-
         types = tuple(TORCH_DTYPES) if self.runner == "torch" else NCCL_TESTS_DTYPES
         if self.dtype not in types:
             raise CalibrationError(

@@ -25,6 +25,7 @@ import numpy as np
 
 from collsim.calibration.fit import Sample
 from collsim.calibration.predict import Predictor, elem_bytes
+from collsim.io import save_figure
 from collsim.metrics import bus_factor
 from collsim.model.params import DEFAULT_PARAMS, ModelParams
 from collsim.tables import plural
@@ -167,8 +168,6 @@ def plot_validation(validation: Validation, path: str | Path, title: str = "") -
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from collsim.io import save_figure
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, r in enumerate(validation.logs[:12]):

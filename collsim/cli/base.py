@@ -211,7 +211,8 @@ def whatif_for(topo: Any, profile: str | None, engine: str, model: str) -> tuple
 
     if not profile:
         return WhatIf(topo), None
-    from collsim.model.profile import load_profile, whatif_with_profile
+    from collsim.model.profile import load_profile
+    from collsim.whatif import whatif_with_profile
 
     if engine == "analytic" and model == "nccl":
         raise CollsimError("NCCL's model takes no profile", field="--profile", value=profile)

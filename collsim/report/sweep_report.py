@@ -26,6 +26,7 @@ from typing import Any
 
 from collsim.errors import CollsimError
 from collsim.io import atomic_write_text
+from collsim.sweep.runner import read_points
 from collsim.tables import plural
 from collsim.units import format_size
 
@@ -417,8 +418,6 @@ def write_report(
 ) -> list[Path]:
     """Write ``report.md``, ``report.html`` and the PNGs into ``output``; returns the two pages."""
     import json
-
-    from collsim.sweep.runner import read_points
 
     rows = read_points(results)
     if not rows:

@@ -25,10 +25,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+import networkx as nx
 import numpy as np
 
 from collsim import units
 from collsim.errors import CollsimError, TopologyError
+from collsim.topology.graph import Network
 from collsim.topology.spec import Device, Topology
 
 T = TypeVar("T")
@@ -244,8 +246,6 @@ def apply_faults(topology: Topology, faults: Sequence[Fault]) -> Topology:
     """A copy of ``topology`` with ``faults`` applied (failures first, then degradations)."""
     if not faults:
         return topology
-    from collsim.topology.loader import check_connected
-
     topo = topology
     for fault in faults:  # validate every name against the healthy system first
         _resolve(topology, fault)
@@ -304,11 +304,55 @@ def apply_faults(topology: Topology, faults: Sequence[Fault]) -> Topology:
     return dataclasses.replace(topo, faults=topo.faults + tuple(f.text for f in faults))
 
 
+def check_connected(topo: Topology) -> None:
+    """Every GPU must reach every other GPU without passing through a third GPU.
+
+    Two GPUs reach each other when they touch the same connected component of forwarding devices
+    (switches, NICs, CPUs; relaying GPUs of a chip-level torus count as forwarding) or share a
+    direct link.
+    """
+    forwarding = {d.name for d in topo.devices if d.forwards}
+    core = nx.Graph()
+    core.add_nodes_from(forwarding)
+    core.add_edges_from((lk.a, lk.b) for lk in topo.links if {lk.a, lk.b} <= forwarding)
+    comp_of = {n: i for i, comp in enumerate(nx.connected_components(core)) for n in comp}
+    gpus = [g.name for g in topo.gpus]
+    comps: dict[str, set[int]] = {g: set() for g in gpus}
+    direct: dict[str, set[str]] = {g: set() for g in gpus}
+    for g in gpus:
+        if g in comp_of:
+            comps[g].add(comp_of[g])
+    for lk in topo.links:
+        for here, there in ((lk.a, lk.b), (lk.b, lk.a)):
+            if here in comps and here not in forwarding:
+                if there in comp_of:
+                    comps[here].add(comp_of[there])
+                else:
+                    direct[here].add(there)
+
+    def reach(a: str, b: str) -> bool:
+        return bool(comps[a] & comps[b]) or b in direct[a]
+
+    if set.intersection(*(comps[g] for g in gpus)):
+        return
+    first = gpus[0]
+    unreachable = [g for g in gpus[1:] if not reach(first, g)]
+    if unreachable:
+        shown = ", ".join(unreachable[:6]) + (" ..." if len(unreachable) > 6 else "")
+        raise TopologyError(
+            f"{len(unreachable)} GPU(s) cannot reach {first}: {shown}",
+            field="links",
+            value=len(unreachable),
+        )
+    for i, a in enumerate(gpus[:256]):
+        for b in gpus[i + 1 : 256]:
+            if not reach(a, b):
+                raise TopologyError(f"GPU {b} cannot reach {a}", field="links", value=b)
+
+
 def unreachable_gpus(topo: Topology) -> list[str]:
     """GPUs cut off from the largest group of GPUs that reach each other through forwarding
     devices (switches, NICs, CPUs, relaying GPUs), in rank order."""
-    import networkx as nx
-
     forwarding = {d.name for d in topo.devices if d.forwards}
     core = nx.Graph()
     core.add_nodes_from(forwarding)
@@ -449,8 +493,6 @@ def _keep_shared(topo: Topology) -> Topology:
 
 def _background(topo: Topology, faults: Sequence[Fault], failed: list[Fault]) -> Topology:
     """Subtract other jobs' load from link capacities (never below :data:`BACKGROUND_FLOOR`)."""
-    from collsim.topology.graph import Network
-
     net = Network(topo)
     load = np.zeros(len(net.capacity_bytes_per_s))  # coupling ids (past the cables) unused
     for fault in faults:

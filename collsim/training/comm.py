@@ -27,11 +27,21 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from collsim.collectives.layout import RankLayout
-from collsim.collectives.registry import NCCL_ALGORITHMS, algorithms_for, needs_in_network
+from collsim.collectives.registry import (
+    NCCL_ALGORITHMS,
+    algorithms_for,
+    build_schedule,
+    needs_in_network,
+)
+from collsim.engine import simulate
 from collsim.errors import ScheduleError
+from collsim.model.analytic import AnalyticModel
+from collsim.model.params import DEFAULT_PARAMS
+from collsim.model.tuner import Tuner
 from collsim.topology.fabric import TopologyFabric
 from collsim.topology.graph import Network
 from collsim.topology.spec import Topology
+from collsim.whatif import WhatIf, element_count
 
 ENGINES = ("analytic", "des")
 
@@ -146,8 +156,6 @@ class _Cached:
             if share > 1.0:
                 import dataclasses
 
-                from collsim.model.params import DEFAULT_PARAMS
-
                 base = params if params is not None else DEFAULT_PARAMS
                 eff = tuple(e / share for e in base.bandwidth_efficiency)
                 params = dataclasses.replace(base, bandwidth_efficiency=eff)
@@ -184,8 +192,6 @@ class _Cached:
         share: float = 1.0,
     ) -> Any:
         """The tuner's (algorithm, protocol, channels) and its predicted time."""
-        from collsim.model.tuner import Tuner
-
         model = self.model_for(gpus, share)
         tuning = Tuner(model).tune(
             collective, [size], algorithms=self.algorithms(collective, len(gpus), algorithm)
@@ -213,10 +219,6 @@ class DesTimer(_Cached):
     def _time(
         self, collective: str, gpus: list[str], size: int, algorithm: str, share: float
     ) -> float:
-        from collsim.collectives.registry import build_schedule
-        from collsim.engine import simulate
-        from collsim.whatif import element_count
-
         choice, _ = self.choose(collective, gpus, size, algorithm, share)
         n = len(gpus)
         schedule = build_schedule(
@@ -268,10 +270,6 @@ def group_analytic_model(
     modelled by giving it a ``WhatIf`` whose fabric places ranks on the group's GPUs only and
     whose layout is the group's. If the model's API changes, this is the one place to adapt.
     """
-    from collsim.model.analytic import AnalyticModel
-    from collsim.model.params import DEFAULT_PARAMS
-    from collsim.whatif import WhatIf
-
     view = WhatIf.__new__(WhatIf)
     view.topology = topology
     view.network = network

@@ -32,7 +32,8 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BeforeValidator, Field, PrivateAttr, ValidationError, field_validator
 
 from collsim.errors import CollsimError
-from collsim.io import beside
+from collsim.io import beside, save_figure
+from collsim.model.profile import load_profile
 from collsim.topology import loader as _topo_loader
 from collsim.topology.loader import load_topology
 from collsim.topology.schema import Strict
@@ -342,8 +343,6 @@ def plan(
         )
     fitted = None  # a fitted profile file: checked against, and scaling, each cluster's links
     if profile and params is not None and str(params.source).startswith("profile "):
-        from collsim.model.profile import load_profile
-
         fitted = load_profile(profile)
     for cl in cand.clusters:
         node_counts = cl.node_counts()
@@ -422,8 +421,6 @@ def plot_pareto(options: list[Option], path: str | os.PathLike[str], title: str 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from collsim.io import save_figure
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for o in options:

@@ -31,17 +31,17 @@ order: failures inside the repair window are not compounded). Elastic wins when 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from collsim import units
-from collsim.errors import CollsimError, UnitError
+from collsim.errors import CollsimError
 from collsim.tables import plural
-
-if TYPE_CHECKING:
-    from collsim.training.workload import WorkloadIn
+from collsim.training.layout import optimizer_state_bytes
+from collsim.training.transformer import total_params
+from collsim.training.workload import DTYPE_BYTES, WorkloadIn
+from collsim.units import format_duration
+from collsim.units import parse_duration_s as parse_duration_s  # re-exported
 
 HOUR_S = 3600.0
 
@@ -56,31 +56,6 @@ def _check(name: str, value: float, *, zero_ok: bool = False) -> float:
         need = "a non-negative" if zero_ok else "a positive"
         raise ResilienceError(f"must be {need} finite number", field=name, value=value)
     return float(value)
-
-
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(min|h|d)\s*$")
-_DURATION_S = {"min": 60.0, "h": HOUR_S, "d": 24 * HOUR_S}
-
-
-def parse_duration_s(value: object) -> float:
-    """Seconds in a duration: ``30s``, ``10min``, ``1.5h``, ``2d`` (and ``ms``/``us``/``ns``).
-
-    A unit is required: a bare number would be microseconds in :func:`collsim.units.parse_time`."""
-    if isinstance(value, str):
-        match = _DURATION.match(value)
-        if match:
-            return float(match.group(1)) * _DURATION_S[match.group(2)]
-        if re.search(r"[0-9]\s*(s|ms|us|µs|ns)\s*$", value):
-            return units.parse_time(value)
-    raise UnitError(f"malformed duration {value!r} (use a unit: 30s, 10min, 1.5h, 2d)")
-
-
-def format_duration(seconds: float) -> str:
-    """``'42 s'``, ``'12.5 min'``, ``'3.2 h'``, ``'4.1 d'`` (under 1 s: ``units.format_time``)."""
-    for unit, scale in (("d", 86400.0), ("h", HOUR_S), ("min", 60.0)):
-        if seconds >= 2 * scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds:.3g} s" if seconds >= 1 else units.format_time(seconds)
 
 
 def system_mtbf_s(node_mtbf_s: float, nodes: int) -> float:
@@ -135,10 +110,6 @@ def wall_per_useful(interval_s: float, write_s: float, restart_s: float, mtbf_s:
 def default_checkpoint_bytes(w: WorkloadIn) -> float:
     """Weights in the training dtype + optimizer state (fp32 master weights and moments, as
     :mod:`collsim.training.layout` counts memory) of all parameters, once (not per replica)."""
-    from collsim.training.layout import optimizer_state_bytes
-    from collsim.training.transformer import total_params
-    from collsim.training.workload import DTYPE_BYTES
-
     params = total_params(w.model) if w.model.kind == "transformer" else w.model.params
     return params * (DTYPE_BYTES[w.value_dtype] + optimizer_state_bytes(w))
 

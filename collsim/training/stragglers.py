@@ -51,8 +51,13 @@ from typing import Any
 import numpy as np
 
 from collsim import units
+from collsim.collectives.registry import build_schedule
+from collsim.engine import simulate
 from collsim.errors import CollsimError
-from collsim.sweep.runner import MAX_JOBS
+from collsim.model.tuner import tuned_algorithms
+from collsim.protocols import get_protocol
+from collsim.units import MAX_JOBS
+from collsim.whatif import WhatIf, dtype_bytes, element_count
 
 SKEW_KINDS = ("none", "uniform", "exp", "lognormal", "one")
 SLOWDOWN_KINDS = ("none", "uniform", "exp", "lognormal", "one")
@@ -258,8 +263,6 @@ def _time_samples(
     slowed: bool, progress: Callable[[int], None] | None = None,
 ) -> np.ndarray:  # fmt: skip
     """Engine time of each row of ``starts`` / ``slow`` for one (collective, algorithm, size)."""
-    from collsim.engine import simulate
-
     schedule = _schedule(whatif, **job["schedule"])
     times = np.empty(starts.shape[0])
     for row in range(starts.shape[0]):
@@ -280,9 +283,6 @@ def _schedule(
     channels: int, chunk_bytes: int | None,
 ) -> Any:  # fmt: skip
     """The schedule ``WhatIf.run`` times for one size (ranks on every GPU, nccl-tests counts)."""
-    from collsim.collectives.registry import build_schedule
-    from collsim.whatif import element_count
-
     n = whatif.topology.n_gpus
     return build_schedule(
         collective, algorithm, nranks=n,
@@ -293,8 +293,6 @@ def _schedule(
 
 def _worker(args: tuple[Any, ...]) -> np.ndarray:
     """A process-pool task: a chunk of samples of one size (rebuilds the topology's routes)."""
-    from collsim.whatif import WhatIf
-
     topology, job, starts, slow, skewed, slowed = args
     return _time_samples(WhatIf(topology), job, starts, slow, skewed, slowed)
 
@@ -322,10 +320,6 @@ def run_stragglers(
     spreads samples over processes; results do not depend on it. ``progress(n)`` is called as
     ``n`` more samples finish.
     """
-    from collsim.engine import simulate
-    from collsim.protocols import get_protocol
-    from collsim.whatif import WhatIf, dtype_bytes
-
     skew_d = skew if isinstance(skew, Distribution) else parse_spec("skew", skew)
     slow_d = slowdown if isinstance(slowdown, Distribution) else parse_spec("slowdown", slowdown)
     if samples < 1:
@@ -344,8 +338,6 @@ def run_stragglers(
     starts, slow = draw(skew_d, slow_d, nranks, seed, range(samples))
     skewed, slowed = not skew_d.is_none, not slow_d.is_none
     if algorithm == "auto":
-        from collsim.model.tuner import tuned_algorithms
-
         picks = tuned_algorithms(
             whatif.cost_model(), collective, list(sizes), elem_bytes=elem, protocol=proto,
             channels=channels,

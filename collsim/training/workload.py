@@ -94,9 +94,7 @@ _A_YEAR = (365 * 86400.0, "a year")
 
 
 def _duration(value: object) -> float:
-    from collsim.training.resilience import parse_duration_s
-
-    return parse_duration_s(value)
+    return units.parse_duration_s(value)
 
 
 Count = Annotated[float, BeforeValidator(parse_count), Field(gt=0)]
