@@ -22,12 +22,8 @@ from pydantic import BaseModel, ValidationError
 from collsim.errors import CollsimError, TopologyError
 from collsim.io import yaml_load
 from collsim.topology.builders import Parts, build_fabric, build_node, fabric_shape
-from collsim.topology.faults import (
-    apply_faults,
-    check_connected,
-    faults_from_file,
-    parse_cli_faults,
-)
+from collsim.topology.faults import apply_faults, faults_from_file, parse_cli_faults
+from collsim.topology.reach import check_connected
 from collsim.topology.schema import ExplicitIn, FabricIn, GpuIn, TemplateIn
 from collsim.topology.spec import Device, GpuModel, Link, SharedCapacity, Topology
 
