@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from collsim.analysis.reference import (
+from collsim.io import atomic_write_text
+from collsim.training.reference import (
     ASSUMPTIONS,
     CALIBRATION_RUN,
     Predictor,
@@ -21,9 +22,8 @@ from collsim.analysis.reference import (
     to_reference,
     validate,
 )
-from collsim.analysis.workload import with_changes
-from collsim.analysis.zero3 import LIST_COPY_S
-from collsim.io import atomic_write_text
+from collsim.training.workload import with_changes
+from collsim.training.zero3 import LIST_COPY_S
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -120,11 +120,11 @@ def _llama3(efficiency: float) -> tuple[list[str], dict[str, float]]:
     """Llama 3 405B's three published layouts (Table 4) on `dgx-h100`, with the efficiency
     calibrated above: the table (with how much of each step's FLOPs is the attention core), and
     the 128K run's error and context-parallel share of its step."""
-    from collsim.analysis.comm import make_timer
-    from collsim.analysis.step import StepModel
-    from collsim.analysis.transformer import layer_costs, model_flops_per_sample
-    from collsim.analysis.workload import load_workload
     from collsim.topology.loader import load_topology
+    from collsim.training.comm import make_timer
+    from collsim.training.step import StepModel
+    from collsim.training.transformer import layer_costs, model_flops_per_sample
+    from collsim.training.workload import load_workload
 
     out = [
         "| workload | GPUs | layout | seq | measured TFLOP/s | predicted | error | "
@@ -234,7 +234,7 @@ def main() -> None:
         f"a time (likewise the list reduce-scatter's inputs): {LIST_COPY_S * 1e6:.0f} us per "
         "copy (a typical launch + dispatch cost, chosen a priori, not fitted) makes every "
         "collective cost `n` launches on the communication stream and the CPU thread that also "
-        "launches compute, several milliseconds at 1000+ GPUs. `collsim/analysis/zero3.py` times "
+        "launches compute, several milliseconds at 1000+ GPUs. `collsim/training/zero3.py` times "
         "each collective with the step model's timer at its own size on the real group, adds the "
         "copies, and exposes per layer `max(0, comm - compute)` with overlap (copies always), "
         "everything without. With the global batch fixed, each GPU computes one micro-batch per "
@@ -320,7 +320,7 @@ def main() -> None:
         "The 8K runs come within 10% (the measured rate falls 7% from 8192 to 16384 GPUs; "
         "predicted, 6%). The 128K run, which splits each sequence over 16 GPUs (context "
         "parallelism: every layer all-gathers the sequence's keys and values in its CP group, "
-        f"`collsim/analysis/transformer.py`), is predicted {facts['error']:.0f}% faster than "
+        f"`collsim/training/transformer.py`), is predicted {facts['error']:.0f}% faster than "
         f"measured; its context-parallel collectives are {facts['cp_share']:.0f}% of the "
         "predicted step, so they cannot be what is missing. There the attention core "
         "(`4 s^2 h` FLOPs a layer, counted whole as "

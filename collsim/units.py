@@ -101,6 +101,10 @@ TIME_RANGE_S = (0.0, 10.0)
 MAX_SIZE_BYTES = 2**50
 """1 PiB: no buffer, memory or checkpoint is larger; past 2^63 bytes sizes overflow int64."""
 
+MAX_JOBS = 1024
+"""The most local worker processes ``--jobs`` may ask for (a typo of 100000 would fork that
+many before the first result)."""
+
 
 def _no_unit(text: str | int | float, value: float, readings: str) -> UnitError:
     """The error for a bare number where a unit is required. ``readings`` (a format whose ``{n}``
@@ -208,6 +212,31 @@ def format_time(seconds: float) -> str:
         if abs(seconds) >= scale:
             return f"{seconds / scale:.4g} {unit}"
     return f"{seconds / 1e-9:.4g} ns"
+
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(min|h|d)\s*$")
+_DURATION_S = {"min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration_s(value: object) -> float:
+    """Seconds in a duration: ``30s``, ``10min``, ``1.5h``, ``2d`` (and ``ms``/``us``/``ns``).
+
+    A unit is required: a bare number would be microseconds in :func:`parse_time`."""
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if match:
+            return float(match.group(1)) * _DURATION_S[match.group(2)]
+        if re.search(r"[0-9]\s*(s|ms|us|µs|ns)\s*$", value):
+            return parse_time(value)
+    raise UnitError(f"malformed duration {value!r} (use a unit: 30s, 10min, 1.5h, 2d)")
+
+
+def format_duration(seconds: float) -> str:
+    """``'42 s'``, ``'12.5 min'``, ``'3.2 h'``, ``'4.1 d'`` (under 1 s: ``format_time``)."""
+    for unit, scale in (("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= 2 * scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds:.3g} s" if seconds >= 1 else format_time(seconds)
 
 
 def to_gbps(bytes_per_s: float) -> float:

@@ -11,11 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from collsim.analysis.metrics import algbw_gbps, busbw_gbps, canonical_collective
-from collsim.collectives.layout import RankLayout
 from collsim.collectives.registry import (
     MAX_CHANNELS,
-    algorithms_for,
     build_schedule,
     needs_in_network,
     runs_protocol,
@@ -24,19 +21,17 @@ from collsim.collectives.schedule import Schedule
 from collsim.dtypes import DTYPE_BYTES, canonical_dtype
 from collsim.engine import SimResult, simulate
 from collsim.errors import ScheduleError
+from collsim.metrics import algbw_gbps, busbw_gbps, canonical_collective
 from collsim.model.analytic import AnalyticModel
 from collsim.model.bounds import BusbwBounds
 from collsim.model.nccl import NcclModel
 from collsim.model.params import DEFAULT_PARAMS
+from collsim.model.profile import Profile
+from collsim.model.system import System
+from collsim.model.system import layout_for as layout_for  # re-exported: the ranks of a WhatIf
 from collsim.model.tuner import model_description, nccl_tuning, tuned_algorithms
 from collsim.protocols import get_protocol
-from collsim.topology.fabric import TopologyFabric
-from collsim.topology.graph import Network
-from collsim.topology.rings import mesh_rings
 from collsim.topology.spec import Topology
-
-DIRECT_MAX_RANKS = 64
-"""Largest rank count for which ``auto`` considers one-shot ``direct`` reductions/gathers."""
 
 ROUNDED_TO_RANKS = frozenset({"all_gather", "reduce_scatter", "alltoall"})
 """Collectives whose element count nccl-tests rounds down to a multiple of the rank count."""
@@ -60,18 +55,6 @@ def printed_count(collective: str, elements: int, nranks: int) -> int:
     """The count nccl-tests prints for a buffer of ``elements``: per rank for all_gather,
     reduce_scatter and alltoall (their ``sendcount``), the whole buffer for the others."""
     return elements // nranks if collective in ROUNDED_TO_RANKS else elements
-
-
-def layout_for(topology: Topology) -> RankLayout:
-    """Ranks on the topology's nodes; a (nodes x GPUs-per-node) grid for 2D algorithms; on
-    point-to-point meshes, per-channel ring orders inside nodes (:func:`mesh_rings`)."""
-    n = topology.n_gpus
-    grid = (topology.nodes, topology.gpus_per_node) if topology.nodes > 1 else None
-    if grid is not None and grid[0] * grid[1] != n:
-        grid = None
-    rpn = min(topology.gpus_per_node, n)
-    rings = mesh_rings(topology) if rpn == topology.gpus_per_node else None
-    return RankLayout(nranks=n, ranks_per_node=rpn, grid=grid, local_rings=rings)
 
 
 @dataclass(frozen=True)
@@ -156,15 +139,11 @@ class Sweep:
         }
 
 
-class WhatIf:
+class WhatIf(System):
     """One topology, ready to time any collective at any size (routes are cached across calls)."""
 
     def __init__(self, topology: Topology) -> None:
-        self.topology = topology
-        self.network = Network(topology)
-        self.fabric = TopologyFabric(self.network)
-        self.layout = layout_for(topology)
-        self.has_in_network = topology.reduces_for_all_gpus
+        super().__init__(topology)
         self._models: dict[str, Any] = {}
         self._bounds: BusbwBounds | None = None
 
@@ -201,21 +180,6 @@ class WhatIf:
         except ScheduleError:
             return False
         return True
-
-    def candidates(self, collective: str) -> list[str]:
-        """Algorithms ``auto`` considers for ``collective`` on this topology.
-
-        One-shot ``direct`` reductions and gathers (every rank to every rank) are considered up to
-        :data:`DIRECT_MAX_RANKS` ranks only: they are NVSwitch-domain algorithms, and their n^2
-        flows make them both useless and expensive to cost at cluster scale. (All-to-all's
-        ``direct`` is the all-to-all itself and always a candidate.)
-        """
-        algos = list(algorithms_for(collective))
-        if not self.has_in_network:
-            algos = [a for a in algos if not needs_in_network(a)]
-        if self.topology.n_gpus > DIRECT_MAX_RANKS and collective != "alltoall":
-            algos = [a for a in algos if a != "direct"]
-        return algos
 
     def run(
         self,
@@ -398,3 +362,16 @@ class WhatIf:
         if progress is not None:
             progress(len(sizes), len(sizes))
         return result
+
+
+def whatif_with_profile(topology: Topology, profile: Profile, engine: str = "analytic") -> WhatIf:
+    """A :class:`WhatIf` that sees ``profile``: for the analytic engine its collsim cost model
+    runs under :meth:`Profile.params`; for the discrete-event engine the links are scaled
+    (:meth:`Profile.apply_to_topology`; base latency, launch floor, size factors and the tree
+    correction are analytic only)."""
+    profile.check_topology(topology)
+    if engine == "analytic":
+        whatif = WhatIf(topology)
+        whatif._models["collsim"] = AnalyticModel(whatif, profile.params())  # the model cache
+        return whatif
+    return WhatIf(profile.apply_to_topology(topology))

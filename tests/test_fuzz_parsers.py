@@ -20,12 +20,12 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from collsim import units
-from collsim.analysis.workload import workload_from_dict
 from collsim.calibration.nccltests import read_log
 from collsim.errors import CollsimError
 from collsim.model.profile import load_profile, profile_from_dict
 from collsim.sweep.spec import spec_from_dict
 from collsim.topology.loader import topology_from_dict
+from collsim.training.workload import workload_from_dict
 
 FUZZ = settings(
     max_examples=1000,

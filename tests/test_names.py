@@ -232,7 +232,7 @@ def _workload(tmp_path, dtype: str, grad: str) -> str:
      ("float32", "fp16", ("fp32", "fp16"))],
 )  # fmt: skip
 def test_a_workload_takes_any_spelling_of_its_types(tmp_path, dtype, grad, same_as):
-    from collsim.analysis.workload import load_workload
+    from collsim.training.workload import load_workload
 
     path = _workload(tmp_path, dtype, grad)
     w = load_workload(path)

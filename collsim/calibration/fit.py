@@ -62,8 +62,9 @@ from collsim.model.profile import (
     TopologyRef,
     link_fingerprint,
 )
-from collsim.report.tables import plural
+from collsim.tables import plural
 from collsim.topology.spec import Topology
+from collsim.whatif import WhatIf
 
 SIZE_KNOTS_BYTES = (64 * 1024, 1024**2, 16 * 1024**2)
 SIZE_ANCHOR_BYTES = 256 * 1024**2
@@ -138,8 +139,6 @@ def check_log(log: NcclTestsLog, *, allow_anomalies: bool = False, action: str =
 
 def classes_used(topology: Topology) -> list[int]:
     """Link classes (0 nvlink, 1 pci, 2 net) on the routes between the system's GPUs."""
-    from collsim.whatif import WhatIf
-
     fabric = WhatIf(topology).fabric
     n = topology.n_gpus
     src, dst = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")

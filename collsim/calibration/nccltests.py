@@ -31,10 +31,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from collsim.analysis.metrics import COLLECTIVES, canonical_collective
 from collsim.calibration import _json, _text
 from collsim.calibration.rows import Draft, Group, Row, Value, check_rows, infer_ranks
 from collsim.errors import CalibrationError, CollsimError
+from collsim.metrics import COLLECTIVES, canonical_collective
 
 __all__ = ["NcclTestsLog", "Row", "read_log", "read_logs"]
 

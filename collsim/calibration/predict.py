@@ -29,6 +29,7 @@ import numpy as np
 from collsim.calibration.nccltests import NcclTestsLog
 from collsim.collectives.registry import NCCL_ALGORITHMS
 from collsim.errors import CalibrationError, CollsimError
+from collsim.model.analytic import AnalyticModel, effective_bytes
 from collsim.model.params import (
     DEFAULT_PARAMS,
     HOST_LAUNCH_S,
@@ -37,9 +38,11 @@ from collsim.model.params import (
     p2p_ops,
     under_floor,
 )
-from collsim.model.tuner import NCCL_CHANNELS, PROTOCOL_ORDER, host_floor_s, nccl_algorithms
-from collsim.report.tables import plural
+from collsim.model.tuner import NCCL_CHANNELS, PROTOCOL_ORDER, Tuner, host_floor_s, nccl_algorithms
+from collsim.tables import plural
+from collsim.topology.loader import load_topology
 from collsim.topology.spec import Topology
+from collsim.whatif import WhatIf, dtype_bytes
 
 _ALGO_ENV = {"ring": "ring", "tree": "tree", "nvls": "in_network", "nvlstree": "in_network",
              "collnet": "in_network", "collnetdirect": "in_network",
@@ -197,8 +200,6 @@ def topology_for_log(
     GPUs when they cannot be made to agree: 8 ranks on one node are not two nodes of 4 GPUs,
     whose network the run never used.
     """
-    from collsim.topology.loader import load_topology
-
     if isinstance(topology, Topology):
         base = topology
     else:
@@ -295,8 +296,6 @@ def measured_points(log: NcclTestsLog) -> tuple[np.ndarray, np.ndarray]:
 
 
 def elem_bytes(log: NcclTestsLog) -> int:
-    from collsim.dtypes import dtype_bytes
-
     try:
         return dtype_bytes(log.dtype)
     except CollsimError:
@@ -343,8 +342,6 @@ class ScaledModel:
         channels: int = 1,
         floor: bool = True,
     ) -> np.ndarray:
-        from collsim.model.analytic import effective_bytes
-
         st = self.model.structure(collective, algorithm, protocol=protocol, channels=channels)
         sizes = np.atleast_1d(np.asarray(sizes_bytes))
         eff = effective_bytes(collective, sizes, elem_bytes, self.nranks)
@@ -402,15 +399,11 @@ class Predictor:
         model: str = "collsim",
         scale: Scale | None = None,
     ) -> None:
-        from collsim.whatif import WhatIf
-
         self.whatif = topology if isinstance(topology, WhatIf) else WhatIf(topology)
         self.model_name = model
         if model == "nccl":
             self.model = self.whatif.cost_model("nccl")
         elif model == "collsim":
-            from collsim.model.analytic import AnalyticModel
-
             self.model = AnalyticModel(self.whatif, params)
             if scale is not None:
                 self.model = ScaledModel(self.model, scale)
@@ -441,8 +434,6 @@ class Predictor:
     ) -> tuple[np.ndarray, list[str]]:
         """(predicted seconds, chosen 'algorithm/protocol/Nch' label) per size, with one host
         thread issuing each call to ``gpus_per_thread`` GPUs (:class:`HostThread`)."""
-        from collsim.model.tuner import Tuner
-
         cons = constraints(env or {}, collective)
         channels = cons.channels  # NCCL's per-channel caps need its channel count too
         # NCCL_PROTO naming LL128 enables it wherever it can run, past NCCL's defaults.

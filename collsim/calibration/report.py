@@ -29,10 +29,12 @@ from typing import Any
 
 import numpy as np
 
+from collsim.calibration.dataset import load_index, read_dataset
 from collsim.calibration.fit import Sample, fit_samples
 from collsim.calibration.predict import env_from_notes, topology_for_log, uncalibrated_params
 from collsim.calibration.validate import Validation, compare, plot_validation, validate_samples
 from collsim.errors import CalibrationError, ScheduleError
+from collsim.io import atomic_write_bytes, atomic_write_text, make_folders
 
 MODES = ("uncalibrated", "in_sample", "cross_collective", "cross_size", "cross_scale", "nccl",
          "alpha_beta")  # fmt: skip
@@ -241,8 +243,6 @@ class Report:
 
 def dataset_samples(directory: str | Path | None = None) -> list[Sample]:
     """Every log of the dataset on its sized catalog topology, with NCCL_* settings of its notes."""
-    from collsim.calibration.dataset import read_dataset
-
     out = []
     for entry, log in read_dataset(directory):
         topo = topology_for_log(entry.topology, log, **entry.topology_overrides())
@@ -252,8 +252,6 @@ def dataset_samples(directory: str | Path | None = None) -> list[Sample]:
 
 def exact_logs(directory: str | Path | None = None) -> set[str]:
     """Names of the dataset logs whose catalog topology is the measured system (not nearest)."""
-    from collsim.calibration.dataset import load_index
-
     return {e.name for e in load_index(directory) if e.topology_match == "exact"}
 
 
@@ -452,8 +450,6 @@ def scatter(rep: Report, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from collsim.io import atomic_write_bytes
-
     fig, ax = plt.subplots(figsize=(5.5, 5.5))
     for mode, color in (("uncalibrated", "C3"), ("nccl", "C2"), ("in_sample", "C0")):
         v = rep.validations.get(mode)
@@ -476,8 +472,6 @@ def scatter(rep: Report, path: Path) -> None:
 
 def write(rep: Report, out_md: str | Path) -> Path:
     """Render ``rep`` to ``out_md`` and its plots to ``<dir>/validation/``."""
-    from collsim.io import atomic_write_text, make_folders
-
     out_md = Path(out_md)
     plot_dir = make_folders(out_md.parent / "validation", folder=True)
     plots: dict[str, str] = {}

@@ -14,10 +14,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from collsim.analysis.metrics import bus_factor
 from collsim.dtypes import DTYPE_BYTES, canonical_dtype
 from collsim.errors import CollsimError
-from collsim.whatif import ROUNDED_TO_RANKS
+from collsim.metrics import ROUNDED_TO_RANKS, bus_factor
 
 LEGACY_ERROR_LIMIT = {"half": 1e-2, "bfloat16": 1e-2, "float": 1e-5, "double": 1e-12}
 """nccl-tests' ``DeltaMaxValue``: the largest ``error`` the legacy layout accepts (integers: 0)."""

@@ -37,10 +37,11 @@ from collsim.calibration._process import (
 )
 from collsim.calibration.nccltests import NcclTestsLog, read_log
 from collsim.calibration.store import MANIFEST, ResultStore
+from collsim.calibration.torchbench import TORCH_DTYPES
 from collsim.dtypes import NCCL_TYPES, canonical_dtype
 from collsim.errors import CalibrationError, CollsimError
 from collsim.io import atomic_write_text, directory_lock
-from collsim.report.tables import plural
+from collsim.tables import plural
 
 RUNNERS = ("nccl-tests", "torch")
 LAUNCHERS = ("local", "torchrun", "mpirun", "srun")
@@ -126,8 +127,6 @@ class RunConfig:
                 field="--launcher",
                 value=self.launcher,
             )
-        from collsim.calibration.torchbench import TORCH_DTYPES
-
         # any alias (bf16, fp16, float32, ...) becomes the name nccl-tests' -d takes: nccl-tests
         # runs float, saying so only in its output, for a name it does not know
         types = tuple(TORCH_DTYPES) if self.runner == "torch" else NCCL_TYPES

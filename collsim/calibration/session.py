@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from collsim.calibration.fit import Sample, check_log
+from collsim.calibration.nccltests import read_logs
 from collsim.calibration.predict import topology_for_log
 from collsim.topology.spec import Topology
 
@@ -30,8 +31,6 @@ def load_samples(
 ) -> list[Sample]:
     """Every log of ``paths`` on ``topology`` sized to it (one :class:`Sample` per table);
     ``env``: NCCL settings the runs used beyond those their logs record (which win)."""
-    from collsim.calibration import read_logs
-
     samples = []
     cache: dict[tuple[int, int], Topology] = {}
     for path in paths:

@@ -43,11 +43,11 @@ from collections.abc import Callable
 from typing import Any
 
 from collsim import units
-from collsim.analysis.metrics import canonical_collective
 from collsim.calibration.store import ResultStore, point_key
 from collsim.calibration.writer import format_row, header_lines, nccl_tests_count, row_from_times
 from collsim.dtypes import canonical_dtype
 from collsim.errors import CollsimError
+from collsim.metrics import canonical_collective
 
 HUNG_EXIT = 3
 TORCH_DTYPES = {

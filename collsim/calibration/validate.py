@@ -5,7 +5,7 @@ For every timed out-of-place row (0-byte rows excepted, see
 ``|predicted - measured| / measured``; a log's MAPE is the mean over its rows (the mean absolute
 percentage error of forecasting; Hyndman & Koehler, "Another look at measures of forecast
 accuracy", IJF 2006), and the overall MAPE the mean over logs, so every log counts once whatever
-its number of sizes. busbw follows nccl-tests' definitions (:mod:`collsim.analysis.metrics`).
+its number of sizes. busbw follows nccl-tests' definitions (:mod:`collsim.metrics`).
 
 JSON (``collsim validate --json``)::
 
@@ -23,11 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from collsim.analysis.metrics import bus_factor
 from collsim.calibration.fit import Sample
 from collsim.calibration.predict import Predictor, elem_bytes
+from collsim.io import save_figure
+from collsim.metrics import bus_factor
 from collsim.model.params import DEFAULT_PARAMS, ModelParams
-from collsim.report.tables import plural
+from collsim.tables import plural
 from collsim.units import format_size
 
 
@@ -220,6 +221,5 @@ def validation_figure(validation: Validation, title: str = "") -> Any:
 
 def plot_validation(validation: Validation, path: str | Path, title: str = "") -> None:
     """:func:`validation_figure` written to ``path`` (PNG/SVG by suffix, atomically)."""
-    from collsim.io import save_figure
 
     save_figure(validation_figure(validation, title), path)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from collsim.analysis.metrics import algbw_gbps, busbw_gbps, canonical_collective
 from collsim.calibration.nccltests import Row
 from collsim.dtypes import dtype_bytes
+from collsim.metrics import algbw_gbps, busbw_gbps, canonical_collective
 from collsim.whatif import element_count, printed_count
 
 REDUCING = frozenset({"all_reduce", "reduce_scatter", "reduce"})

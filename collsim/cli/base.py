@@ -14,10 +14,10 @@ from typing import Any
 import click
 from click.shell_completion import CompletionItem
 
-from collsim.analysis.metrics import COLLECTIVES, canonical_collective
 from collsim.dtypes import NCCL_TYPES, canonical_dtype
 from collsim.errors import CollsimError
 from collsim.io import folder_problem
+from collsim.metrics import COLLECTIVES, canonical_collective
 
 
 class CollsimGroup(click.Group):
@@ -281,7 +281,8 @@ def whatif_for(topo: Any, profile: str | None, engine: str, model: str) -> tuple
 
     if not profile:
         return WhatIf(topo), None
-    from collsim.model.profile import load_profile, whatif_with_profile
+    from collsim.model.profile import load_profile
+    from collsim.whatif import whatif_with_profile
 
     if engine == "analytic" and model == "nccl":
         raise CollsimError("NCCL's model takes no profile", field="--profile", value=profile)

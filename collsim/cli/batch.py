@@ -38,7 +38,7 @@ def with_batch(w: Any, changes: dict[str, int]) -> Any:
     fields are (micro-batch dividing the global batch); an error names the option and value."""
     if not changes:
         return w
-    from collsim.analysis.workload import WorkloadError, with_changes
+    from collsim.training.workload import WorkloadError, with_changes
 
     try:
         return with_changes(w, **changes)  # type: ignore[arg-type]

@@ -23,7 +23,7 @@ from collsim.cli.base import (
     refuse_overwriting_inputs,
 )
 from collsim.collectives.registry import COLLECTIVES
-from collsim.report.tables import plural
+from collsim.tables import plural
 
 
 @cli.group()
@@ -44,8 +44,8 @@ def _split_args(text: str) -> list[str]:
 
 
 def _collectives(text: str) -> list[str]:
-    from collsim.analysis.metrics import canonical_collective
     from collsim.errors import CalibrationError, CollsimError
+    from collsim.metrics import canonical_collective
 
     names = []
     for item in text.split(","):

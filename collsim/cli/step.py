@@ -142,10 +142,10 @@ def _setup(  # type: ignore[no-untyped-def]
     faults: tuple[str, ...] | None = None,
     quiet: bool = False,
 ):
-    from collsim.analysis.comm import make_timer
-    from collsim.analysis.step import StepModel
-    from collsim.analysis.workload import load_workload
     from collsim.topology.loader import load_topology
+    from collsim.training.comm import make_timer
+    from collsim.training.step import StepModel
+    from collsim.training.workload import load_workload
 
     w = load_workload(workload)
     topo = load_topology(
@@ -233,7 +233,7 @@ def _read_measured(path: str) -> list[float]:
 def _elastic_step(model: Any, w: Any, result: Any, gpus_per_node: int):  # type: ignore[no-untyped-def]
     """Step seconds on ``n`` nodes for the elastic option: the same TP x CP x PP with as many
     data-parallel replicas as fit in ``n`` nodes (and the global batch allows); None if none."""
-    from collsim.analysis.workload import with_changes
+    from collsim.training.workload import with_changes
 
     unit = result.layout.replica_gpus
 
@@ -282,10 +282,10 @@ def step(
     json_file: str | None,
 ) -> None:
     """Predict the training step of a workload on a cluster, with its breakdown and memory."""
-    from collsim.analysis.summary import step_report
-    from collsim.analysis.tp_span import span_cost
-    from collsim.analysis.workload import WorkloadError, resolve
     from collsim.io import atomic_write_text
+    from collsim.training.summary import step_report
+    from collsim.training.tp_span import span_cost
+    from collsim.training.workload import WorkloadError, resolve
 
     refuse_overwriting_inputs([workload, topology, profile, measured], json=json_file)
     w, _topo, model, _, _ = _setup(workload, topology, nodes, engine, profile)
@@ -314,7 +314,7 @@ def step(
     if split is not None:
         click.echo(f"# warning: {split.message()}")
     if w.resilience is not None:
-        from collsim.analysis.resilience import for_job
+        from collsim.training.resilience import for_job
 
         gpn = _topo.gpus_per_node
         try:
@@ -371,12 +371,12 @@ def scale(
     json_file: str | None,
 ) -> None:
     """Step time vs GPU count with the Amdahl (strong) or Gustafson (weak) fit and Karp-Flatt."""
-    from collsim.analysis.scaling import scale_workload
-    from collsim.analysis.summary import scaling_report
-    from collsim.analysis.tp_span import span_cost
-    from collsim.analysis.workload import with_changes
     from collsim.io import atomic_write_text
     from collsim.report.step_plots import plot_scaling
+    from collsim.training.scaling import scale_workload
+    from collsim.training.summary import scaling_report
+    from collsim.training.tp_span import span_cost
+    from collsim.training.workload import with_changes
 
     refuse_overwriting_inputs([workload, topology, profile], plot=plot, json=json_file)
     if plot:
@@ -434,7 +434,7 @@ def scale(
         data = curve.as_json() | {"workload": w.name, "topology": topo.name, "skipped": skipped}
         if topo.faults:
             data["faults"] = list(topo.faults)
-        from collsim.analysis.step import BREAKDOWN_KEYS
+        from collsim.training.step import BREAKDOWN_KEYS
 
         by_gpus = {r.n_gpus: r for r in results}  # what the printed table also shows
         for point in data["points"]:
@@ -486,11 +486,11 @@ def plan(
     json_file: str | None,
 ) -> None:
     """Rank cluster options for a workload by time to train and cost (layouts searched)."""
-    from collsim.analysis import plan as planning
-    from collsim.analysis.workload import load_workload
     from collsim.io import atomic_write_text
     from collsim.report.step_plots import plot_pareto
-    from collsim.report.tables import table
+    from collsim.tables import table
+    from collsim.training import plan as planning
+    from collsim.training.workload import load_workload
 
     refuse_overwriting_inputs([workload, candidates, profile], plot=plot, json=json_file)
     if plot:

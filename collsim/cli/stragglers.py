@@ -11,7 +11,7 @@ import click
 from collsim.cli.base import COLLECTIVE, OUT_FILE, chunk_option, cli, run_options, size_option
 from collsim.collectives.registry import default_algorithm
 from collsim.errors import CollsimError
-from collsim.report.tables import plural
+from collsim.tables import plural
 
 _BAR_MIN = 50
 """Fewest simulations for which a progress bar is worth showing."""
@@ -75,10 +75,10 @@ def stragglers(
     rank finishing) and their ratio to healthy, and the mean time after the last rank entered.
     """
     from collsim import units
-    from collsim.analysis.workload import MAX_STRAGGLER_SAMPLES
     from collsim.io import atomic_write_text
-    from collsim.stragglers import parse_spec, run_stragglers
     from collsim.topology.loader import load_topology
+    from collsim.training.stragglers import parse_spec, run_stragglers
+    from collsim.training.workload import MAX_STRAGGLER_SAMPLES
 
     skew_d = parse_spec("skew", skew)
     slow_d = parse_spec("slowdown", slowdown)

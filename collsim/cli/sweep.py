@@ -7,7 +7,7 @@ import sys
 import click
 
 from collsim.cli.base import FILE, OUT_FOLDER, ProgressBar, cli, show_progress
-from collsim.report.tables import plural
+from collsim.tables import plural
 
 
 @cli.command()
@@ -46,7 +46,7 @@ def sweep(
     finished."""
     from collsim.errors import CollsimError
     from collsim.sweep import load_spec, run_sweep
-    from collsim.sweep.runner import MAX_JOBS
+    from collsim.units import MAX_JOBS
 
     if jobs is not None and not 1 <= jobs <= MAX_JOBS:
         raise CollsimError(f"must be from 1 to {MAX_JOBS}", field="--jobs", value=jobs)

@@ -24,7 +24,7 @@ def topo() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def topo_list(as_json: bool) -> None:
     """The bundled catalog of real systems."""
-    from collsim.report.tables import table
+    from collsim.tables import table
     from collsim.topology.describe import catalog_rows
 
     rows = catalog_rows()

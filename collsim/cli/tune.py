@@ -24,7 +24,7 @@ from collsim.model.tuner import CANDIDATES, Choice
 
 if TYPE_CHECKING:
     from collsim.model.bounds import BusbwBound
-from collsim.report.tables import plural
+from collsim.tables import plural
 
 
 class _Winner(NamedTuple):
@@ -93,9 +93,9 @@ def tune(
     (algorithm, protocol, channels) can reach on the topology's links is marked '!'.
     """
     from collsim import units
-    from collsim.analysis.metrics import busbw_gbps
     from collsim.dtypes import dtype_bytes
     from collsim.io import atomic_write_text
+    from collsim.metrics import busbw_gbps
     from collsim.model.analytic import effective_bytes
     from collsim.model.tuner import model_description, ranges, tuning
     from collsim.report.nccl_table import BOUND_MARK, bound_notes

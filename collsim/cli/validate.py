@@ -17,7 +17,7 @@ from collsim.cli.base import (
     refuse_overwriting_inputs,
     show_progress,
 )
-from collsim.report.tables import plural
+from collsim.tables import plural
 
 
 @cli.command()

@@ -23,9 +23,9 @@ from collsim.collectives import (
     ring2d,
     tree,
 )
-from collsim.collectives.common import DEFAULT_CHUNK_BYTES, BuildSpec
+from collsim.collectives.common import DEFAULT_CHUNK_BYTES, BuildSpec, self_copy
 from collsim.collectives.layout import RankLayout
-from collsim.collectives.schedule import Schedule
+from collsim.collectives.schedule import Schedule, ScheduleBuilder
 from collsim.collectives.verify import COLLECTIVES
 from collsim.errors import ScheduleError
 
@@ -202,9 +202,6 @@ def lone_rank(spec: BuildSpec) -> Schedule:
     """Any collective on one rank: a copy of the input into the output (NCCL copies an
     out-of-place buffer on a lone rank; a send to oneself is the same copy), whatever the
     algorithm, so every algorithm and both engines agree there."""
-    from collsim.collectives.common import self_copy
-    from collsim.collectives.schedule import ScheduleBuilder
-
     b = ScheduleBuilder()
     zero = np.zeros(1, dtype=np.int64)
     self_copy(b, zero, np.array([spec.count]), "input", zero, "output", zero,

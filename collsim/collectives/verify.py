@@ -15,7 +15,6 @@ import heapq
 
 import numpy as np
 
-from collsim.analysis.metrics import COLLECTIVES
 from collsim.collectives.schedule import (
     BUFFERS,
     NETWORK_REDUCE,
@@ -26,6 +25,7 @@ from collsim.collectives.schedule import (
     Schedule,
 )
 from collsim.errors import ScheduleError
+from collsim.metrics import COLLECTIVES
 
 
 class VerificationError(Exception):

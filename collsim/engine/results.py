@@ -12,8 +12,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from collsim.analysis.metrics import algbw_gbps, bus_factor, busbw_gbps
 from collsim.errors import ScheduleError
+from collsim.metrics import algbw_gbps, bus_factor, busbw_gbps
 
 
 @dataclass(frozen=True, eq=False)

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collsim.analysis.metrics import canonical_collective
 from collsim.collectives.schedule import NETWORK_REDUCE, TRANSFER, Schedule, index_dtype
 from collsim.engine.fabric import Fabric
 from collsim.engine.prepare import NET, Prepared, chunks
 from collsim.engine.results import LinkRecords, SimResult, TransferRecords
 from collsim.errors import ScheduleError
+from collsim.metrics import canonical_collective
 from collsim.protocols import Protocol
 
 

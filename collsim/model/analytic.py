@@ -35,6 +35,7 @@ import numpy as np
 from collsim.collectives.registry import algorithms_for, needs_in_network
 from collsim.collectives.verify import COLLECTIVES
 from collsim.errors import ScheduleError
+from collsim.metrics import effective_bytes
 from collsim.model.envelope import Lines, discover, evaluate, upper_envelope
 from collsim.model.exchange import (
     alltoall_direct,
@@ -45,17 +46,20 @@ from collsim.model.exchange import (
     sendrecv,
 )
 from collsim.model.flows import FlowCosts
+from collsim.model.mapping import intra_inter_bandwidth
+from collsim.model.nccl import compute_capability, ll128_by_default
 from collsim.model.params import DEFAULT_PARAMS, ModelParams, ProtocolParams, under_floor
+from collsim.model.rd import rd_gather_scatter
 from collsim.model.rings import (
     Oracle,
     flat_ring,
     hierarchical_gather_scatter,
     two_level_all_reduce,
 )
+from collsim.model.system import System
 from collsim.model.trees import Pipeline, double_tree, rooted
+from collsim.topology.fabric import TopologyFabric
 from collsim.topology.spec import Topology, with_duplex
-
-ROUNDED_TO_RANKS = frozenset({"all_gather", "reduce_scatter", "alltoall"})
 
 
 @dataclass(frozen=True)
@@ -98,30 +102,17 @@ class Structure:
         return evaluate(lines, stretched)
 
 
-def effective_bytes(
-    collective: str, sizes_bytes: np.ndarray, elem_bytes: int, nranks: int
-) -> np.ndarray:
-    """The bytes nccl-tests actually moves for each requested size (whole elements, rounded to a
-    multiple of the ranks for the blocked collectives)."""
-    count = np.asarray(sizes_bytes, dtype=np.int64) // elem_bytes
-    if collective in ROUNDED_TO_RANKS:
-        count = count // nranks * nranks
-    return (count * elem_bytes).astype(np.float64)
-
-
 class AnalyticModel:
     """Closed-form collective times on one topology under one parameter set (cached structures)."""
 
     def __init__(self, topology: Topology | object, params: ModelParams = DEFAULT_PARAMS) -> None:
-        from collsim.whatif import WhatIf
-
-        self.whatif = topology if isinstance(topology, WhatIf) else WhatIf(topology)  # type: ignore[arg-type]
+        self.system = topology if isinstance(topology, System) else System(topology)  # type: ignore[arg-type]
         duplex = params.duplex_by_kind()
         if duplex:  # links short of full duplex share a capacity both ways (a rebuilt fabric)
-            self.whatif = WhatIf(with_duplex(self.whatif.topology, duplex))
-        self.topology = self.whatif.topology
-        self.fabric = self.whatif.fabric
-        self.layout = self.whatif.layout
+            self.system = System(with_duplex(self.system.topology, duplex))
+        self.topology = self.system.topology
+        self.fabric = self.system.fabric
+        self.layout = self.system.layout
         self.nranks = self.topology.n_gpus
         self.params = params
         self._cache: dict[tuple[str, str, str, int], Structure] = {}
@@ -137,7 +128,7 @@ class AnalyticModel:
 
     def candidates(self, collective: str) -> list[str]:
         """The algorithms of ``collective`` this topology can run (as ``WhatIf.candidates``)."""
-        return self.whatif.candidates(collective)
+        return self.system.candidates(collective)
 
     def structure(
         self, collective: str, algorithm: str, *, protocol: str = "Simple", channels: int = 1
@@ -204,7 +195,7 @@ class AnalyticModel:
                 field="algorithm",
                 value=algorithm,
             )
-        if needs_in_network(algorithm) and not self.whatif.has_in_network:
+        if needs_in_network(algorithm) and not self.system.has_in_network:
             raise ScheduleError(
                 f"needs in-network reduction, and {self.topology.name} has no switch with "
                 "in_network_reduction (NVLS/SHARP)",
@@ -289,10 +280,6 @@ class AnalyticModel:
     @cached_property
     def ll128_default(self) -> bool:
         """NCCL enables LL128 by default on this system (see :meth:`enabled`)."""
-        from collsim.model.mapping import intra_inter_bandwidth
-        from collsim.model.nccl import compute_capability, ll128_by_default
-        from collsim.topology.fabric import TopologyFabric
-
         network = getattr(self.fabric, "network", None)  # every GPU, not just this group's
         whole = TopologyFabric(network) if network is not None else None
         _, _, nvlink = intra_inter_bandwidth(self.topology, whole)
@@ -301,6 +288,4 @@ class AnalyticModel:
 
 def _rd(costs: FlowCosts, collective: str, n: int, channels: int) -> Oracle:
     """Recursive doubling all_gather / halving reduce_scatter: the halves of ``rhd``."""
-    from collsim.model.rd import rd_gather_scatter
-
     return rd_gather_scatter(costs, collective, n, channels)

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collsim.analysis.metrics import bus_factor, busbw_gbps
 from collsim.errors import ScheduleError
+from collsim.metrics import bus_factor, busbw_gbps
 from collsim.model.analytic import AnalyticModel
 
 BOUND_TOLERANCE = 0.01

@@ -22,9 +22,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from collsim.collectives.alltoall import p2p_peers
 from collsim.collectives.recursive import Fold
 from collsim.model.envelope import Aff
-from collsim.model.flows import FlowCosts
+from collsim.model.flows import FlowCosts, max_min_rates
 
 Oracle = Callable[[float], Aff]
 
@@ -163,8 +164,6 @@ def alltoall_direct(costs: FlowCosts, n: int, channels: int, per_node: int = 1) 
     order (:func:`~collsim.collectives.alltoall.p2p_peers`), round ``k`` on channel ``k mod C``
     after that channel's previous round (send and receive); the ``C`` rounds in flight at once
     share links as one wave."""
-    from collsim.collectives.alltoall import p2p_peers
-
     frac = 1.0 / n
     lanes = min(channels, max(1, n - 1))
     r = np.arange(n)
@@ -263,8 +262,6 @@ def in_network(costs: FlowCosts, n: int) -> Oracle:
     up_ptr, down_ptr = np.asarray(up_ptr), np.asarray(down_ptr)
     ptr = np.concatenate((up_ptr, up_ptr[-1] + down_ptr[1:])).astype(np.int64)
     links = np.concatenate((up_links, down_links)).astype(np.int64)
-    from collsim.model.flows import max_min_rates
-
     rates = max_min_rates(ptr, links, np.ones(ptr.size - 1), costs.capacity)
     worst = int(costs.link_kind[links].max()) if links.size else 0
     latency = float(lat) + float(costs.hop_s[worst])

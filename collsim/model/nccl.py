@@ -30,6 +30,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from collsim.errors import ScheduleError
+from collsim.metrics import effective_bytes
+from collsim.model.mapping import intra_inter_bandwidth
 from collsim.protocols import HW_NET, HW_NVLINK, HW_PCI
 from collsim.topology.spec import Topology
 
@@ -242,8 +244,6 @@ def inputs_from_topology(topology: Topology, n_channels: int) -> NcclInputs:
       the GPU model (:func:`compute_capability`); Intel CPUs; ``latencyInter`` 0;
       ``sameChannels`` true; LL128 as NCCL enables it (NVLink and compute capability 70/80/90).
     """
-    from collsim.model.mapping import intra_inter_bandwidth
-
     intra_bps, inter_bps, nvlink = intra_inter_bandwidth(topology)
     cc = compute_capability(topology.gpu.model)
     return NcclInputs(
@@ -335,8 +335,6 @@ class NcclModel:
     ) -> np.ndarray:
         """NCCL's predicted time (seconds) per size (NCCL's model has no launch floor, so
         ``floor`` changes nothing)."""
-        from collsim.model.analytic import effective_bytes
-
         if self.nranks == 1:
             raise ScheduleError(
                 "NCCL's tuning model prices no single rank (NCCL copies the "

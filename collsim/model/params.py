@@ -47,7 +47,10 @@ from typing import Any
 import numpy as np
 
 from collsim.errors import CalibrationError, ScheduleError
+from collsim.model.nccl import tree_correction
 from collsim.protocols import PROTOCOLS, Protocol
+from collsim.topology.fabric import _HW_CLASS
+from collsim.topology.spec import LINK_KINDS
 from collsim.units import TIME_RANGE_S
 
 _CLASSES = 3  # nvlink, pci, net
@@ -71,7 +74,7 @@ class ProtocolParams:
 HOST_LAUNCH_S = 5e-6
 """A typical host cost of issuing one GPU operation (CUDA launch + dispatch), a priori: the
 uncalibrated launch floor per GPU a host thread drives (:class:`ModelParams`), and the cost of
-each copy launch in :mod:`collsim.analysis.zero3`."""
+each copy launch in :mod:`collsim.training.zero3`."""
 
 
 HOST_P2P_OP_S = 0.4e-6
@@ -186,9 +189,6 @@ class ModelParams:
     def duplex_by_kind(self) -> dict[str, float]:
         """``duplex_efficiency`` keyed by link kind (what :func:`with_duplex` takes); empty when
         every class is full duplex."""
-        from collsim.topology.fabric import _HW_CLASS
-        from collsim.topology.spec import LINK_KINDS
-
         if min(self.duplex_efficiency) >= 1.0:
             return {}
         return {k: self.duplex_efficiency[_HW_CLASS.get(k, _CLASSES - 1)] for k in LINK_KINDS}
@@ -214,8 +214,6 @@ class ModelParams:
             xs = np.log2([s for s, _ in pts])
             factor = np.interp(np.log2(np.maximum(size_bytes, 1.0)), xs, [f for _, f in pts])
         if tree:
-            from collsim.model.nccl import tree_correction
-
             factor = factor * tree_correction(protocol, size_bytes)
         return 1.0 / factor
 

@@ -25,6 +25,7 @@ field and the value (the topology loader's pydantic machinery).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -33,9 +34,11 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
 
 from collsim.errors import CalibrationError
-from collsim.io import yaml_load
+from collsim.io import atomic_write_text, yaml_load
 from collsim.model.params import DEFAULT_PARAMS, HOST_P2P_OP_S, ModelParams, ProtocolParams
-from collsim.report.tables import plural
+from collsim.tables import plural
+from collsim.topology.fabric import _HW_CLASS
+from collsim.topology.loader import _one_line
 from collsim.topology.spec import Topology, with_duplex
 
 CLASSES = ("nvlink", "pci", "net")
@@ -209,8 +212,6 @@ class Profile:
         """``topology`` with every link's bandwidth x its class's efficiency, latency x its
         latency scale and both directions' shared capacity (duplex efficiency): what the
         discrete-event engine can express of the profile."""
-        from collsim.topology.fabric import _HW_CLASS
-
         self.check_topology(topology)
         topology = with_duplex(topology, self.params().duplex_by_kind())
         cls = self.doc.link_classes
@@ -261,10 +262,6 @@ class Profile:
 
     def save(self, path: str | Path) -> None:
         """YAML, or JSON where the name ends in ``.json`` (every reader takes either)."""
-        import json
-
-        from collsim.io import atomic_write_text
-
         if Path(path).suffix.lower() == ".json":
             atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
         else:
@@ -273,8 +270,6 @@ class Profile:
 
 def profile_from_dict(data: Any, file: str | None = None) -> Profile:
     """Validate a parsed document (one-line errors naming file, field and value)."""
-    from collsim.topology.loader import _one_line
-
     if not isinstance(data, dict):
         raise CalibrationError(
             "a profile must be a YAML mapping", file=file, value=type(data).__name__
@@ -343,19 +338,3 @@ def datasheet_profile(topology: Topology, base_latency_us: float = 0.0) -> Profi
         provenance=Provenance(logs=[], collectives=[], ranks=[], method="datasheet", fitted=[]),
     )
     return Profile(doc)
-
-
-def whatif_with_profile(topology: Topology, profile: Profile, engine: str = "analytic") -> Any:
-    """A :class:`~collsim.whatif.WhatIf` that sees ``profile``: for the analytic engine its
-    collsim cost model runs under :meth:`Profile.params`; for the discrete-event engine the links
-    are scaled (:meth:`Profile.apply_to_topology`; base latency, launch floor, size factors and
-    the tree correction are analytic only)."""
-    from collsim.model.analytic import AnalyticModel
-    from collsim.whatif import WhatIf
-
-    profile.check_topology(topology)
-    if engine == "analytic":
-        whatif = WhatIf(topology)
-        whatif._models["collsim"] = AnalyticModel(whatif, profile.params())  # the model cache
-        return whatif
-    return WhatIf(profile.apply_to_topology(topology))

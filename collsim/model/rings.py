@@ -23,8 +23,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from collsim.collectives.common import DEFAULT_CHUNK_BYTES, BuildSpec
 from collsim.collectives.layout import RankLayout
+from collsim.collectives.ring import ring_order
 from collsim.model.envelope import Aff
+from collsim.model.exchange import rhd
 from collsim.model.flows import FlowCosts
 
 Oracle = Callable[[float], Aff]
@@ -37,13 +40,8 @@ def ring_orders(collective: str, n: int, channels: int, layout: RankLayout) -> n
     """The ring order of each channel, ``(C, n)``, exactly as the ring builders pick it.
 
     Uses the builders' own ``ring_order`` (channels rotated inside nodes so they leave through
-    different NICs) when the collectives package has it; otherwise every channel is ``0..n-1``.
+    different NICs).
     """
-    try:
-        from collsim.collectives.common import DEFAULT_CHUNK_BYTES, BuildSpec
-        from collsim.collectives.ring import ring_order  # type: ignore[attr-defined]
-    except ImportError:
-        return np.tile(np.arange(n, dtype=np.int64), (channels, 1))
     spec = BuildSpec(
         collective=collective, algorithm="ring", nranks=n, count=n * channels, elem_bytes=4,
         layout=layout, channels=channels, chunk_bytes=DEFAULT_CHUNK_BYTES, root=0,
@@ -227,8 +225,6 @@ def two_level_all_reduce(
 ) -> Oracle:
     """Intra-node ring reduce-scatter, inter-node all-reduce (``rhd`` or ``ring``), all-gather
     (``hierarchical.two_level_all_reduce``)."""
-    from collsim.model.exchange import rhd
-
     n = layout.nranks
     split = _nodes(n, per_node)
     if split is None:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from collsim.collectives.registry import default_algorithm
+from collsim.collectives.registry import NCCL_ALGORITHMS, default_algorithm, runs_protocol
 from collsim.errors import ScheduleError
 from collsim.model.params import under_floor
 
@@ -169,8 +169,6 @@ class Tuner:
         NVLink systems); false where the user enabled protocols explicitly (``NCCL_PROTO``)."""
 
     def _enabled(self, collective: str, choice: Choice) -> bool:
-        from collsim.collectives.registry import runs_protocol
-
         if not runs_protocol(choice.algorithm, choice.protocol):
             return False
         check = getattr(self.model, "enabled", None) if self.defaults else None
@@ -282,8 +280,6 @@ def nccl_algorithms(
 ) -> list[str]:
     """NCCL's algorithms for ``collective`` (or those ``allowed``, e.g. by ``NCCL_ALGO``) that
     ``model`` can run here; its first runnable one where none is."""
-    from collsim.collectives.registry import NCCL_ALGORITHMS
-
     runnable = model.candidates(collective)
     wanted = allowed if allowed is not None else NCCL_ALGORITHMS.get(collective, ())
     return [a for a in wanted if a in runnable] or runnable[:1]

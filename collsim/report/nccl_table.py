@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collsim.engine import SimResult, bottleneck_links
-from collsim.report.tables import plural
+from collsim.tables import plural
 from collsim.whatif import Sweep
 
 _REDUCING = {"all_reduce": "sum", "reduce_scatter": "sum", "reduce": "sum"}

@@ -15,10 +15,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from collsim.analysis.amdahl import ScalingCurve
-from collsim.analysis.plan import Option
 from collsim.io import save_figure
 from collsim.report.axes import count_axis, legend_beside, place_labels, plain_log_axis, thin_ticks
+from collsim.training.amdahl import ScalingCurve
+from collsim.training.plan import Option
 
 
 def scaling_figure(curve: ScalingCurve, *, title: str = "") -> Any:

@@ -24,11 +24,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from collsim.analysis.metrics import canonical_collective
 from collsim.errors import CollsimError
 from collsim.io import atomic_write_text, make_folders
+from collsim.metrics import canonical_collective
 from collsim.report.axes import count_axis, legend_beside, plain_log_axis, size_axis, thin_ticks
-from collsim.report.tables import plural
+from collsim.sweep.runner import read_points
+from collsim.tables import plural
 from collsim.units import format_size
 
 MAX_GROUPS = 24
@@ -436,8 +437,6 @@ def write_report(
     ``progress(done, total)`` counts the report's sections (each a set of plots) as they are
     drawn."""
     import json
-
-    from collsim.sweep.runner import read_points
 
     rows = read_points(results)
     if not rows:

@@ -29,15 +29,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from collsim.calibration.store import ResultStore
 from collsim.errors import CollsimError
 from collsim.io import atomic_write_text, directory_lock
 from collsim.sweep.spec import SweepError, SweepSpec, Task
 from collsim.sweep.tasks import COLUMNS, run_task, to_csv
 
 EXECUTORS = ("local", "dask")
-MAX_JOBS = 1024
-"""The most local worker processes ``--jobs`` may ask for (a typo of 100000 would fork that
-many before the first result)."""
 POINTS = "points.csv"
 
 
@@ -85,8 +83,6 @@ def _check_folder(root: Path) -> None:
 
 
 def _store(root: Path):  # type: ignore[no-untyped-def]
-    from collsim.calibration.store import ResultStore
-
     _check_folder(root)
     try:
         store = ResultStore(root, {"kind": "collsim-sweep"})

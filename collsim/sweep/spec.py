@@ -40,10 +40,18 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
-from collsim.analysis.metrics import canonical_collective
+from collsim import units
 from collsim.collectives.registry import MAX_CHANNELS, algorithms_for
+from collsim.dtypes import canonical_dtype
 from collsim.errors import CollsimError
+from collsim.io import beside
+from collsim.metrics import canonical_collective
+from collsim.protocols import get_protocol
+from collsim.topology.loader import _one_line, load_topology, read_yaml, resolve
 from collsim.topology.schema import Strict
+from collsim.training.workload import load_workload
+from collsim.training.workload import resolve as resolve_workload
+from collsim.whatif import WhatIf
 
 ENGINES = ("analytic", "des")
 MAX_SIZES = 10_000
@@ -57,8 +65,6 @@ class SweepError(CollsimError):
 
 
 def _size(value: object) -> object:
-    from collsim import units
-
     try:
         return units.parse_size(value)  # type: ignore[arg-type]
     except CollsimError as exc:
@@ -222,8 +228,6 @@ def _did_you_mean(word: str, known: list[str] | tuple[str, ...]) -> str:
 
 def load_spec(path: str | Path) -> SweepSpec:
     """Read, validate and expand a sweep spec file."""
-    from collsim.topology.loader import read_yaml
-
     p = Path(path)
     if not p.is_file():
         raise SweepError("no such sweep spec file", file=str(p))
@@ -236,8 +240,6 @@ def load_spec(path: str | Path) -> SweepSpec:
 
 def spec_from_dict(data: Any, *, file: str | None = None, base: Path | None = None) -> SweepSpec:
     """Validate a parsed spec and expand it into tasks (topologies and workloads are loaded)."""
-    from collsim.topology.loader import _one_line
-
     if not isinstance(data, dict):
         raise SweepError(
             "a sweep spec must be a mapping with 'topologies' and 'collectives' and/or 'steps'",
@@ -284,9 +286,6 @@ def _no_repeats(data: Any, file: str | None, where: str) -> None:
 def _check_collectives(spec: SweepIn, file: str | None) -> SweepIn:
     """``spec`` with its collectives and data type by their canonical names (any alias is taken:
     ``allreduce``, ``all_reduce_perf``, ``bf16``), once checked."""
-    from collsim.dtypes import canonical_dtype
-    from collsim.protocols import get_protocol
-
     names: list[str] = []
     for i, coll in enumerate(spec.collectives):
         try:
@@ -328,9 +327,6 @@ def _topologies(
 ) -> list[tuple[str, str, Any, tuple[str, ...]]]:
     """(label, file, topology, faults) of every topology x node count x fault scenario, checked
     by loading each one. A faulty scenario's label is ``NAME [FAULT; ...]``."""
-    from collsim.io import beside
-    from collsim.topology.loader import load_topology, resolve
-
     out = []
     named: dict[str, tuple[int, str]] = {}  # rows carry the topology's name: one file per name
     for i, name in enumerate(spec.topologies):
@@ -399,8 +395,6 @@ def _algorithms(requested: tuple[str, ...], collective: str, topo: Any) -> tuple
     run (``WhatIf.candidates``, which needs no routes), names only where they exist."""
     from types import SimpleNamespace
 
-    from collsim.whatif import WhatIf
-
     out: list[str] = []
     for algo in requested:
         if algo == "all":
@@ -413,10 +407,6 @@ def _algorithms(requested: tuple[str, ...], collective: str, topo: Any) -> tuple
 
 
 def _step_tasks(spec: SweepIn, file: str | None, base: Path | None) -> list[Task]:
-    from collsim.analysis.workload import load_workload
-    from collsim.analysis.workload import resolve as resolve_workload
-    from collsim.io import beside
-
     if spec.steps is None:
         return []
     workloads = []

@@ -13,8 +13,17 @@ from typing import Any
 
 import numpy as np
 
+from collsim.engine.results import bottleneck_links
 from collsim.errors import CollsimError
+from collsim.metrics import algbw_gbps, busbw_gbps
+from collsim.model.analytic import effective_bytes
+from collsim.model.tuner import tuned_algorithms
 from collsim.sweep.spec import Task, layout_text
+from collsim.topology.loader import load_topology
+from collsim.training.comm import make_timer
+from collsim.training.step import StepModel
+from collsim.training.workload import load_workload, with_changes
+from collsim.whatif import WhatIf, dtype_bytes, printed_count
 
 COLUMNS = (
     "kind", "topology", "faults", "nodes", "gpus", "engine", "model",
@@ -72,13 +81,6 @@ def _base(task: Task, gpus: int) -> dict[str, Any]:
 
 
 def _collective_rows(task: Task) -> list[dict[str, Any]]:
-    from collsim.analysis.metrics import algbw_gbps, busbw_gbps
-    from collsim.dtypes import dtype_bytes
-    from collsim.engine.results import bottleneck_links
-    from collsim.model.analytic import effective_bytes
-    from collsim.topology.loader import load_topology
-    from collsim.whatif import WhatIf, printed_count
-
     topo = load_topology(task.topology_path, nodes=task.nodes, faults=task.faults)
     whatif = WhatIf(topo)
     n = topo.n_gpus
@@ -97,8 +99,6 @@ def _collective_rows(task: Task) -> list[dict[str, Any]]:
         try:
             cost = whatif.cost_model(task.model)
             if algo == "auto":
-                from collsim.model.tuner import tuned_algorithms
-
                 picks = tuned_algorithms(
                     cost, coll, sizes.tolist(), elem_bytes=elem, protocol=task.protocol,
                     channels=task.channels,
@@ -166,11 +166,6 @@ def _busbw(fn: Any, coll: str, n: int, nbytes: int, t: float) -> float | None:
 
 
 def _step_rows(task: Task) -> list[dict[str, Any]]:
-    from collsim.analysis.comm import make_timer
-    from collsim.analysis.step import StepModel
-    from collsim.analysis.workload import load_workload, with_changes
-    from collsim.topology.loader import load_topology
-
     topo = load_topology(task.topology_path, nodes=task.nodes, faults=task.faults)
     w = load_workload(task.workload_path)
     model = StepModel(topo, make_timer(task.engine, topo), task.efficiency)

@@ -29,6 +29,8 @@ import numpy as np
 
 from collsim import units
 from collsim.errors import CollsimError, TopologyError
+from collsim.topology.graph import Network
+from collsim.topology.reach import check_connected, unreachable_gpus
 from collsim.topology.spec import Device, Topology
 
 T = TypeVar("T")
@@ -246,8 +248,6 @@ def apply_faults(topology: Topology, faults: Sequence[Fault]) -> Topology:
     """A copy of ``topology`` with ``faults`` applied (failures first, then degradations)."""
     if not faults:
         return topology
-    from collsim.topology.loader import check_connected
-
     topo = topology
     for fault in faults:  # validate every name against the healthy system first
         _resolve(topology, fault)
@@ -304,41 +304,6 @@ def apply_faults(topology: Topology, faults: Sequence[Fault]) -> Topology:
         )
         topo = dataclasses.replace(topo, gpu=gpu, devices=devices)
     return dataclasses.replace(topo, faults=topo.faults + tuple(f.text for f in faults))
-
-
-def unreachable_gpus(topo: Topology) -> list[str]:
-    """GPUs cut off from the largest group of GPUs that reach each other through forwarding
-    devices (switches, NICs, CPUs, relaying GPUs), in rank order."""
-    import networkx as nx
-
-    forwarding = {d.name for d in topo.devices if d.forwards}
-    core = nx.Graph()
-    core.add_nodes_from(forwarding)
-    core.add_edges_from((lk.a, lk.b) for lk in topo.links if {lk.a, lk.b} <= forwarding)
-    comp_of = {n: i for i, comp in enumerate(nx.connected_components(core)) for n in comp}
-    touches: dict[str, set[int]] = {g.name: set() for g in topo.gpus}
-    for g in touches:
-        if g in comp_of:
-            touches[g].add(comp_of[g])
-    for lk in topo.links:
-        for here, there in ((lk.a, lk.b), (lk.b, lk.a)):
-            if here in touches and there in comp_of:
-                touches[here].add(comp_of[there])
-    count: dict[int, int] = {}
-    for comps in touches.values():
-        for c in comps:
-            count[c] = count.get(c, 0) + 1
-    if not count:  # nothing forwards any more: only GPUs linked directly still reach each other
-        gpus = nx.Graph()
-        gpus.add_nodes_from(touches)
-        gpus.add_edges_from((lk.a, lk.b) for lk in topo.links if {lk.a, lk.b} <= set(touches))
-        main_group = max(
-            nx.connected_components(gpus), key=lambda c: (len(c), topo.gpus[0].name in c)
-        )
-        return [g for g in touches if g not in main_group]
-    first = touches[topo.gpus[0].name]
-    main = max(count, key=lambda c: (count[c], c in first, -c))  # ties: rank 0's side
-    return [g for g, comps in touches.items() if main not in comps]
 
 
 def _names(topo: Topology) -> dict[str, Device]:
@@ -451,8 +416,6 @@ def _keep_shared(topo: Topology) -> Topology:
 
 def _background(topo: Topology, faults: Sequence[Fault], failed: list[Fault]) -> Topology:
     """Subtract other jobs' load from link capacities (never below :data:`BACKGROUND_FLOOR`)."""
-    from collsim.topology.graph import Network
-
     net = Network(topo)
     load = np.zeros(len(net.capacity_bytes_per_s))  # coupling ids (past the cables) unused
     for fault in faults:

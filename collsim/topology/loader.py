@@ -16,13 +16,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import networkx as nx
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from collsim.errors import CollsimError, TopologyError
 from collsim.io import yaml_load
 from collsim.topology.builders import Parts, build_fabric, build_node, fabric_shape
+from collsim.topology.faults import apply_faults, faults_from_file, parse_cli_faults
+from collsim.topology.reach import check_connected
 from collsim.topology.schema import ExplicitIn, FabricIn, GpuIn, TemplateIn
 from collsim.topology.spec import Device, GpuModel, Link, SharedCapacity, Topology
 
@@ -110,8 +111,6 @@ def load_topology(
     ``faults`` are ``--fault`` texts (:mod:`collsim.topology.faults`), applied after the file's
     own ``faults:``.
     """
-    from collsim.topology.faults import apply_faults, parse_cli_faults
-
     path = resolve(name_or_path)
     data = read_yaml(path)
     extra = parse_cli_faults(faults)
@@ -161,8 +160,6 @@ def topology_from_dict(
         topo = _from_template(spec, nodes, gpus_per_node, file)
     check_connected(topo)
     if spec.faults:
-        from collsim.topology.faults import apply_faults, faults_from_file
-
         topo = apply_faults(topo, faults_from_file(spec.faults))
     return topo
 
@@ -406,52 +403,6 @@ def _explicit_shared(
             SharedCapacity(sh.name, sh.kind, sh.bandwidth, tuple((a, b) for a, b in sh.directions))
         )
     return tuple(shared)
-
-
-def check_connected(topo: Topology) -> None:
-    """Every GPU must reach every other GPU without passing through a third GPU.
-
-    Two GPUs reach each other when they touch the same connected component of forwarding devices
-    (switches, NICs, CPUs; relaying GPUs of a chip-level torus count as forwarding) or share a
-    direct link.
-    """
-    forwarding = {d.name for d in topo.devices if d.forwards}
-    core = nx.Graph()
-    core.add_nodes_from(forwarding)
-    core.add_edges_from((lk.a, lk.b) for lk in topo.links if {lk.a, lk.b} <= forwarding)
-    comp_of = {n: i for i, comp in enumerate(nx.connected_components(core)) for n in comp}
-    gpus = [g.name for g in topo.gpus]
-    comps: dict[str, set[int]] = {g: set() for g in gpus}
-    direct: dict[str, set[str]] = {g: set() for g in gpus}
-    for g in gpus:
-        if g in comp_of:
-            comps[g].add(comp_of[g])
-    for lk in topo.links:
-        for here, there in ((lk.a, lk.b), (lk.b, lk.a)):
-            if here in comps and here not in forwarding:
-                if there in comp_of:
-                    comps[here].add(comp_of[there])
-                else:
-                    direct[here].add(there)
-
-    def reach(a: str, b: str) -> bool:
-        return bool(comps[a] & comps[b]) or b in direct[a]
-
-    if set.intersection(*(comps[g] for g in gpus)):
-        return
-    first = gpus[0]
-    unreachable = [g for g in gpus[1:] if not reach(first, g)]
-    if unreachable:
-        shown = ", ".join(unreachable[:6]) + (" ..." if len(unreachable) > 6 else "")
-        raise TopologyError(
-            f"{len(unreachable)} GPU(s) cannot reach {first}: {shown}",
-            field="links",
-            value=len(unreachable),
-        )
-    for i, a in enumerate(gpus[:256]):
-        for b in gpus[i + 1 : 256]:
-            if not reach(a, b):
-                raise TopologyError(f"GPU {b} cannot reach {a}", field="links", value=b)
 
 
 # -- pydantic errors -> one line -----------------------------------------------------------------

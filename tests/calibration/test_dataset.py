@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from collsim.analysis.metrics import bus_factor
 from collsim.calibration.dataset import DATA_DIR, load_index, read_dataset, read_entry
+from collsim.metrics import bus_factor
 from collsim.topology.loader import load_topology
 
 ENTRIES = load_index()

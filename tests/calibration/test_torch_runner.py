@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from collsim.analysis.metrics import COLLECTIVES, bus_factor
 from collsim.calibration import read_log
 from collsim.calibration.store import ResultStore
 from collsim.cli import cli
+from collsim.metrics import COLLECTIVES, bus_factor
 
 pytest.importorskip(
     "torch",

@@ -10,15 +10,15 @@ import matplotlib.pyplot as plt
 import pytest
 from click.testing import CliRunner
 
-from collsim.analysis.amdahl import scaling_curve
-from collsim.analysis.plan import CandidatesIn, plan
-from collsim.analysis.workload import workload_from_dict
 from collsim.calibration.validate import validation_figure
 from collsim.cli import cli
 from collsim.report.axes import count_axis, size_axis, thin_ticks
 from collsim.report.step_plots import pareto_figure, scaling_figure
 from collsim.report.topology_plot import topology_figure
 from collsim.topology.loader import load_topology
+from collsim.training.amdahl import scaling_curve
+from collsim.training.plan import CandidatesIn, plan
+from collsim.training.workload import workload_from_dict
 from tests.report.figure_checks import (
     annotations,
     overlapping_texts,

@@ -83,7 +83,7 @@ def test_ring_keeps_the_nic_rate_across_the_fabric(name, gpus, node_rate):
     route by destination; hashed routes had halved both (two flows on an up-link). Selene's
     rail-optimized leaves keep each rail's ring traffic on one leaf (a plain fat tree of 2.5
     servers a leaf had halved it at 8 and 48 nodes)."""
-    from collsim.analysis.comm import make_timer
+    from collsim.training.comm import make_timer
 
     for nodes in (2, 8, 16, 48) if name == "selene" else (2, 16):
         topo = load_topology(name, nodes=nodes)

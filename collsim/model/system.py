@@ -1,0 +1,56 @@
+"""One topology ready to be timed: its routes, the engine's fabric over them and the ranks' layout.
+
+The cost models (:class:`~collsim.model.analytic.AnalyticModel`) read a system through this
+class; :class:`collsim.whatif.WhatIf` extends it with the cost models themselves and the engine,
+so the model floor never needs the what-if facade above it.
+"""
+
+from __future__ import annotations
+
+from collsim.collectives.layout import RankLayout
+from collsim.collectives.registry import algorithms_for, needs_in_network
+from collsim.topology.fabric import TopologyFabric
+from collsim.topology.graph import Network
+from collsim.topology.rings import mesh_rings
+from collsim.topology.spec import Topology
+
+DIRECT_MAX_RANKS = 64
+"""Largest rank count for which ``auto`` considers one-shot ``direct`` reductions/gathers."""
+
+
+def layout_for(topology: Topology) -> RankLayout:
+    """Ranks on the topology's nodes; a (nodes x GPUs-per-node) grid for 2D algorithms; on
+    point-to-point meshes, per-channel ring orders inside nodes (:func:`mesh_rings`)."""
+    n = topology.n_gpus
+    grid = (topology.nodes, topology.gpus_per_node) if topology.nodes > 1 else None
+    if grid is not None and grid[0] * grid[1] != n:
+        grid = None
+    rpn = min(topology.gpus_per_node, n)
+    rings = mesh_rings(topology) if rpn == topology.gpus_per_node else None
+    return RankLayout(nranks=n, ranks_per_node=rpn, grid=grid, local_rings=rings)
+
+
+class System:
+    """One topology with its routes (cached across calls), fabric and rank layout."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.network = Network(topology)
+        self.fabric = TopologyFabric(self.network)
+        self.layout = layout_for(topology)
+        self.has_in_network = topology.reduces_for_all_gpus
+
+    def candidates(self, collective: str) -> list[str]:
+        """Algorithms ``auto`` considers for ``collective`` on this topology.
+
+        One-shot ``direct`` reductions and gathers (every rank to every rank) are considered up to
+        :data:`DIRECT_MAX_RANKS` ranks only: they are NVSwitch-domain algorithms, and their n^2
+        flows make them both useless and expensive to cost at cluster scale. (All-to-all's
+        ``direct`` is the all-to-all itself and always a candidate.)
+        """
+        algos = list(algorithms_for(collective))
+        if not self.has_in_network:
+            algos = [a for a in algos if not needs_in_network(a)]
+        if self.topology.n_gpus > DIRECT_MAX_RANKS and collective != "alltoall":
+            algos = [a for a in algos if a != "direct"]
+        return algos
