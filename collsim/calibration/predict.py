@@ -28,6 +28,7 @@ import numpy as np
 
 from collsim.calibration.nccltests import NcclTestsLog
 from collsim.collectives.registry import NCCL_ALGORITHMS
+from collsim.dtypes import dtype_bytes
 from collsim.errors import CalibrationError, CollsimError
 from collsim.model.analytic import AnalyticModel, effective_bytes
 from collsim.model.params import (
@@ -42,7 +43,7 @@ from collsim.model.tuner import NCCL_CHANNELS, PROTOCOL_ORDER, Tuner, host_floor
 from collsim.tables import plural
 from collsim.topology.loader import load_topology
 from collsim.topology.spec import Topology
-from collsim.whatif import WhatIf, dtype_bytes
+from collsim.whatif import WhatIf
 
 _ALGO_ENV = {"ring": "ring", "tree": "tree", "nvls": "in_network", "nvlstree": "in_network",
              "collnet": "in_network", "collnetdirect": "in_network",

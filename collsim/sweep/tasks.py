@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from collsim.dtypes import dtype_bytes
 from collsim.engine.results import bottleneck_links
 from collsim.errors import CollsimError
 from collsim.metrics import algbw_gbps, busbw_gbps
@@ -23,7 +24,7 @@ from collsim.topology.loader import load_topology
 from collsim.training.comm import make_timer
 from collsim.training.step import StepModel
 from collsim.training.workload import load_workload, with_changes
-from collsim.whatif import WhatIf, dtype_bytes, printed_count
+from collsim.whatif import WhatIf, printed_count
 
 COLUMNS = (
     "kind", "topology", "faults", "nodes", "gpus", "engine", "model",

@@ -52,12 +52,13 @@ import numpy as np
 
 from collsim import units
 from collsim.collectives.registry import build_schedule
+from collsim.dtypes import dtype_bytes
 from collsim.engine import simulate
 from collsim.errors import CollsimError
 from collsim.model.tuner import tuned_algorithms
 from collsim.protocols import get_protocol
 from collsim.units import MAX_JOBS
-from collsim.whatif import WhatIf, dtype_bytes, element_count
+from collsim.whatif import WhatIf, element_count
 
 SKEW_KINDS = ("none", "uniform", "exp", "lognormal", "one")
 SLOWDOWN_KINDS = ("none", "uniform", "exp", "lognormal", "one")
