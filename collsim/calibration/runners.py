@@ -12,14 +12,11 @@ longer than the timeout (a hung collective) with a message saying what it was ru
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import platform
 import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -35,17 +32,17 @@ from collsim.calibration._process import (
     free_loopback_port,
     keep_interrupted,
 )
+from collsim.calibration.environment import capture_environment, note_versions
 from collsim.calibration.nccltests import NcclTestsLog, read_log
 from collsim.calibration.store import MANIFEST, ResultStore
 from collsim.calibration.torchbench import TORCH_DTYPES
 from collsim.dtypes import NCCL_TYPES, canonical_dtype
 from collsim.errors import CalibrationError, CollsimError
-from collsim.io import atomic_write_text, directory_lock
+from collsim.io import directory_lock
 from collsim.tables import plural
 
 RUNNERS = ("nccl-tests", "torch")
 LAUNCHERS = ("local", "torchrun", "mpirun", "srun")
-_ENV_PREFIXES = ("NCCL_", "CUDA_", "UCX_", "FI_", "TORCH_NCCL_", "SLURM_JOB", "OMPI_MCA_")
 
 
 LOCAL = ("local", "torchrun")
@@ -338,35 +335,6 @@ def check_tools(cfg: RunConfig, steps: list[Step]) -> None:
             ) from None
 
 
-def capture_environment(cfg: RunConfig, steps: list[Step]) -> Path:
-    """Write ``env.json`` (versions, relevant variables, commands) and ``topo.txt`` if possible."""
-    info: dict[str, object] = {
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
-        "collsim": metadata.version("collsim"),
-        "runner": cfg.runner,
-        "launcher": cfg.launcher,
-        "commands": [s.shell() for s in steps],
-        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)},
-    }
-    try:
-        info["torch"] = metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        info["torch"] = None
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        for args, name in ((["topo", "-m"], "topo.txt"), (["-L"], "gpus.txt")):
-            try:
-                done = subprocess.run([smi, *args], capture_output=True, text=True, timeout=30)
-                atomic_write_text(cfg.out / name, done.stdout + done.stderr)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                info[f"nvidia-smi {' '.join(args)}"] = f"failed: {exc}"
-    else:
-        info["nvidia-smi"] = "not found (no topology captured)"
-    return atomic_write_text(cfg.out / "env.json", json.dumps(info, indent=1) + "\n")
-
-
 def run(
     cfg: RunConfig,
     steps: list[Step],
@@ -426,7 +394,7 @@ def _run(
     for problem in store.problems():
         notify(f"warning: {problem}")
     store.clean()
-    capture_environment(cfg, steps)
+    capture_environment(cfg.out, cfg.runner, cfg.launcher, [s.shell() for s in steps])
     for step in steps:
         label = step.collective or "torchbench"
         if step.collective and store.done(step.collective):
@@ -472,7 +440,7 @@ def _run(
             for anomaly in log.anomalies:  # kept (it is what was measured), but said
                 notify(f"warning: {step.collective}: {anomaly}")
     logs = sorted((cfg.out / "logs").glob("*.txt"))
-    _note_versions(cfg.out, logs)
+    note_versions(cfg.out, logs)
     return logs
 
 
@@ -499,17 +467,3 @@ def _cut_short(cfg: RunConfig, log: NcclTestsLog, text: str) -> str | None:
         lines = ", ".join(map(str, log.incomplete_rows))
         why.append(f"its result row(s) at line(s) {lines} never completed")
     return " and ".join(why) or None
-
-
-def _note_versions(out: Path, logs: list[Path]) -> None:
-    """Add the NCCL version each log reports to ``env.json`` (the binaries link their own)."""
-    env_file = out / "env.json"
-    info = json.loads(env_file.read_text(encoding="utf-8"))
-    versions: dict[str, str | None] = {}
-    for path in logs:
-        try:
-            versions[path.stem] = read_log(path).nccl_version
-        except CalibrationError:
-            versions[path.stem] = None
-    info["nccl_version"] = versions
-    atomic_write_text(env_file, json.dumps(info, indent=1) + "\n")

@@ -3,7 +3,17 @@
 Each command family lives in its own module and registers itself on the root group when imported.
 """
 
-from collsim.cli import calibrate, simulate, step, stragglers, sweep, topo, tune, validate  # noqa: F401  (registers the commands)
+from collsim.cli import (  # noqa: F401  (registers the commands)
+    calibrate,
+    plan,
+    simulate,
+    step,
+    stragglers,
+    sweep,
+    topo,
+    tune,
+    validate,
+)
 from collsim.cli.base import cli, main
 
 __all__ = ["cli", "main"]

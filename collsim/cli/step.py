@@ -13,41 +13,39 @@ import click
 from collsim.cli.base import (
     FILE,
     OUT_FILE,
-    ProgressBar,
     cli,
     context_faults,
     fault_meta_option,
     refuse_overwriting_inputs,
-    show_progress,
 )
 from collsim.cli.batch import GLOBAL_BATCH, MICRO_BATCH, batch_changes, batch_error, with_batch
 from collsim.errors import CollsimError
 from collsim.io import figure_format
 
-# Options the three commands share (one definition each).
-_WORKLOAD = click.option(
+# Options step, scale and plan (collsim.cli.plan) share: one definition each.
+WORKLOAD = click.option(
     "--workload",
     "-w",
     required=True,
     metavar="NAME|PATH",
     help="Workload file, or a bundled name (workloads/).",
 )
-_TOPOLOGY = click.option(
+TOPOLOGY = click.option(
     "--topology", "-t", required=True, metavar="NAME|PATH", help="Catalog name or file."
 )
-_JSON = click.option("--json", "json_file", type=OUT_FILE, help="Write JSON here.")
-_ENGINE = click.option(
+JSON_OUT = click.option("--json", "json_file", type=OUT_FILE, help="Write JSON here.")
+ENGINE = click.option(
     "--engine",
     default="analytic",
     show_default=True,
     help="analytic (closed forms, fast) or des (discrete-event engine, slow at scale).",
 )
-_PROFILE = click.option(
+PROFILE = click.option(
     "--profile",
     type=FILE,
     help="Calibration profile (JSON/YAML): analytic-model parameters and/or gpu_efficiency.",
 )
-_EFF = click.option(
+EFFICIENCY = click.option(
     "--efficiency",
     type=click.FloatRange(0, 1, min_open=True),
     default=None,
@@ -55,7 +53,7 @@ _EFF = click.option(
 )
 
 
-def _after(row: dict[str, Any], key: str, new: str, value: Any) -> dict[str, Any]:
+def insert_after(row: dict[str, Any], key: str, new: str, value: Any) -> dict[str, Any]:
     """``row`` with ``new: value`` inserted after ``key``."""
     out: dict[str, Any] = {}
     for k, v in row.items():
@@ -253,12 +251,12 @@ def _elastic_step(model: Any, w: Any, result: Any, gpus_per_node: int):  # type:
 
 
 @cli.command()
-@_WORKLOAD
-@_TOPOLOGY
+@WORKLOAD
+@TOPOLOGY
 @click.option("--nodes", type=int, default=None, help="Override the number of nodes.")
-@_ENGINE
-@_PROFILE
-@_EFF
+@ENGINE
+@PROFILE
+@EFFICIENCY
 @click.option(
     "--measured",
     type=FILE,
@@ -267,7 +265,7 @@ def _elastic_step(model: Any, w: Any, result: Any, gpus_per_node: int):  # type:
 )
 @GLOBAL_BATCH
 @MICRO_BATCH
-@_JSON
+@JSON_OUT
 @fault_meta_option
 def step(
     workload: str,
@@ -329,8 +327,8 @@ def step(
 
 
 @cli.command()
-@_WORKLOAD
-@_TOPOLOGY
+@WORKLOAD
+@TOPOLOGY
 @click.option(
     "--nodes",
     "node_list",
@@ -345,9 +343,9 @@ def step(
     show_default=True,
     help="strong: fixed global batch; weak: global batch grows with the GPUs.",
 )
-@_ENGINE
-@_PROFILE
-@_EFF
+@ENGINE
+@PROFILE
+@EFFICIENCY
 @click.option(
     "--plot",
     type=OUT_FILE,
@@ -355,7 +353,7 @@ def step(
 )
 @GLOBAL_BATCH
 @MICRO_BATCH
-@_JSON
+@JSON_OUT
 @fault_meta_option
 def scale(
     workload: str,
@@ -448,101 +446,5 @@ def scale(
                 point["micro_batch"] = r.layout.micro
                 if r.n_gpus in splits:
                     point["tp_span"] = splits[r.n_gpus].as_json()
-        atomic_write_text(json_file, json.dumps(data, indent=2) + "\n")
-        click.echo(f"# wrote {json_file}")
-
-
-@cli.command()
-@_WORKLOAD
-@click.option("--candidates", "-c", required=True, type=FILE, help="Candidates YAML.")
-@_ENGINE
-@_PROFILE
-@_EFF
-@click.option("--all-layouts", is_flag=True, help="List every fitting layout, not the best.")
-@click.option(
-    "--top", type=click.IntRange(min=1), default=20, show_default=True, help="Rows to print."
-)
-@click.option("--plot", type=OUT_FILE, help="Write the Pareto plot (PNG or SVG, by suffix).")
-@GLOBAL_BATCH
-@click.option(
-    "--micro-batch",
-    type=int,
-    default=None,
-    help="Samples per micro-batch (overrides the workload's micro_batch and the candidates' "
-    "search of it).",
-)
-@_JSON
-def plan(
-    workload: str,
-    candidates: str,
-    engine: str,
-    profile: str | None,
-    efficiency: float | None,
-    all_layouts: bool,
-    top: int,
-    plot: str | None,
-    global_batch: int | None,
-    micro_batch: int | None,
-    json_file: str | None,
-) -> None:
-    """Rank cluster options for a workload by time to train and cost (layouts searched)."""
-    from collsim.io import atomic_write_text
-    from collsim.report.step_plots import plot_pareto
-    from collsim.tables import table
-    from collsim.training import plan as planning
-    from collsim.training.workload import load_workload
-
-    refuse_overwriting_inputs([workload, candidates, profile], plot=plot, json=json_file)
-    if plot:
-        figure_format(plot)
-    w = with_batch(load_workload(workload), batch_changes(global_batch, micro_batch))
-    cand = planning.load_candidates(candidates)
-    if micro_batch is not None and cand.search.micro_batch:
-        click.echo(f"# note: --micro-batch {micro_batch} replaces the candidates' search of "
-                   f"micro_batch {cand.search.micro_batch}")  # fmt: skip
-        search = cand.search.model_copy(update={"micro_batch": None})
-        cand = cand.model_copy(update={"search": search})
-    params, eff = load_profile(profile)
-    bar = ProgressBar("size", "plan") if show_progress() else None
-    try:
-        options, rejected = planning.plan(
-            w, cand, engine=engine, efficiency=eff, force_efficiency=efficiency, params=params,
-            keep="all" if all_layouts else "best", profile=profile, progress=bar,
-        )  # fmt: skip
-    finally:
-        if bar:
-            bar.close()
-    for note in rejected.notes:
-        click.echo(f"# note: {note}")
-    click.echo(f"# {w.name}: {cand.tokens:.3g} tokens, global batch {w.global_batch}; "
-               f"{rejected.summary()}")  # fmt: skip
-    if not options:
-        why = "fits in memory" if not rejected.reasons else "can run and fits in memory"
-        raise CollsimError(f"no candidate layout {why}", file=candidates, field="clusters")
-    rows = [o.row() for o in options[:top]]
-    split = [o for o in options[:top] if o.tp_split is not None]
-    if split:  # marked in their own column, next to the layout
-        rows = [_after(r, "layout", "tp_nodes", o.tp_nodes)
-                for r, o in zip(rows, options[:top], strict=True)]  # fmt: skip
-    cols = list(rows[0])
-    click.echo(table(rows, cols))
-    if split:
-        first = split[0]
-        click.echo(
-            f"# warning: {len(split)} listed option(s) split a tensor-parallel group over nodes "
-            f"(tp_nodes > 1), e.g. {first.cluster} {first.result.layout.label()}: "
-            + first.tp_split.message()  # type: ignore[union-attr]
-        )
-    if plot:
-        plot_pareto(options, plot, title=f"{w.name}: time vs cost")
-        click.echo(f"# wrote {plot}")
-    if json_file:
-        data = [
-            o.row()
-            | {"tp_nodes": o.tp_nodes}
-            | ({"tp_span": o.tp_split.as_json()} if o.tp_split else {})
-            | {"step": o.result.as_json()}
-            for o in options
-        ]
         atomic_write_text(json_file, json.dumps(data, indent=2) + "\n")
         click.echo(f"# wrote {json_file}")
