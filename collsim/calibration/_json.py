@@ -40,6 +40,8 @@ class Facts:
     collective: str | None = None
     ranks: int | None = None
     ranks_source: str = ""
+    listed_ranks: int = 0  # device lines in the log (0: none)
+    devices_elided: bool = False  # ranks left out of the device list ("...", or a gap)
     hosts: list[str] = field(default_factory=list)
     info_hosts: set[tuple[str, str, str]] = field(default_factory=set)  # (host, pid, device)
     gpu: str | None = None
@@ -76,11 +78,10 @@ class Facts:
             ordered = [s.devices[r] for r in sorted(s.devices)]
             facts.hosts = list(dict.fromkeys(host for host, _ in ordered))
             facts.gpu = " / ".join(dict.fromkeys(name for _, name in ordered))
+            facts.listed_ranks = len(s.devices)
+            facts.devices_elided = s.devices_elided or max(s.devices) + 1 > len(s.devices)
             if max(s.devices) + 1 > len(s.devices):  # an elided list ("Rank 0, ..., Rank 7")
-                missing = max(s.devices) + 1 - len(s.devices)
                 facts.ranks, facts.ranks_source = max(s.devices) + 1, "the highest listed rank"
-                facts.notes.append(f"the device list leaves out {missing} rank(s); nodes "
-                                   f"({len(facts.hosts)}) from the hosts it lists")  # fmt: skip
         elif s.info_nranks:
             facts.ranks, facts.ranks_source = s.info_nranks, "NCCL INFO 'nranks'"
         elif s.command_ranks:

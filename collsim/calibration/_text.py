@@ -9,7 +9,9 @@ a summary, but real logs wrap that in much else. This module copes with, in orde
 * NCCL's own ``host:pid:tid [dev] NCCL INFO ...`` lines, between rows *and* inside one: the text
   before the marker is kept as a row fragment and the row is completed by the next numeric line
   (a number the marker is glued to, ``3.00nodeA:...``, stays in the row while the row lacks it);
-* headers and device lines with or without their ``#`` (documentation often strips it);
+* headers and device lines with or without their ``#`` (documentation often strips it), and
+  device lists elided by hand (a ``...`` line, or ranks missing between those shown): the section
+  records the elision, and the reader takes the rank count from the rows' numbers;
 * both table layouts: current (``redop root ... #wrong``) and legacy (no ``root`` column for most
   collectives, an ``error`` column holding the maximum deviation instead of a count), with an
   optional per-iteration block and a timestamp column;
@@ -60,6 +62,7 @@ _AVG = re.compile(r"Avg bus bandwidth\s*:\s*([0-9.eE+-]+)")
 _OOB = re.compile(r"Out of bounds values\s*:\s*(\d+)\s*(\w*)")
 _LAUNCHERS = re.compile(r"\b(mpirun|mpiexec|srun|orterun)\b")
 _NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+_ELISION = re.compile(r"^(?:\.{3,}|\u2026)$")  # "..." or "…" on a line of its own
 
 _GROUP_KEYS = {
     "time": "time",
@@ -117,6 +120,7 @@ class Section:
     header_line: int
     rows: list[RawRow] = field(default_factory=list)
     devices: dict[int, tuple[str, str]] = field(default_factory=dict)  # rank -> (host, name)
+    devices_elided: bool = False  # a ``...`` line in the device list (documentation excerpts)
     info_hosts: set[tuple[str, str, str]] = field(default_factory=set)  # (host, pid, device)
     nccl_version: str | None = None
     library_code: int | None = None
@@ -374,6 +378,7 @@ class Scanner:
         """Give a new table the facts seen before it (devices are per test, the rest carries on)."""
         ctx = self.ctx
         section.devices = dict(ctx.devices)
+        section.devices_elided = ctx.devices_elided
         section.info_hosts = set(ctx.info_hosts)
         section.env = dict(ctx.env)
         for name in (
@@ -442,6 +447,10 @@ class Scanner:
         if body.startswith("Using devices"):
             self.close()
             self.ctx.devices = {}
+            self.ctx.devices_elided = False
+            return
+        if _ELISION.match(body) and self.current is None:  # lines left out of the preamble
+            self.ctx.devices_elided = True
             return
         if device := _DEVICE.match(body):
             self.ctx.devices[int(device["rank"])] = (device["host"], device["name"])

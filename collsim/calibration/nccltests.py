@@ -10,8 +10,12 @@ What is taken from a log, and from where (first source that says wins):
   the JSON ``args``, else the ``collective=`` hint, else the file name;
 * ranks: the ``# Using devices`` lines, else NCCL's ``Init COMPLETE ... nranks N``, else the command
   line (processes x ``-g`` x ``-t``), else the ``ranks=`` hint, else the printed counts
-  (all_gather/reduce_scatter/alltoall print per-rank counts) or the busbw/algbw ratio;
-* nodes: distinct hosts of the device lines, else of NCCL INFO lines, else the ``nodes=`` hint;
+  (all_gather/reduce_scatter/alltoall print per-rank counts) or the busbw/algbw ratio. A device
+  list elided by hand (``...``, ranks missing) or cut short is checked against those numbers:
+  where they pin one count (see :func:`~collsim.calibration.rows.ranks_from_numbers`) it wins,
+  else the highest listed rank counts; either way a note says which, and where the two disagree;
+* nodes: distinct hosts of the device lines (of an incomplete list: the ``nodes=`` hint, else
+  unknown), else of NCCL INFO lines, else the ``nodes=`` hint;
 * GPU model, NCCL version (``NCCL version ...`` or ``nccl-library=NNNNN``), NCCL_* settings
   (``-x NCCL_X=..``, ``NCCL_X=..``, ``NCCL_X set by environment to ..``).
 
@@ -32,7 +36,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collsim.calibration import _json, _text
-from collsim.calibration.rows import Draft, Group, Row, Value, check_rows, infer_ranks
+from collsim.calibration.rows import (
+    Draft,
+    Group,
+    Row,
+    Value,
+    check_rows,
+    infer_ranks,
+    ranks_from_numbers,
+)
 from collsim.errors import CalibrationError, CollsimError
 from collsim.metrics import COLLECTIVES, canonical_collective
 
@@ -154,6 +166,91 @@ def _version_from_code(code: int | None) -> str | None:
     return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
 
 
+def _check_device_list(
+    collective: str, sec: _json.Facts, drafts: list[Draft]
+) -> tuple[int, str, list[str]]:
+    """(ranks, their source, notes) for a log with a device list, checked against the rows.
+
+    A list elided by hand (``...``, ranks missing) or cut short counts too few ranks, and one
+    edited by hand may count too many (a published "Rank 143" on a 128-rank run): where the rows'
+    numbers pin one count they win, and a note says so; a complete list they contradict is kept
+    (its rows are then anomalies) with a note."""
+    assert sec.ranks is not None
+    listed, shown, highest = sec.ranks, sec.listed_ranks, sec.ranks - 1
+    evidence = ranks_from_numbers(collective, drafts)
+    exact = evidence.exact if evidence else None
+    one = "" if evidence is None or evidence.source.endswith("s") else "s"  # counts / ratio
+    if evidence is None or exact is None:
+        if not sec.devices_elided:
+            if evidence is not None and evidence.low > listed:
+                return (
+                    listed,
+                    sec.ranks_source,
+                    [
+                        f"the device list shows {listed} rank(s), but the rows' {evidence.source} "
+                        f"allow{one} {evidence.describe()}: the list may be cut short"
+                    ],
+                )
+            return listed, sec.ranks_source, []
+        if evidence is None:
+            why = f"the rows cannot tell ({collective} prints busbw = algbw)"
+            if collective in ("all_reduce", "all_gather", "reduce_scatter", "alltoall"):
+                why = "the rows cannot tell (no row with a bandwidth to compare)"
+        elif evidence.allows(listed):
+            why = f"which the rows' {evidence.source} allow{one} ({evidence.describe()})"
+        else:
+            why = (f"but the rows' {evidence.source} allow{one} {evidence.describe()}: the two "
+                   "disagree")  # fmt: skip
+        return (
+            listed,
+            sec.ranks_source,
+            [
+                f"the device list is elided ({shown} rank(s) shown, the highest {highest}); "
+                f"ranks ({listed}) from the highest listed rank, {why}"
+            ],
+        )
+    assert evidence is not None
+    if exact > listed:
+        how = "is elided" if sec.devices_elided else "is cut short"
+        return (
+            exact,
+            evidence.source,
+            [
+                f"the device list {how} ({shown} rank(s) shown, the highest {highest}); the rows' "
+                f"{evidence.source} give{one} {exact} ranks, which are taken"
+            ],
+        )
+    if exact < listed and sec.devices_elided:
+        return (
+            exact,
+            evidence.source,
+            [
+                f"the device list shows rank {highest}, but the rows' {evidence.source} "
+                f"fit{one} only {exact} ranks: the two disagree, and the rows are trusted (a "
+                "list edited by hand?)"
+            ],
+        )
+    if exact < listed:
+        return (
+            listed,
+            sec.ranks_source,
+            [
+                f"the device list shows {listed} ranks, but the rows' {evidence.source} fit{one} "
+                f"{exact}: the two disagree (the list is kept; its rows are checked against it)"
+            ],
+        )
+    if shown < listed:
+        return (
+            listed,
+            sec.ranks_source,
+            [
+                f"the device list is elided ({shown} rank(s) shown, the highest {highest}); the "
+                f"rows' {evidence.source} confirm{one} {listed} ranks"
+            ],
+        )
+    return listed, sec.ranks_source, []
+
+
 def _build(
     file: str, sec: _json.Facts, drafts: list[Draft], hints: Hints, strict: bool
 ) -> NcclTestsLog:
@@ -184,6 +281,10 @@ def _build(
             field="collective",
         )
     ranks, ranks_source = sec.ranks, sec.ranks_source
+    said: list[str] = []
+    if sec.listed_ranks and ranks is not None:
+        ranks, ranks_source, said = _check_device_list(collective, sec, drafts)
+        notes += said
     if ranks is None and hints.ranks:
         ranks, ranks_source = hints.ranks, "given"
     if ranks is None:
@@ -204,9 +305,14 @@ def _build(
         )
     if hints.ranks and hints.ranks != ranks:
         notes.append(f"the log says {ranks} ranks ({ranks_source}), the caller said {hints.ranks}")
-    if ranks_source not in ("devices", "given"):
+    if ranks_source not in ("devices", "given") and not said:
         notes.append(f"ranks ({ranks}) from {ranks_source}")
     nodes, nodes_source = (len(sec.hosts), "devices") if sec.hosts else (None, "")
+    if sec.hosts and 0 < sec.listed_ranks < ranks:  # its hosts are some of the job's, not all
+        nodes, nodes_source = None, ""
+        if not hints.nodes:
+            notes.append(f"nodes not known: the device list is incomplete ({len(sec.hosts)} "
+                         "host(s) shown); pass --nodes")  # fmt: skip
     if nodes is None and len(sec.info_hosts) == ranks:  # INFO lines from every rank seen
         nodes, nodes_source = len({host for host, _, _ in sec.info_hosts}), "NCCL INFO lines"
     if nodes is None and hints.nodes:

@@ -138,28 +138,102 @@ class Draft:
         )
 
 
-def infer_ranks(collective: str, drafts: list[Draft]) -> tuple[int | None, str]:
-    """Ranks from the printed numbers: counts (rounded collectives) or busbw/algbw."""
+@dataclass(frozen=True)
+class RankEvidence:
+    """The rank counts a table's printed numbers allow, ``low`` to ``high`` (None: no upper
+    bound), and which numbers say so (``element counts`` or ``busbw/algbw ratio``)."""
+
+    low: int
+    high: int | None
+    source: str
+
+    @property
+    def exact(self) -> int | None:
+        """The one rank count the numbers allow, or None where they allow several."""
+        return self.low if self.high == self.low else None
+
+    def allows(self, ranks: int) -> bool:
+        return self.low <= ranks and (self.high is None or ranks <= self.high)
+
+    def describe(self) -> str:
+        if self.high is None:
+            return f"{self.low} or more"
+        return str(self.low) if self.high == self.low else f"{self.low} to {self.high}"
+
+
+def _fits(collective: str, n: int, g: Group) -> bool:
+    """Whether busbw = algbw x the bus factor for ``n`` ranks, within print rounding."""
+    a, b = g.algbw, g.busbw
+    f = bus_factor(collective, n)
+    return abs(b.value - a.value * f) <= b.half_unit + f * a.half_unit + 1e-9  # type: ignore[operator]
+
+
+def _ratio_bounds(collective: str, g: Group) -> tuple[int, int | None] | None:
+    """The rank counts one result's busbw/algbw allows (None: it allows any)."""
+    a, b = g.algbw, g.busbw
+    if a.value is None or b.value is None or a.value <= a.half_unit:
+        return None  # algbw 0.00: busbw says nothing
+    top = 2.0 if collective == "all_reduce" else 1.0  # the factor's limit as n grows
+
+    def ranks_at(factor: float) -> float:  # the inverse of top x (n-1)/n
+        return 1.0 if factor <= 0 else math.inf if factor >= top else top / (top - factor)
+
+    f_low = (b.value - b.half_unit) / (a.value + a.half_unit)
+    f_high = (b.value + b.half_unit) / (a.value - a.half_unit)
+    low = max(1, math.ceil(ranks_at(f_low) - 1e-6))
+    far = ranks_at(f_high)
+    high = None if math.isinf(far) or far > 10**7 else math.floor(far + 1e-6)
+    while (high is None or low <= high) and not _fits(collective, low, g):
+        low += 1  # the float inverse may land one off: the exact check decides the ends
+        if low > 10**7:
+            return None
+    while high is not None and high >= low and not _fits(collective, high, g):
+        high -= 1
+    return low, high
+
+
+def ranks_from_numbers(collective: str, drafts: list[Draft]) -> RankEvidence | None:
+    """The rank counts a table's numbers allow: exact from element counts where nccl-tests
+    prints per-rank counts (all_gather, reduce_scatter, alltoall) and every row agrees, else the
+    counts busbw = algbw x nccl-tests' factor allows on every row (2(n-1)/n for all_reduce,
+    (n-1)/n for the rest; the factor flattens as n grows, so large counts come as a range).
+    None where the numbers say nothing (broadcast, reduce and sendrecv print busbw = algbw) or
+    the rows disagree with each other."""
     if collective in ROUNDED_TO_RANKS:
+        found = set()
         for d in drafts:
             elem = DTYPE_BYTES.get(_type(d.dtype) or "")
             if elem and d.count > 0 and d.size % (d.count * elem) == 0:
-                return d.size // (d.count * elem), "element counts"
-    if collective in ("broadcast", "reduce", "sendrecv"):
-        return None, ""  # busbw = algbw whatever the rank count
-    best = max(
-        (d for d in drafts if d.groups and d.groups[0]),
-        default=None,
-        key=lambda d: d.groups[0].algbw.value or 0.0,
-    )  # type: ignore[union-attr]
-    if best is None or not best.groups[0] or not best.groups[0].algbw.value:
+                found.add(d.size // (d.count * elem))
+        if len(found) == 1:
+            n = found.pop()
+            return RankEvidence(n, n, "element counts")
+    if collective not in ("all_reduce", "all_gather", "reduce_scatter", "alltoall"):
+        return None  # busbw = algbw whatever the rank count
+    low, high, seen = 1, None, False
+    for d in drafts:
+        for g in d.groups:
+            bounds = _ratio_bounds(collective, g) if g is not None else None
+            if bounds is None:
+                continue
+            seen = True
+            low = max(low, bounds[0])
+            if bounds[1] is not None:
+                high = bounds[1] if high is None else min(high, bounds[1])
+    if not seen or (high is not None and low > high):
+        return None
+    return RankEvidence(low, high, "busbw/algbw ratio")
+
+
+def infer_ranks(collective: str, drafts: list[Draft]) -> tuple[int | None, str]:
+    """Ranks from the printed numbers (see :func:`ranks_from_numbers`); where they allow several
+    counts, the smallest, and the source says so."""
+    evidence = ranks_from_numbers(collective, drafts)
+    if evidence is None:
         return None, ""
-    g = best.groups[0]
-    for n in range(2, 100_000):
-        f = bus_factor(collective, n)
-        if abs(g.busbw.value - g.algbw.value * f) <= g.busbw.half_unit + f * g.algbw.half_unit:
-            return n, "busbw/algbw ratio"
-    return None, ""
+    if evidence.exact is not None:
+        return evidence.exact, evidence.source
+    return evidence.low, f"{evidence.source} (which allows {evidence.describe()})"
 
 
 def check_rows(collective: str, ranks: int, drafts: Iterable[Draft], legacy: bool) -> list[str]:

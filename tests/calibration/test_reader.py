@@ -277,14 +277,19 @@ def test_a_log_cut_mid_row_keeps_the_rows_it_completed(write):
 
 def test_an_elided_device_list_counts_ranks_to_the_highest_listed(write):
     """A device list shortened by hand ("Rank 0 ... Rank 3") counted only the ranks listed: 2 of
-    4 here, and every busbw became an anomaly. The highest rank listed counts them, and a cut row
-    at the end of such a log is left out as in any other."""
+    4 here, and every busbw became an anomaly. The highest rank listed counts them where the rows
+    cannot pin the count (these small bandwidths allow 4 or 5 ranks), the hosts it shows are not
+    all the nodes (unknown unless given), and a cut row at the end is left out as in any other."""
     lines = [line for line in standard_log().splitlines() if not re.search(r"Rank  [12] ", line)]
     text = "\n".join(lines).replace("#  Rank  3", "#  ...\n#  Rank  3")
     log = read_log(write(text))
-    assert (log.ranks, log.nodes, log.anomalies) == (4, 2, ())
-    assert log.notes[:2] == ("the device list leaves out 2 rank(s); nodes (2) from the hosts it "
-                             "lists", "ranks (4) from the highest listed rank")  # fmt: skip
+    assert (log.ranks, log.nodes, log.anomalies) == (4, None, ())
+    assert log.notes[:2] == (
+        "the device list is elided (2 rank(s) shown, the highest 3); ranks (4) from the highest "
+        "listed rank, which the rows' busbw/algbw ratio allows (4 to 5)",
+        "nodes not known: the device list is incomplete (2 host(s) shown); pass --nodes",
+    )
+    assert read_log(write(text, "hint.txt"), nodes=2).nodes == 2
     cut = read_log(write(text[: text.index(ROWS[2]) + 30], "cut.txt"))
     assert (cut.ranks, len(cut.rows), cut.anomalies, cut.incomplete_rows) == (4, 2, (), (15,))
 
