@@ -5,10 +5,11 @@ Every :class:`~collsim.errors.CollsimError` becomes one line on stderr and exit 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -328,6 +329,18 @@ class ProgressBar:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+@contextlib.contextmanager
+def progress_bar(unit: str, desc: str, *, worth_it: bool = True) -> Iterator[ProgressBar | None]:
+    """A :class:`ProgressBar` for the ``with`` block where :func:`show_progress` says so (and
+    the work is ``worth_it``), else None; closed however the block ends."""
+    bar = ProgressBar(unit, desc) if worth_it and show_progress() else None
+    try:
+        yield bar
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def main(argv: list[str] | None = None) -> None:

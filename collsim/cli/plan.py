@@ -9,10 +9,9 @@ import click
 from collsim.cli.base import (
     FILE,
     OUT_FILE,
-    ProgressBar,
     cli,
+    progress_bar,
     refuse_overwriting_inputs,
-    show_progress,
 )
 from collsim.cli.batch import GLOBAL_BATCH, batch_changes, with_batch
 from collsim.cli.step import (
@@ -79,15 +78,11 @@ def plan(
         search = cand.search.model_copy(update={"micro_batch": None})
         cand = cand.model_copy(update={"search": search})
     params, eff = load_profile(profile)
-    bar = ProgressBar("size", "plan") if show_progress() else None
-    try:
+    with progress_bar("size", "plan") as bar:
         options, rejected = planning.plan(
             w, cand, engine=engine, efficiency=eff, force_efficiency=efficiency, params=params,
             keep="all" if all_layouts else "best", profile=profile, progress=bar,
         )  # fmt: skip
-    finally:
-        if bar:
-            bar.close()
     for note in rejected.notes:
         click.echo(f"# note: {note}")
     click.echo(f"# {w.name}: {cand.tokens:.3g} tokens, global batch {w.global_batch}; "

@@ -12,13 +12,12 @@ from collsim.cli.base import (
     COLLECTIVE,
     FILE,
     OUT_FILE,
-    ProgressBar,
     chunk_option,
     cli,
     fault_option,
+    progress_bar,
     refuse_overwriting_inputs,
     run_options,
-    show_progress,
     size_option,
     whatif_for,
 )
@@ -153,9 +152,8 @@ def simulate(
             "more (a bound on the schedule's size), so from "
             f"{format_size(MAX_CHUNKS * chunk * channels)} on its chunks may be larger"
         )
-    bar = ProgressBar("size", "simulate") if engine == "des" and show_progress() else None
     started = time.perf_counter()
-    try:
+    with progress_bar("size", "simulate", worth_it=engine == "des") as bar:
         sweep = whatif.sweep(
             collective,
             algorithm,
@@ -169,9 +167,6 @@ def simulate(
             progress=bar,
             tuned=tuned,
         )
-    finally:
-        if bar:
-            bar.close()
     took = time.perf_counter() - started
     if engine == "des" and took > SLOW_RUN_S:
         click.echo(f"# note: the discrete-event engine took {took:.0f} s (every transfer and "

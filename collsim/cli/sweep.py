@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from collsim.cli.base import FILE, OUT_FOLDER, ProgressBar, cli, show_progress
+from collsim.cli.base import FILE, OUT_FOLDER, cli, progress_bar
 from collsim.tables import plural
 
 
@@ -56,14 +56,10 @@ def sweep(
     click.echo(f"# {spec.name}: {spec.n_points} points in {plural(len(spec.tasks), 'task')}")
     if dry_run:
         return
-    bar = ProgressBar("pt", "sweep") if show_progress() else None
-    try:
+    with progress_bar("pt", "sweep") as bar:
         out = run_sweep(
             spec, output, executor=executor, jobs=jobs, scheduler=scheduler, progress=bar
         )
-    finally:
-        if bar:
-            bar.close()
     for problem in out.problems:
         click.echo(f"# warning: {problem}", err=True)
     click.echo(
@@ -98,11 +94,7 @@ def report(results: str, output: str, measured: str | None) -> None:
     """Markdown + HTML report with plots of a sweep's results."""
     from collsim.report.sweep_report import write_report
 
-    bar = ProgressBar("section", "report") if show_progress() else None
-    try:
+    with progress_bar("section", "report") as bar:
         paths = write_report(results, output, measured=measured, progress=bar)
-    finally:
-        if bar:
-            bar.close()
     for path in paths:
         click.echo(f"# wrote {path}")

@@ -10,12 +10,11 @@ from collsim.cli.base import (
     COLLECTIVE,
     FILE,
     OUT_FILE,
-    ProgressBar,
     cli,
     nccl_env,
     nccl_env_option,
+    progress_bar,
     refuse_overwriting_inputs,
-    show_progress,
 )
 from collsim.tables import plural
 
@@ -104,12 +103,8 @@ def validate(
         for s in samples:
             notes += [n for n in prof.check_topology(s.topology) if n not in notes]
         params = prof.params()
-    bar = ProgressBar("log", "validate") if show_progress() else None
-    try:
+    with progress_bar("log", "validate") as bar:
         result = validate_samples(samples, params, model=model, progress=bar)
-    finally:
-        if bar:
-            bar.close()
     notes += [f"{s.name}: {n}" for s in samples for n in s.log.incomplete_notes]
     notes += [n for s in samples if (n := gpu_mismatch(s.log, s.topology))]
     notes += [

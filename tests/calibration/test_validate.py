@@ -8,7 +8,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-import collsim.cli.validate as validate_cli
+import collsim.cli.base as cli_base
 from collsim.calibration.dataset import DATA_DIR
 from collsim.cli import cli
 from collsim.errors import CalibrationError
@@ -274,7 +274,7 @@ def test_validate_shows_progress_on_a_terminal(monkeypatch):
     args = ["validate", AR, AG, "-t", "dgx-h100", "--nodes", "1", "--summary"]
     quiet = CliRunner().invoke(cli, args)
     assert quiet.exit_code == 0 and "validate" not in quiet.stderr
-    monkeypatch.setattr(validate_cli, "show_progress", lambda: True)
+    monkeypatch.setattr(cli_base, "show_progress", lambda: True)
     shown = CliRunner().invoke(cli, args)
     assert shown.exit_code == 0, shown.output
     assert "validate: 100%" in shown.stderr and "2/2" in shown.stderr

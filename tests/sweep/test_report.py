@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-import collsim.cli.sweep as sweep_cli
+import collsim.cli.base as cli_base
 from collsim.cli import main
 from collsim.sweep import load_spec, read_points, run_sweep
 
 
 def test_report_renders_every_section(spec_file, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(sweep_cli, "show_progress", lambda: True)  # as on a terminal
+    monkeypatch.setattr(cli_base, "show_progress", lambda: True)  # as on a terminal
     spec = load_spec(spec_file(engines=["analytic", "des"], sizes=["1K", "64K", "4M"]))
     run_sweep(spec, tmp_path / "res", jobs=1)
     rows = [r for r in read_points(tmp_path / "res") if r["kind"] == "collective"]

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-import collsim.cli.plan as plan_cli
+import collsim.cli.base as cli_base
 from collsim.cli import cli
 
 runner = CliRunner()
@@ -196,7 +196,7 @@ def test_plan_shows_progress_on_a_terminal(tmp_path, monkeypatch):
     args = ["plan", "-w", "gpt-1.3b-ddp", "-c", cand]
     quiet = runner.invoke(cli, args)
     assert quiet.exit_code == 0, quiet.output
-    monkeypatch.setattr(plan_cli, "show_progress", lambda: True)
+    monkeypatch.setattr(cli_base, "show_progress", lambda: True)
     shown = runner.invoke(cli, args)
     assert shown.exit_code == 0, shown.output
     assert "plan: 100%" in shown.stderr and "3/3" in shown.stderr
