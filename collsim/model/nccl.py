@@ -217,9 +217,9 @@ def compute_capability(gpu_model: str) -> int:
     """CUDA compute capability from a GPU model name (non-NVIDIA parts: 80, the Ampere row that
     RCCL and other NCCL ports keep)."""
     name = gpu_model.lower()
-    for key, cc in (("b200", 100), ("gb200", 100), ("b300", 103), ("h100", 90), ("h200", 90), ("gh200", 90),
-                    ("a100", 80), ("a10", 86), ("3090", 86), ("4090", 89), ("6000d", 120),
-                    ("v100", 70), ("2080", 75), ("t4", 75)):  # fmt: skip
+    for key, cc in (("b200", 100), ("gb200", 100), ("b300", 103), ("h100", 90), ("h200", 90),
+                    ("gh200", 90), ("a100", 80), ("a10", 86), ("3090", 86), ("4090", 89),
+                    ("6000d", 120), ("v100", 70), ("2080", 75), ("t4", 75)):  # fmt: skip
         if key in name:
             return cc
     return 80

@@ -134,9 +134,10 @@ def describe_text(info: dict[str, Any]) -> str:
         f"  best matmul: {_matmul_words(gpu)}",
         f"  fabric:      intra-node {info['intra_fabric']}; scale-out {info['inter_fabric']}",
         *(
-            f"  NVLink domain: {dom['nodes']} nodes x {info['gpus_per_node']} = {dom['gpus']} GPUs; "
-            f"this system fills {dom['domains']} ({' + '.join(map(str, dom['nodes_per_domain']))} "
-            f"nodes); {dom['nvlink_bandwidth_gbps_per_gpu']:g} GB/s NVLink per GPU"
+            f"  NVLink domain: {dom['nodes']} nodes x {info['gpus_per_node']} = {dom['gpus']} "
+            f"GPUs; this system fills {dom['domains']} "
+            f"({' + '.join(map(str, dom['nodes_per_domain']))} nodes); "
+            f"{dom['nvlink_bandwidth_gbps_per_gpu']:g} GB/s NVLink per GPU"
             for dom in ([info["nvlink_domain"]] if "nvlink_domain" in info else [])
         ),
         "  devices:     " + ", ".join(f"{k} {v}" for k, v in info["devices"].items()),

@@ -75,9 +75,11 @@ def check_nvlink_domain(
         )
     need = total * domain.links_per_gpu // chips
     if need > domain.ports_per_switch:
+        flag = gpus_field != "node.gpus"  # the override asked for more GPUs than the file's
         raise TopologyError(
             f"{total} GPUs x {domain.links_per_gpu} NVLinks need {need} ports on each of the "
-            f"{chips} switch chips, which have {domain.ports_per_switch}",
-            field="nvlink_domain.switch_trays",
-            value=domain.switch_trays,
+            f"{chips} switch chips ({domain.switch_trays} switch trays), which have "
+            f"{domain.ports_per_switch}",
+            field=gpus_field if flag else "nvlink_domain.switch_trays",
+            value=gpus if flag else domain.switch_trays,
         )

@@ -273,8 +273,7 @@ class ServerFabricRouter:
                        key=lambda i: natural_key(names[self.fabric_devices[i]]))  # fmt: skip
         rank = np.empty(len(order), dtype=np.int64)
         rank[order] = np.arange(len(order))
-        # Destinations are the ports of InfiniBand edge switches (not a multi-node NVLink
-        # domain's switch, which sits outside the servers too but forwards no fabric traffic).
+        # ports of InfiniBand edge switches (not of an NVLink domain's, also outside the servers)
         down = np.flatnonzero((tail_srv < 0) & (head_srv >= 0) & ib)
         tails = self._device_of_vertex(graph.link_tail[down])
         ports: dict[int, list[int]] = {}
