@@ -145,7 +145,7 @@ def classes_used(topology: Topology) -> list[int]:
     keep = src != dst
     if n > 32:  # rings and rails: each GPU to its neighbours and to the next node's peer
         src = np.r_[np.arange(n), np.arange(n)]
-        dst = np.r_[(np.arange(n) + 1) % n, (np.arange(n) + topology.gpus_per_node) % n]
+        dst = np.r_[(np.arange(n) + 1) % n, (np.arange(n) + topology.nvlink_domain_gpus) % n]
         keep = src != dst
     _, links, _ = fabric.routes(src[keep], dst[keep])
     kinds = np.asarray(fabric.link_kind)[np.asarray(links, dtype=np.int64)]

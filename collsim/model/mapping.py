@@ -32,10 +32,12 @@ def intra_inter_bandwidth(
 
     Intra: every GPU of node 0 sends to the next GPU of its node at once (a ring's intra edges);
     inter: every GPU of node 0 sends to the same local GPU of node 1 at once (the rail), each
-    flow's bottleneck share. 0 where the system has one GPU per node / one node.
+    flow's bottleneck share. 0 where the system has one GPU per node / one node. A node is
+    NCCL's: a server, or a multi-node NVLink domain.
     """
     fabric = fabric or TopologyFabric(Network(topology))
-    g, nodes = topology.gpus_per_node, topology.nodes
+    # NCCL's node: a server, or a whole multi-node NVLink domain (its clique)
+    g, nodes = topology.nvlink_domain_gpus, topology.nvlink_domains
     local = np.arange(g, dtype=np.int64)
     intra = inter = 0.0
     nvlink = False
@@ -44,7 +46,8 @@ def intra_inter_bandwidth(
         _, links, _ = fabric.routes(local[:1], local[1:2])
         nvlink = bool(np.asarray(fabric.link_kind)[np.asarray(links)].max() == HW_NVLINK)
     if nodes > 1:
-        inter = _shared_bottleneck(fabric, local, local + g)
+        peers = local[: topology.n_gpus - g]  # the next node may be a partial domain
+        inter = _shared_bottleneck(fabric, peers, peers + g)
     if g == 1:
         intra = inter
     return intra, inter, nvlink

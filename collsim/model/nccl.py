@@ -217,9 +217,9 @@ def compute_capability(gpu_model: str) -> int:
     """CUDA compute capability from a GPU model name (non-NVIDIA parts: 80, the Ampere row that
     RCCL and other NCCL ports keep)."""
     name = gpu_model.lower()
-    for key, cc in (("b200", 100), ("gb200", 100), ("h100", 90), ("h200", 90), ("gh200", 90),
-                    ("a100", 80), ("a10", 86), ("3090", 86), ("4090", 89), ("6000d", 120),
-                    ("v100", 70), ("2080", 75), ("t4", 75)):  # fmt: skip
+    for key, cc in (("b200", 100), ("gb200", 100), ("b300", 103), ("h100", 90), ("h200", 90),
+                    ("gh200", 90), ("a100", 80), ("a10", 86), ("3090", 86), ("4090", 89),
+                    ("6000d", 120), ("v100", 70), ("2080", 75), ("t4", 75)):  # fmt: skip
         if key in name:
             return cc
     return 80
@@ -248,11 +248,11 @@ def inputs_from_topology(topology: Topology, n_channels: int) -> NcclInputs:
     cc = compute_capability(topology.gpu.model)
     return NcclInputs(
         n_ranks=topology.n_gpus,
-        n_nodes=topology.nodes,
+        n_nodes=topology.nvlink_domains,
         comp_cap=cc,
         n_channels=n_channels,
         bw_intra_gbps=intra_bps / 1e9 / n_channels,
-        bw_inter_gbps=(inter_bps * topology.gpus_per_node if inter_bps > 0 else intra_bps)
+        bw_inter_gbps=(inter_bps * topology.nvlink_domain_gpus if inter_bps > 0 else intra_bps)
         / 1e9
         / n_channels,
         intra_nvlink=nvlink,
@@ -310,7 +310,7 @@ class NcclModel:
                 field="algorithm",
                 value=algorithm,
             )
-        if algo == NVLS and self.topology.nodes > 1:
+        if algo == NVLS and self.topology.nvlink_domains > 1:
             algo = NVLS_TREE
         return algo
 

@@ -20,12 +20,20 @@ DIRECT_MAX_RANKS = 64
 
 def layout_for(topology: Topology) -> RankLayout:
     """Ranks on the topology's nodes; a (nodes x GPUs-per-node) grid for 2D algorithms; on
-    point-to-point meshes, per-channel ring orders inside nodes (:func:`mesh_rings`)."""
+    point-to-point meshes, per-channel ring orders inside nodes (:func:`mesh_rings`).
+
+    In a multi-node NVLink domain (GB200 NVL72) the layout's node is the domain, not the tray:
+    NCCL with multi-node NVLink puts the ranks of one NVLink clique in one node of its topology
+    (rings and trees leave it through the NICs, NVLS runs inside it), so hierarchical
+    algorithms, rails and channel entries span the domain's GPUs; the last domain may be
+    partial (18 + 14 trays)."""
     n = topology.n_gpus
-    grid = (topology.nodes, topology.gpus_per_node) if topology.nodes > 1 else None
+    per_node = topology.nvlink_domain_gpus
+    nodes = topology.nvlink_domains
+    grid = (nodes, per_node) if nodes > 1 else None
     if grid is not None and grid[0] * grid[1] != n:
         grid = None
-    rpn = min(topology.gpus_per_node, n)
+    rpn = min(per_node, n)
     rings = mesh_rings(topology) if rpn == topology.gpus_per_node else None
     return RankLayout(nranks=n, ranks_per_node=rpn, grid=grid, local_rings=rings)
 

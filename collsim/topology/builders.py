@@ -1,8 +1,9 @@
 """Builders that expand a template into devices and links: one server, then the scale-out fabric.
 
 Naming, relied on by tables and traces: ``n{node}.gpu{i}``, ``n{node}.nic{j}``,
-``n{node}.nvswitch``, ``n{node}.pcie{k}``, ``n{node}.cpu{s}``; fabric switches ``leaf{i}``,
-``spine{i}``, ``agg{i}``, ``core{i}``, ``sw0``, ``g{group}.r{router}``.
+``n{node}.nvswitch``, ``n{node}.pcie{k}``, ``n{node}.cpu{s}``; a multi-node NVLink domain's
+switches ``nvl{domain}.nvswitch``; fabric switches ``leaf{i}``, ``spine{i}``, ``agg{i}``,
+``core{i}``, ``sw0``, ``g{group}.r{router}``.
 
 Fat-trees are folded Clos networks of switches of ``radix`` ports. A leaf has ``up`` uplinks and
 ``down`` endpoint ports with ``down / up`` = the oversubscription ratio (1:1 gives full bisection
@@ -93,18 +94,25 @@ def build_node(parts: Parts, n: int, node: NodeIn, gpus: int, gpu_forwards: bool
     if node.nics is None:
         return []
     nics = node.nics
-    if max(nics.count, gpus) % min(nics.count, gpus):
+    count = nics.count_for(gpus)
+    if count is None:
         raise TopologyError(
-            f"{nics.count} NICs cannot be shared evenly by {gpus} GPUs",
-            field="node.nics.count",
-            value=nics.count,
+            f"{nics.per_gpu:g} NICs per GPU x {gpus} GPUs is not a whole number of NICs",
+            field="node.nics.per_gpu",
+            value=nics.per_gpu,
         )
-    nic_names = [parts.device(f"n{n}.nic{j}", "nic", node=n, index=j) for j in range(nics.count)]
-    groups = min(nics.count, gpus)
+    if max(count, gpus) % min(count, gpus):
+        raise TopologyError(
+            f"{count} NICs cannot be shared evenly by {gpus} GPUs",
+            field="node.nics.count",
+            value=count,
+        )
+    nic_names = [parts.device(f"n{n}.nic{j}", "nic", node=n, index=j) for j in range(count)]
+    groups = min(count, gpus)
     hubs: list[str] = []
     for grp in range(groups):
         group_gpus = range(grp * gpus // groups, (grp + 1) * gpus // groups)
-        group_nics = nic_names[grp * nics.count // groups : (grp + 1) * nics.count // groups]
+        group_nics = nic_names[grp * count // groups : (grp + 1) * count // groups]
         if nics.attach == "integrated":
             for g in group_gpus:
                 for nic in group_nics:

@@ -68,6 +68,7 @@ def describe(topo: Topology) -> dict[str, Any]:
         "gpus": topo.n_gpus,
         "intra_fabric": topo.intra_fabric,
         "inter_fabric": topo.inter_fabric,
+        **({"nvlink_domain": _domain(topo, net)} if topo.nvlink_domain_nodes > 1 else {}),
         "devices": count_by_kind(topo.devices),
         "links": links,
         **(
@@ -94,6 +95,21 @@ def describe(topo: Topology) -> dict[str, Any]:
     }
 
 
+def _domain(topo: Topology, net: Network) -> dict[str, Any]:
+    """A multi-node NVLink domain: its size, how the nodes fill the domains (in order, the last
+    one possibly partial) and the NVLink bandwidth of a GPU."""
+    size = topo.nvlink_domain_nodes
+    fill = [min(size, topo.nodes - d * size) for d in range(topo.nvlink_domains)]
+    return {
+        "nodes": size,
+        "gpus": size * topo.gpus_per_node,
+        "domains": topo.nvlink_domains,
+        "nodes_per_domain": fill,
+        "switches": [d.name for d in topo.devices if d.kind == "nvswitch" and d.node is None],
+        "nvlink_bandwidth_gbps_per_gpu": units.to_gbps(net.intra_bandwidth_bytes_per_s()),
+    }
+
+
 def _matmul_words(gpu: dict[str, Any]) -> str:
     """The GPU's best matmul rates for its first dtypes, measured or assumed."""
     words = []
@@ -117,6 +133,13 @@ def describe_text(info: dict[str, Any]) -> str:
         f"{gpu['memory_bandwidth_gbps']:g} GB/s",
         f"  best matmul: {_matmul_words(gpu)}",
         f"  fabric:      intra-node {info['intra_fabric']}; scale-out {info['inter_fabric']}",
+        *(
+            f"  NVLink domain: {dom['nodes']} nodes x {info['gpus_per_node']} = {dom['gpus']} "
+            f"GPUs; this system fills {dom['domains']} "
+            f"({' + '.join(map(str, dom['nodes_per_domain']))} nodes); "
+            f"{dom['nvlink_bandwidth_gbps_per_gpu']:g} GB/s NVLink per GPU"
+            for dom in ([info["nvlink_domain"]] if "nvlink_domain" in info else [])
+        ),
         "  devices:     " + ", ".join(f"{k} {v}" for k, v in info["devices"].items()),
         "  links:       "
         + ", ".join(

@@ -282,7 +282,7 @@ class Network:
         return min(per_gpu, sum(reach) / len(reach)) if reach else per_gpu
 
     def intra_bandwidth_bytes_per_s(self) -> float:
-        """Bandwidth from one GPU towards its node's other GPUs.
+        """Bandwidth from one GPU towards its node's (or NVLink domain's) other GPUs.
 
         The sum of its links to other GPUs and to NVSwitches (NVLink, xGMI, ...); for PCIe-only
         servers, its PCIe link.
@@ -294,7 +294,8 @@ class Network:
             if gpu not in (lk.a, lk.b):
                 continue
             other = self.devices[self.index[lk.b if lk.a == gpu else lk.a]]
-            if other.node != node:
+            domain_switch = other.kind == "nvswitch" and other.node is None  # multi-node NVLink
+            if other.node != node and not domain_switch:
                 continue
             if other.kind in ("gpu", "nvswitch"):
                 total += self.capacity_bytes_per_s[2 * i]

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 from collsim.errors import CollsimError, TopologyError
 from collsim.io import yaml_load
 from collsim.topology.builders import Parts, build_fabric, build_node, fabric_shape
+from collsim.topology.domains import build_nvlink_domains, check_nvlink_domain
 from collsim.topology.faults import apply_faults, faults_from_file, parse_cli_faults
 from collsim.topology.reach import check_connected
 from collsim.topology.schema import ExplicitIn, FabricIn, GpuIn, TemplateIn
@@ -219,13 +220,28 @@ def _from_template(
             value=value,
         )
 
+    gpus_field = "--gpus-per-node" if gpus_per_node is not None else "node.gpus"
+    nics = spec.node.nics
+    if nics is not None and nics.count_for(gpus) is None:
+        raise TopologyError(
+            f"{nics.per_gpu:g} NICs per GPU (node.nics.per_gpu) x {gpus} GPUs is not a whole "
+            "number of NICs",
+            field=gpus_field if gpus_per_node is not None else "node.nics.per_gpu",
+            value=gpus if gpus_per_node is not None else nics.per_gpu,
+        )
+    domain = spec.nvlink_domain
+    if domain is not None:
+        check_nvlink_domain(domain, spec.node.intra.kind, gpus, gpus_field)
+
     def build(fabric: FabricIn) -> Parts:
         parts = Parts()
         gpu_forwards = fabric.kind in ("torus", "ring") and fabric.attach == "gpu"
         nics_by_node = [build_node(parts, n, spec.node, gpus, gpu_forwards) for n in range(n_nodes)]
         gpus_by_node = [[f"n{n}.gpu{i}" for i in range(gpus)] for n in range(n_nodes)]
         nic_link = spec.node.nics and spec.node.nics.link
-        build_fabric(parts, fabric, nics_by_node, gpus_by_node, nic_link)
+        domains = build_nvlink_domains(parts, domain, gpus_by_node) if domain else n_nodes
+        if domains > 1 or fabric.kind != "none":  # one NVLink domain needs no fabric
+            build_fabric(parts, fabric, nics_by_node, gpus_by_node, nic_link)
         return parts
 
     try:
@@ -255,7 +271,15 @@ def _from_template(
             fabric_words += f" {fabric.oversubscription:g}:1"
     nic = spec.node.nics
     if nic is not None and spec.fabric.kind != "none":
-        fabric_words += f" ({nic.count}x{nic.link.kind})"
+        fabric_words += f" ({nic.count_for(gpus)}x{nic.link.kind})"
+    intra_words = spec.node.intra.kind
+    if spec.node.intra.kind == "pcie" and not spec.node.intra.p2p:
+        intra_words += " (no P2P)"
+    if domain is not None:
+        intra_words = (
+            f"nvlink_domain ({domain.nodes} nodes, {domain.switch_trays} switch trays x "
+            f"{domain.switches_per_tray})"
+        )
     return Topology(
         name=spec.name,
         gpu=_gpu_model(spec.gpu),
@@ -265,8 +289,7 @@ def _from_template(
         nodes=n_nodes,
         gpus_per_node=gpus,
         description=spec.description,
-        intra_fabric=spec.node.intra.kind
-        + ("" if spec.node.intra.kind != "pcie" or spec.node.intra.p2p else " (no P2P)"),
+        intra_fabric=intra_words,
         inter_fabric=fabric_words,
         source_file=file,
         is_template=True,
@@ -275,6 +298,7 @@ def _from_template(
         if spec.fabric.kind in ("torus", "ring") and spec.fabric.attach == "gpu"
         else (),
         sources=_sources(spec),
+        nvlink_domain_nodes=domain.nodes if domain is not None else 1,
     )
 
 

@@ -273,7 +273,8 @@ class ServerFabricRouter:
                        key=lambda i: natural_key(names[self.fabric_devices[i]]))  # fmt: skip
         rank = np.empty(len(order), dtype=np.int64)
         rank[order] = np.arange(len(order))
-        down = np.flatnonzero((tail_srv < 0) & (head_srv >= 0))
+        # ports of InfiniBand edge switches (not of an NVLink domain's, also outside the servers)
+        down = np.flatnonzero((tail_srv < 0) & (head_srv >= 0) & ib)
         tails = self._device_of_vertex(graph.link_tail[down])
         ports: dict[int, list[int]] = {}
         for link, sw in zip(down.tolist(), tails.tolist(), strict=True):
@@ -347,8 +348,8 @@ class ServerFabricRouter:
         head = src_region.path_back(src, exit_dev, src_dist, salt)
         tail = dst_region.path_forward(entry_dev, dst, dst_dist, salt)
         dest = None
-        if self._dmodk is not None and tail:
-            rank, index = self._dmodk
+        if self._dmodk is not None and tail and tail[0] in self._dmodk[1]:
+            rank, index = self._dmodk  # (not entering through an NVLink domain's switch)
             assert self.graph.by_destination is not None
             dest = DestinationRouting(index[tail[0]], self.graph.by_destination, rank)
         goal = self._fabric_local[entry_dev]

@@ -220,10 +220,29 @@ class IntraIn(Strict):
 
 
 class NicsIn(Strict):
-    count: Annotated[int, Field(ge=1)]
+    """A node's scale-out NICs: ``count`` of them, or ``per_gpu`` (2: two per GPU, 0.5: one per
+    two GPUs), which ``--gpus-per-node`` scales with the GPUs (a GB300 tray's NICs come with
+    its GPUs; a DGX's ``count: 8`` stays 8 whatever GPUs a job uses)."""
+
+    count: Annotated[int, Field(ge=1)] | None = None
+    per_gpu: Annotated[float, Field(gt=0, le=64)] | None = None
     link: LinkClassIn
     attach: Literal["pcie", "integrated"] = "pcie"
     source: Source = None
+
+    @model_validator(mode="after")
+    def _one_count(self) -> NicsIn:
+        if (self.count is None) == (self.per_gpu is None):
+            raise ValueError("give the NICs as either count or per_gpu (one of the two)")
+        return self
+
+    def count_for(self, gpus: int) -> int | None:
+        """NICs in a node of ``gpus`` GPUs; ``None`` where ``per_gpu`` gives no whole number."""
+        if self.count is not None:
+            return self.count
+        total = (self.per_gpu or 0.0) * gpus
+        whole = round(total)
+        return whole if whole >= 1 and abs(total - whole) < 1e-9 else None
 
 
 class NodeIn(Strict):
@@ -292,6 +311,41 @@ class FaultIn(Strict):
         return {"fault": data} if isinstance(data, str) else data
 
 
+NVLINK_DOMAIN_MAX_GPUS = 576
+"""The most GPUs one NVLink domain joins: NVLink 5's NVLink Switch System reaches 576 GPUs
+(NVIDIA Blackwell architecture technical brief; the announced NVL576 rack)."""
+
+
+class NvlinkDomainIn(Strict):
+    """A multi-node NVLink domain (GB200/GB300 NVL72): ``nodes`` consecutive nodes (trays) whose
+    GPUs all meet on one level of NVLink switch chips, ``switch_trays`` x ``switches_per_tray``
+    of them with ``ports_per_switch`` NVLink ports each; every GPU brings ``links_per_gpu``
+    links of ``link``, spread evenly over the chips. The nodes keep their NICs on the fabric."""
+
+    nodes: Annotated[int, Field(ge=1, le=NVLINK_DOMAIN_MAX_GPUS)]
+    switch_trays: Annotated[int, Field(ge=1)]
+    switches_per_tray: Annotated[int, Field(ge=1)] = 2
+    ports_per_switch: Annotated[int, Field(ge=1)] = 72
+    links_per_gpu: Annotated[int, Field(ge=1)] = 18
+    link: LinkClassIn
+    switch_latency: Time = 0.0
+    in_network_reduction: bool = False
+    in_network_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
+    source: Source = None
+
+    @field_validator("link")
+    @classmethod
+    def _nvlink(cls, value: LinkClassIn) -> LinkClassIn:
+        if value.kind != "nvlink":
+            raise ValueError(f"an NVLink domain's links are nvlink, not {value.kind!r}")
+        return value
+
+    @property
+    def switches(self) -> int:
+        """NVLink switch chips in the domain."""
+        return self.switch_trays * self.switches_per_tray
+
+
 class TemplateIn(Strict):
     name: str
     description: str = ""
@@ -299,6 +353,7 @@ class TemplateIn(Strict):
     nodes: Annotated[int, Field(ge=1)] = 1
     gpu: GpuIn
     node: NodeIn
+    nvlink_domain: NvlinkDomainIn | None = None
     fabric: FabricIn = FabricIn()
     faults: tuple[FaultIn, ...] = ()
 

@@ -174,6 +174,20 @@ class Topology:
     """What-if faults applied (canonical ``--fault`` text, see :mod:`collsim.topology.faults`)."""
     shared: tuple[SharedCapacity, ...] = ()
     """Capacities that several link directions share (a no-P2P PCIe switch's uplink)."""
+    nvlink_domain_nodes: int = 1
+    """Nodes per multi-node NVLink domain (18 trays of a GB200 NVL72 rack), filled in order, the
+    last one possibly partial; 1: each node is its own NVLink (or PCIe) domain."""
+
+    @property
+    def nvlink_domain_gpus(self) -> int:
+        """GPUs of a (full) NVLink domain: what NCCL treats as one node when multi-node NVLink is
+        on (its ranks share one clique), and what the rank layout calls a node."""
+        return min(self.n_gpus, self.gpus_per_node * self.nvlink_domain_nodes)
+
+    @property
+    def nvlink_domains(self) -> int:
+        """How many NVLink domains the nodes fill (the last one possibly partial)."""
+        return -(-self.nodes // self.nvlink_domain_nodes)
 
     @property
     def gpus(self) -> list[Device]:
