@@ -1,7 +1,8 @@
 """Axes and labels the report plots share, so that a reader never has to untangle them: message
 sizes as nccl-tests writes them (``64K``, ``1G``), GPU counts as plain numbers at the counts
 measured, tick labels thinned until none overlap, point labels placed where they neither
-overlap each other nor leave the axes (or left out), legends beside the axes."""
+overlap each other nor leave the axes (or left out), labels on lines slid along them until clear
+of each other (or left out), legends beside the axes."""
 
 from __future__ import annotations
 
@@ -117,6 +118,38 @@ def place_labels(
         else:
             skipped.append(i)
     return skipped
+
+
+def slide_texts(
+    ax: Any,
+    texts: Sequence[Any],
+    spots: Sequence[Sequence[tuple[float, float]]],
+    *,
+    keep_clear: Sequence[Any] = (),
+) -> list[int]:
+    """Move each of ``texts`` to the first of its ``spots`` (data coordinates, e.g. points along
+    the line it labels) where it stays inside the axes and clear of ``keep_clear`` and of the
+    texts placed before it; hide it where no spot is clear. Returns the indices of the texts
+    hidden. Texts are placed in the order given, so put the important ones first."""
+    fig = ax.figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    placed = [t.get_window_extent(renderer) for t in keep_clear if t.get_visible()]
+    hidden = []
+    for i, (text, candidates) in enumerate(zip(texts, spots, strict=True)):
+        for spot in candidates:
+            text.set_position(spot)
+            box = text.get_window_extent(renderer)
+            inside = (box.x0 >= frame.x0 and box.x1 <= frame.x1 and box.y0 >= frame.y0
+                      and box.y1 <= frame.y1)  # fmt: skip
+            if inside and not any(_overlap(box, other) for other in placed):
+                placed.append(box)
+                break
+        else:
+            text.set_visible(False)
+            hidden.append(i)
+    return hidden
 
 
 def legend_beside(ax: Any, **kwargs: Any) -> Any:

@@ -5,13 +5,16 @@ Small systems (up to two nodes, at most 150 links) are drawn device by device. L
 drawn compactly: node 0 in full, the other nodes as boxes and each fabric tier as a box (or its
 few switches), each bundle of links between two of them one line labelled with its count and
 rate (:mod:`collsim.report.topology_groups`), so the fabric's shape shows instead of hundreds of
-crossing lines. Chip-level tori are drawn chip by chip, one panel per z-plane."""
+crossing lines; labels slide along their lines until clear of each other. Multi-node NVLink
+domains (GB200 NVL72) are bands under the node boxes they span, each with its switch and what it
+joins. Chip-level tori are drawn chip by chip, one panel per z-plane."""
 
 from __future__ import annotations
 
 import math
 import os
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,17 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import FancyBboxPatch
 
 from collsim.io import save_figure
-from collsim.report.topology_groups import MAX_NODE_BOXES, Unit, box_text, group
+from collsim.report.axes import slide_texts
+from collsim.report.topology_groups import (
+    Bundle,
+    Domain,
+    Unit,
+    box_text,
+    domain_texts,
+    group,
+    node_runs,
+    nvlink_domains,
+)
 from collsim.topology.spec import Device, Link, Topology
 from collsim.units import format_rate
 
@@ -197,9 +210,25 @@ def _node0_positions(topology: Topology, units: dict[str, Unit]) -> dict[str, tu
     return pos
 
 
-def _draw_compact(ax: Any, topology: Topology) -> list[str]:
+@dataclass
+class _Fit:
+    """Texts of a compact picture to fit once the figure is laid out: bundle labels slid along
+    their lines (most important first), domain bands' texts shortened to their band's width, and
+    the texts they must keep clear of."""
+
+    labels: list[tuple[Any, list[tuple[float, float]]]] = field(default_factory=list)
+    bands: list[tuple[Any, list[str], float]] = field(default_factory=list)
+    fixed: list[Any] = field(default_factory=list)
+
+
+_BAND_TOP, _BAND_HEIGHT = -0.95, 0.5
+"""Where the multi-node NVLink domains' bands lie: below the node boxes and node 0's label."""
+
+
+def _draw_compact(ax: Any, topology: Topology) -> tuple[list[str], _Fit]:
     """Node 0 in full, the other nodes and the fabric's tiers as boxes, link bundles labelled
-    with their count and rate (:mod:`collsim.report.topology_groups`); returns the link kinds."""
+    with their count and rate (:mod:`collsim.report.topology_groups`), multi-node NVLink domains
+    as bands under their nodes; returns the link kinds and the texts to fit."""
     units, bundles = group(topology)
     gpn = max(1, topology.gpus_per_node)
     pos = _node0_positions(topology, units)
@@ -213,7 +242,7 @@ def _draw_compact(ax: Any, topology: Topology) -> list[str]:
     width = max(x - 0.6, gpn)
     fabric: dict[float, list[Unit]] = {}
     for u in units.values():
-        if u.key not in pos:
+        if u.key not in pos and u.kind != "domain":
             fabric.setdefault(u.layer, []).append(u)
     for layer, members in fabric.items():
         members.sort(
@@ -225,10 +254,12 @@ def _draw_compact(ax: Any, topology: Topology) -> list[str]:
             if u.is_box:
                 w = min(0.8 * step, 4.0)
                 boxes[u.key] = (pos[u.key][0] - w / 2, layer - 0.22, w, 0.44)
+    fit = _Fit()
     kinds: list[str] = []
+    drawn = [b for b in bundles if units[b.a].kind != "domain" and units[b.b].kind != "domain"]
     # Bundles within a fabric layer (between dragonfly groups); node 0's own mesh is unlabelled.
-    same_layer = [b for b in bundles if pos[b.a][1] == pos[b.b][1] and units[b.a].is_box]
-    for b in bundles:
+    same_layer = [b for b in drawn if pos[b.a][1] == pos[b.b][1] and units[b.a].is_box]
+    for b in drawn:
         (x0, y0), (x1, y1) = pos[b.a], pos[b.b]
         colour = LINK_COLOURS.get(b.kind, "black")
         lw = 0.8 + 0.9 * math.log2(b.count)
@@ -238,37 +269,118 @@ def _draw_compact(ax: Any, topology: Topology) -> list[str]:
             mid = ((x0 + x1) / 2, y0 - 0.3 - 0.08 * abs(x1 - x0) ** 0.5)
             ax.plot([x0, mid[0], x1], [y0, mid[1], y1], color=colour, lw=lw, alpha=0.5, zorder=1)
             if b in same_layer and len(same_layer) <= 6:
-                ax.text(*mid, b.label(), **_LABEL)
+                fit.labels.append((ax.text(*mid, b.label(), **_LABEL), [mid]))
             continue
         ax.plot([x0, x1], [y0, y1], color=colour, lw=lw, alpha=0.6, zorder=1)
         if b.count > 1:  # single links: the legend gives their rate
             (lx, ly), (hx, hy) = sorted(((x0, y0), (x1, y1)), key=lambda p: p[1])
-            at = 0.5 if units[b.a].kind != "nodes" and units[b.b].kind != "nodes" else 0.3
-            ax.text(lx + at * (hx - lx), ly + at * (hy - ly), b.label(), **_LABEL)
+            to_nodes = units[b.a].kind == "nodes" or units[b.b].kind == "nodes"
+            fractions = _TO_NODES if to_nodes else _IN_FABRIC
+            at = [(lx + f * (hx - lx), ly + f * (hy - ly)) for f in fractions]
+            fit.labels.append((ax.text(*at[0], b.label(), **_LABEL), at))
+    fit.labels.sort(key=lambda t: -t[1][0][1])  # the fabric's own bundles first, then top down
     if len(same_layer) > 6:
         labels = sorted({b.label() for b in same_layer})
         layer = pos[same_layer[0].a][1]
         what = labels[0] if len(labels) == 1 else "varying"
-        ax.text(width / 2, layer - 0.75, f"{len(same_layer)} pairs of groups joined, {what} each",
-                ha="center", va="top", fontsize=7, color="#444444")  # fmt: skip
+        note = ax.text(width / 2, layer - 0.75,
+                       f"{len(same_layer)} pairs of groups joined, {what} each",
+                       ha="center", va="top", fontsize=7, color="#444444")  # fmt: skip
+        fit.fixed.append(note)
     for key, (bx, by, bw, bh) in boxes.items():
         u = units[key]
         ax.add_patch(FancyBboxPatch((bx, by), bw, bh, boxstyle="round,pad=0.05", zorder=2,
                                     fc="#f4f4f4" if u.kind == "nodes" else "white",
                                     ec="#777777", lw=0.9))  # fmt: skip
-        ax.text(bx + bw / 2, by + bh / 2, box_text(u), ha="center", va="center", fontsize=7,
-                zorder=4)  # fmt: skip
+        fit.fixed.append(ax.text(bx + bw / 2, by + bh / 2, box_text(u), ha="center",
+                                 va="center", fontsize=7, zorder=4))  # fmt: skip
+    switches = _draw_domains(ax, topology, units, bundles, pos, boxes, fit)
+    if switches and "nvlink" not in kinds:
+        kinds.append("nvlink")
     size = 60
     for kind, (marker, colour) in _MARKERS.items():
         pts = [pos[u.key] for u in units.values() if u.kind == kind]
+        pts += switches if kind == "nvswitch" else []
         if pts:
             xs, ys = zip(*pts, strict=True)
             ax.scatter(xs, ys, marker=marker, s=size, c=colour, zorder=3, label=kind)
     ax.add_patch(FancyBboxPatch((-0.1, -0.4), gpn + 0.2, 2.8, boxstyle="round,pad=0.05",
                                 fill=False, ec="#999999", lw=0.8, zorder=0))  # fmt: skip
-    ax.text(gpn / 2, -0.75, "node 0", ha="center", fontsize=8)
+    fit.fixed.append(ax.text(gpn / 2, -0.75, "node 0", ha="center", fontsize=8, zorder=5,
+                             bbox=_LABEL["bbox"]))  # fmt: skip
     ax.set_xlim(-0.6, width + 0.6)
-    return kinds
+    return kinds, fit
+
+
+_TO_NODES = (0.3, 0.4, 0.2, 0.5, 0.6)
+_IN_FABRIC = (0.5, 0.35, 0.65)
+"""Where along its line a bundle's label may sit (fractions from the lower end), in order of
+preference: near the node boxes, where labels of parallel lines line up, else slid along."""
+
+
+def _draw_domains(
+    ax: Any,
+    topology: Topology,
+    units: dict[str, Unit],
+    bundles: list[Bundle],
+    pos: dict[str, tuple[float, float]],
+    boxes: dict[str, tuple[float, float, float, float]],
+    fit: _Fit,
+) -> list[tuple[float, float]]:
+    """Each multi-node NVLink domain as a band under the node boxes it spans (domains that share
+    a box, one band), with its switch and what it joins; node 0's GPUs and each box reach down
+    into it. Returns where the switches are drawn."""
+    domains = nvlink_domains(topology)
+    if not domains:
+        return []
+    gpn = max(1, topology.gpus_per_node)
+    box_of = {d.node: u.key for u in units.values() if u.kind == "nodes" for d in u.devices}
+    bands: dict[tuple[str, ...], list[Domain]] = {}
+    for dom in domains:
+        spanned = tuple(sorted({box_of.get(n, "node0") for n in dom.nodes}))
+        bands.setdefault(spanned, []).append(dom)
+    colour = LINK_COLOURS["nvlink"]
+    reach = {(b.a, b.b): b for b in bundles} | {(b.b, b.a): b for b in bundles}
+    switches = []
+    for spanned, members in bands.items():
+        edges = [(-0.1, gpn + 0.1) if k == "node0" else (boxes[k][0], boxes[k][0] + 1.8)
+                 for k in spanned]  # fmt: skip
+        x0, x1 = min(e[0] for e in edges), max(e[1] for e in edges)
+        y0 = _BAND_TOP - _BAND_HEIGHT
+        ax.add_patch(FancyBboxPatch((x0, y0), x1 - x0, _BAND_HEIGHT, boxstyle="round,pad=0.05",
+                                    fc="#eef6dd", ec=colour, lw=1.0, zorder=2))  # fmt: skip
+        mid = y0 + _BAND_HEIGHT / 2
+        switches.append((x0 + 0.25, mid))
+        texts = domain_texts(members)
+        text = ax.text(x0 + 0.5, mid, texts[0], ha="left", va="center", fontsize=7, zorder=4)
+        fit.bands.append((text, texts, x1 - 0.1))
+        keys = {d.key for d in members}
+        for key in spanned:
+            if key == "node0":  # node 0's GPUs, each straight down into the band
+                ends = [pos[k] for (k, sw) in reach if sw in keys and units[k].kind == "gpu"]
+                for gx, gy in ends:
+                    ax.plot([gx, gx], [gy, _BAND_TOP], color=colour, lw=0.8, alpha=0.6, zorder=1)
+                continue
+            count = sum(reach[(key, k)].count for k in keys if (key, k) in reach)
+            cx = boxes[key][0] + 0.9
+            ax.plot([cx, cx], [-0.45, _BAND_TOP], color=colour, alpha=0.6, zorder=1,
+                    lw=0.8 + 0.9 * math.log2(max(1, count)))  # fmt: skip
+    return switches
+
+
+def _fit_texts(fig: Any, ax: Any, fit: _Fit) -> None:
+    """Once laid out: each band's text, the longest that fits its band; then the bundle
+    labels slid along their lines clear of every other text (:func:`slide_texts`)."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for text, variants, right_x in fit.bands:
+        limit = ax.transData.transform((right_x, 0.0))[0]
+        for variant in variants:
+            text.set_text(variant)
+            if text.get_window_extent(renderer).x1 <= limit:
+                break
+    slide_texts(ax, [t for t, _ in fit.labels], [spots for _, spots in fit.labels],
+                keep_clear=fit.fixed + [t for t, _, _ in fit.bands])  # fmt: skip
 
 
 _LABEL: dict[str, Any] = {
@@ -291,9 +403,10 @@ def topology_figure(topology: Topology, *, title: str = "", full: bool | None = 
         n = len(topology.devices)
         width = min(40.0, max(8.0, 0.35 * n**0.8))
     else:
-        width = min(24.0, max(9.0, 0.5 * (gpn + 2.4 * min(topology.nodes - 1, MAX_NODE_BOXES)) + 4))
+        n_boxes = len(node_runs(topology.nodes, topology.nvlink_domain_nodes))
+        width = min(24.0, max(9.0, 0.5 * (gpn + 2.4 * n_boxes) + 4))
     fig, ax = plt.subplots(figsize=(width, 6.5), layout="constrained")
-    kinds = _draw_full(ax, topology) if full else _draw_compact(ax, topology)
+    kinds, fit = (_draw_full(ax, topology), None) if full else _draw_compact(ax, topology)
     rates: dict[str, set[float]] = {}
     for lk in topology.links:
         rates.setdefault(lk.kind, set()).add(lk.bandwidth_bytes_per_s)
@@ -318,6 +431,8 @@ def topology_figure(topology: Topology, *, title: str = "", full: bool | None = 
     for spine in ax.spines.values():
         spine.set_visible(False)
     ax.margins(0.03, 0.12)
+    if fit is not None:
+        _fit_texts(fig, ax, fit)
     return fig
 
 

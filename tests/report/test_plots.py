@@ -9,11 +9,13 @@ from types import SimpleNamespace
 import matplotlib.pyplot as plt
 import pytest
 from click.testing import CliRunner
+from matplotlib.colors import to_rgb
 
 from collsim.calibration.validate import validation_figure
 from collsim.cli import cli
-from collsim.report.axes import count_axis, size_axis, thin_ticks
+from collsim.report.axes import count_axis, size_axis, slide_texts, thin_ticks
 from collsim.report.step_plots import pareto_figure, scaling_figure
+from collsim.report.topology_groups import group
 from collsim.report.topology_plot import topology_figure
 from collsim.topology.loader import load_topology
 from collsim.training.amdahl import scaling_curve
@@ -59,9 +61,67 @@ def test_a_16_node_cluster_is_one_node_and_the_fabric_shape():
     assert len(full.axes[0].lines) >= len(topo.links)
 
 
+def test_nvlink_domains_are_bands_under_their_nodes_and_labels_stay_apart():
+    """32 GB200 trays fill two NVL72 domains (18 + 14). The domain switches were drawn as
+    diamonds inside node boxes with their NVLink bundles' labels on top of each other ("20 x
+    90(20 x 90(8 x 900 GB/s"), a box of nodes 16-20 straddled the two domains, and the 4
+    rail-optimized leaves, each joined to every box, were a web of lines whose labels collided
+    ("5 x 50 GB/ssss"). Each domain is now a band under the boxes it spans, saying what it
+    joins; the leaves one box like every other tier."""
+    topo = load_topology("gb200-nvl72", nodes=32)
+    fig = topology_figure(topo)
+    ax = fig.axes[0]
+    texts = [t.get_text() for t in annotations(ax)]
+    assert texts_outside_figure(fig) == []
+    assert overlapping_texts(fig, annotations(ax)) == []
+    assert len(ax.lines) <= 30, len(ax.lines)
+    assert {
+        "NVLink domain 0: nodes 0-17, 72 GPUs, 900 GB/s per GPU",
+        "NVLink domain 1: nodes 18-31, 56 GPUs, 900 GB/s per GPU",
+        "tier 1: 4 switches",
+        "nodes 16-17\n(2 nodes)\n8 GPUs, 8 NICs",
+    } <= set(texts), texts
+    assert not any("900 GB/s" in t and " x " in t for t in texts)  # no NVLink bundle labels
+    boxes = [p for p in ax.patches if p.get_facecolor()[:3] == to_rgb("#f4f4f4")]
+    bottom = min(p.get_y() for p in boxes)
+    (switches,) = [c for c in ax.collections if c.get_label() == "nvswitch"]
+    assert len(switches.get_offsets()) == 2 and max(switches.get_offsets()[:, 1]) < bottom
+
+
+def test_only_leaves_that_each_reach_most_node_boxes_become_one_box():
+    """Rail-optimized leaves reach every box (a web): one box. Fat-tree leaves reach two or three
+    neighbouring boxes each, which reads well switch by switch: they stay apart."""
+    rails, _ = group(load_topology("gb200-nvl72", nodes=32))
+    leaves, _ = group(load_topology("gb300-nvl72-4nic", nodes=32))
+    assert [u.label for u in rails.values() if u.kind in ("switch", "switches")] == [
+        "tier 1", "tier 2"]  # fmt: skip
+    assert sum(u.kind == "switch" for u in leaves.values()) == 4
+
+
+@pytest.mark.parametrize("nodes", [19, 144])
+def test_a_narrow_domain_band_says_less_rather_than_spill_over(nodes):
+    """A partial last domain of one tray, or boxes of several domains each, have bands one node
+    box wide: their text shortens to fit (``NVLink`` over ``domain 1``), never past the band."""
+    topo = load_topology("gb200-nvl72", nodes=nodes)
+    fig = topology_figure(topo)
+    ax = fig.axes[0]
+    assert texts_outside_figure(fig) == [] and overlapping_texts(fig, annotations(ax)) == []
+    renderer = fig.canvas.get_renderer()
+    bands = [p for p in ax.patches if p.get_edgecolor()[:3] == to_rgb("#76b900")]
+    domain_texts = [t for t in annotations(ax) if "domain" in t.get_text()]
+    assert len(bands) == len(domain_texts) == (2 if nodes == 19 else 5)
+    spans = [(b.get_window_extent(renderer).x0, b.get_window_extent(renderer).x1) for b in bands]
+    for text in domain_texts:
+        box = text.get_window_extent(renderer)
+        assert any(x0 < box.x0 and box.x1 < x1 for x0, x1 in spans), text.get_text()
+    if nodes == 144:  # 8 domains, 5 boxes: whole domains per box after domain 0's rest
+        assert "NVLink\ndomains 1-2" in [t.get_text() for t in domain_texts]
+
+
 @pytest.mark.parametrize(
     ("name", "nodes"), [("dgx-h100", 1), ("dgx-h100", 2), ("p5", 4), ("dgx-a100", 3),
-                        ("gh200-slingshot", 16), ("tpu-v4-torus", None)],
+                        ("gh200-slingshot", 16), ("tpu-v4-torus", None), ("polaris", 8),
+                        ("gb300-nvl72", 2), ("gb300-nvl72", 18), ("gb300-nvl72-4nic", 32)],
 )  # fmt: skip
 def test_topology_pictures_keep_their_text_inside(name, nodes):
     """The link legend was an artist the saved picture's bounding box left out: cut off."""
@@ -171,6 +231,17 @@ def test_count_axis_thins_long_counts_that_would_collide():
     assert overlapping_tick_labels(fig) == []
     labels = _tick_texts(ax.xaxis)
     assert labels[0] == "4096" and labels[-1] == "16384"
+
+
+def test_slide_texts_moves_a_label_along_its_line_or_hides_it():
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 10)
+    first, second, third = (ax.text(5, 5, "8 x 50 GB/s", ha="center") for _ in range(3))
+    hidden = slide_texts(ax, [first, second, third], [[(5, 5)], [(5, 5), (5, 2)], [(5, 5)]])
+    assert hidden == [2] and not third.get_visible()
+    assert second.get_position() == (5, 2)
+    assert overlapping_texts(fig, annotations(ax)) == []
 
 
 def test_validation_plot_names_sizes_and_logs_briefly():
