@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -52,16 +53,18 @@ class Seen:
     sd_ln: float | None = None
     """Marginal posterior width (natural log; the prior's where no row sees it)."""
 
-    def text(self) -> str:
-        """One line for ``calibrate fit``'s output."""
-        head = f"{self.name} = {self.value:.4g}"
-        if self.status == "prior":
-            return f"{head}: not constrained by these logs, kept at its prior"
-        lo, hi = self.sizes_bytes
-        by = f"{', '.join(self.logs)} ({format_size(lo)}-{format_size(hi)})"
-        if self.status == "weak":
-            return f"{head}: weakly constrained by {by}; pulled toward its prior {self.prior:.4g}"
-        return f"{head}: constrained by {by}"
+
+def identified_text(name: str, seen: Any) -> str:
+    """One line for ``calibrate fit``'s output, from a :class:`Seen` or a profile's
+    :class:`~collsim.model.profile.Identified` record."""
+    head = f"{name} = {seen.value:.4g}"
+    if seen.status == "prior":
+        return f"{head}: not constrained by these logs, kept at its prior"
+    lo, hi = seen.sizes_bytes
+    by = f"{', '.join(seen.logs)} ({format_size(lo)} to {format_size(hi)})"
+    if seen.status == "weak":
+        return f"{head}: weakly constrained by {by}; pulled toward its prior {seen.prior:.4g}"
+    return f"{head}: constrained by {by}"
 
 
 def identify(
