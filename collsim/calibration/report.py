@@ -303,7 +303,7 @@ def build(samples: Sequence[Sample], exact: set[str] | None = None) -> Report:
         fit_on = [s for s in group if s.log.ranks == scales[0]]
         targets = [s for s in group if s.log.ranks > scales[0]]
         if (few := fit(f"{group[0].topology.name} at {scales[0]} ranks", fit_on)) is not None:
-            rep.put("cross_scale", validate_samples(targets, few.params()))
+            rep.put("cross_scale", validate_samples(targets, few))
     rep.seconds = time.perf_counter() - t0
     return rep
 

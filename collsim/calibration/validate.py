@@ -23,12 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from collsim.calibration.fit import Sample
-from collsim.calibration.predict import Predictor, elem_bytes
+from collsim.calibration.fit import Sample, classes_used
+from collsim.calibration.predict import Predictor, elem_bytes, uncalibrated_params
+from collsim.errors import CalibrationError
 from collsim.io import save_figure
 from collsim.metrics import bus_factor
 from collsim.model.params import DEFAULT_PARAMS, ModelParams
+from collsim.model.profile import CLASSES, Profile
 from collsim.tables import plural
+from collsim.topology.spec import Topology
 from collsim.units import format_size
 
 
@@ -120,15 +123,24 @@ class Validation:
         return "\n".join(out)
 
 
+def profile_params(profile: Profile, topology: Topology) -> ModelParams:
+    """``profile``'s parameters on ``topology``, over the uncalibrated model: at another scale
+    than the fit's, what the fit could not see there stays at the prior
+    (:meth:`~collsim.model.profile.Profile.params`)."""
+    classes = [CLASSES[k] for k in classes_used(topology)]
+    return profile.params(uncalibrated_params(), topology, classes)
+
+
 def validate_samples(
     samples: Sequence[Sample],
-    params: ModelParams = DEFAULT_PARAMS,
+    params: ModelParams | Profile = DEFAULT_PARAMS,
     *,
     model: str = "collsim",
     progress: Callable[[int, int], None] | None = None,
 ) -> Validation:
-    """Predict every sample on its system under ``params`` (or NCCL's model) and compare;
-    ``progress(done, total)`` is called before the first log and after each one."""
+    """Predict every sample on its system under ``params`` (a profile: on each system as
+    :func:`profile_params` gives it) or NCCL's model, and compare; ``progress(done, total)`` is
+    called before the first log and after each one."""
     predictors: dict[int, Predictor] = {}
     results = []
     for done, s in enumerate(samples):
@@ -136,7 +148,8 @@ def validate_samples(
             progress(done, len(samples))
         key = id(s.topology)
         if key not in predictors:
-            predictors[key] = Predictor(s.topology, params, model=model)
+            on = profile_params(params, s.topology) if isinstance(params, Profile) else params
+            predictors[key] = Predictor(s.topology, on, model=model)
         pred, labels = predictors[key].predict(
             s.log.collective,
             s.sizes,
@@ -223,3 +236,83 @@ def plot_validation(validation: Validation, path: str | Path, title: str = "") -
     """:func:`validation_figure` written to ``path`` (PNG/SVG by suffix, atomically)."""
 
     save_figure(validation_figure(validation, title), path)
+
+
+@dataclass
+class CrossScale:
+    """A profile fitted on some scales of one system, validated on its others
+    (``collsim validate --cross-scale``): per log, the uncalibrated and the calibrated result."""
+
+    fitted_on: list[str]
+    profile: Profile
+    uncalibrated: Validation
+    calibrated: Validation
+
+    def text(self) -> str:
+        out = [f"# fitted on {', '.join(self.fitted_on)}"]
+        out += [f"#   {n}: in-sample MAPE {100 * m:.1f}%"
+                for n, m in (self.profile.doc.fit_error.per_log.items()
+                             if self.profile.doc.fit_error else ())]  # fmt: skip
+        out.append(f"#{'log':>49} {'ranks':>5} {'nodes':>5} {'uncal %':>8} {'calib %':>8}")
+        for u, c in zip(self.uncalibrated.logs, self.calibrated.logs, strict=True):
+            worse = "  worse" if c.mape > u.mape + 1e-9 else ""
+            out.append(f"{Path(u.file).name:>50} {u.ranks:>5} {u.nodes or '?':>5} "
+                       f"{100 * u.mape:>8.1f} {100 * c.mape:>8.1f}{worse}")  # fmt: skip
+        out.append(
+            f"# other scales: uncalibrated MAPE {100 * self.uncalibrated.mape:.1f}% mean, "
+            f"{100 * self.uncalibrated.median_mape:.1f}% median; calibrated "
+            f"{100 * self.calibrated.mape:.1f}% mean, {100 * self.calibrated.median_mape:.1f}% "
+            "median"
+        )
+        return "\n".join(out)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "fitted_on": self.fitted_on,
+            "profile": self.profile.to_dict(),
+            "uncalibrated": self.uncalibrated.as_json(),
+            "calibrated": self.calibrated.as_json(),
+        }
+
+
+def split_scales(
+    samples: Sequence[Sample], fit_on: int | None
+) -> tuple[list[Sample], list[Sample]]:
+    """(logs to fit, logs to predict): those at ``fit_on`` nodes -- or ranks, where no log ran on
+    that many nodes -- or, by default, at the fewest ranks. Raises where the logs are at one scale
+    only, or ``fit_on`` matches none or all of them."""
+    scales = sorted({(s.log.ranks, s.topology.nodes) for s in samples})
+    listed = ", ".join(f"{r} ranks on {plural(n, 'node')}" for r, n in scales)
+    if len(scales) < 2:
+        raise CalibrationError(
+            f"--cross-scale needs logs at two scales or more; these are all at {listed}",
+            field="LOGS",
+        )
+    if fit_on is None:
+        fit = [s for s in samples if s.log.ranks == scales[0][0]]
+    else:
+        fit = [s for s in samples if s.topology.nodes == fit_on]
+        fit = fit or [s for s in samples if s.log.ranks == fit_on]
+    rest = [s for s in samples if s not in fit]
+    if not fit or not rest:
+        raise CalibrationError(
+            f"matches {'no' if not fit else 'every'} log as nodes or ranks (the logs: {listed})",
+            field="--fit-on",
+            value=fit_on,
+        )
+    return fit, rest
+
+
+def cross_scale(
+    samples: Sequence[Sample], fit_on: int | None = None, *, fit: Callable[..., Profile]
+) -> CrossScale:
+    """Fit ``fit(logs)`` on one scale of ``samples`` (:func:`split_scales`) and validate on the
+    others, uncalibrated and with the profile (:func:`profile_params`)."""
+    on, rest = split_scales(samples, fit_on)
+    profile = fit(on)
+    return CrossScale(
+        [s.name for s in on],
+        profile,
+        validate_samples(rest, uncalibrated_params()),
+        validate_samples(rest, profile),
+    )

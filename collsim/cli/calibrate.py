@@ -306,6 +306,7 @@ def fit_cmd(
         for_fit=True, env=nccl_env(nccl_env_items),
     )  # fmt: skip
     from collsim.calibration.fit import fit_samples
+    from collsim.calibration.identify import identified_text
     from collsim.calibration.predict import gpu_mismatch
 
     for s in samples:
@@ -333,6 +334,15 @@ def fit_cmd(
     click.echo(
         "#   size efficiency " + ", ".join(f"{int(s)}B: {f:.3f}" for s, f in doc.size_efficiency)
     )
+    if doc.identifiability:
+        click.echo("# what the logs constrain (a parameter no row moves is kept at its prior, "
+                   "the uncalibrated model; at another scale only constrained link parameters "
+                   "carry over):")  # fmt: skip
+    for name, seen in doc.identifiability.items():
+        click.echo(f"#   {identified_text(name, seen)}")
+    for name in doc.prior.bandwidth_efficiency if doc.prior else ():
+        if name not in doc.link_classes:
+            click.echo(f"#   {name}.*: no log crosses it; not constrained, kept at its prior")
     for bound in doc.provenance.at_bounds:
         click.echo(f"# note: {bound}: the data push it past what is physical; the model misses "
                    "something these logs show")  # fmt: skip

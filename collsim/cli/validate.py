@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -50,6 +51,20 @@ from collsim.tables import plural
     is_flag=True,
     help="Compare logs with anomalies (#wrong > 0, times that disagree with the bandwidths).",
 )
+@click.option(
+    "--cross-scale",
+    is_flag=True,
+    help="Fit a profile on one scale of the logs (--fit-on) and predict the others: per log, "
+    "uncalibrated vs calibrated MAPE.",
+)
+@click.option(
+    "--fit-on",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="With --cross-scale: fit on the logs at N nodes (or N ranks, where none ran on N "
+    "nodes); default: the fewest ranks.",
+)
 @click.option("--summary", is_flag=True, help="Only the MAPE lines, no per-size table.")
 @click.option("--json", "json_file", type=OUT_FILE, help="Write JSON here.")
 @click.option("--plot", "plot_file", type=OUT_FILE, help="busbw plot (PNG/SVG).")
@@ -65,6 +80,8 @@ def validate(
     gpus_per_thread: int | None,
     nccl_env_items: tuple[str, ...],
     allow_anomalies: bool,
+    cross_scale: bool,
+    fit_on: int | None,
     summary: bool,
     json_file: str | None,
     plot_file: str | None,
@@ -73,8 +90,9 @@ def validate(
 
     Without --profile the model is uncalibrated (datasheet links at NCCL's achievable fraction,
     NCCL's latencies and its tree all-reduce's medium-size correction); with it, the fitted
-    parameters. --model nccl uses NCCL's own tuning
-    model instead.
+    parameters (on another scale than the fit's, those the fit could not see there stay
+    uncalibrated). --model nccl uses NCCL's own tuning model instead. --cross-scale fits a
+    profile on one scale of LOGS and compares the others uncalibrated and calibrated.
     """
     from collsim.calibration.fit import check_log
     from collsim.calibration.predict import gpu_mismatch, uncalibrated_params
@@ -92,8 +110,26 @@ def validate(
     )  # fmt: skip
     for s in samples:  # a wrong row would count in the error as if it were a measurement
         check_log(s.log, allow_anomalies=allow_anomalies, action="validate")
+    if fit_on is not None and not cross_scale:
+        raise CollsimError("takes effect with --cross-scale only", field="--fit-on", value=fit_on)
+    if cross_scale:
+        for flag, given in (("--profile", profile), ("--plot", plot_file)):
+            if given:
+                raise CollsimError("--cross-scale fits its own profile and draws no plot",
+                                   field=flag, value=given)  # fmt: skip
+        if model != "collsim":
+            raise CollsimError("--cross-scale fits collsim's model", field="--model", value=model)
+        from collsim.calibration.fit import fit_samples
+        from collsim.calibration.validate import cross_scale as run_cross_scale
+
+        found = run_cross_scale(samples, fit_on, fit=fit_samples)
+        click.echo(found.text())
+        if json_file:
+            atomic_write_text(json_file, json.dumps(found.as_json(), indent=1) + "\n")
+            click.echo(f"# wrote {json_file}")
+        return
     notes: list[str] = []
-    params = uncalibrated_params()
+    params: Any = uncalibrated_params()
     if profile:
         if model == "nccl":
             raise CollsimError("NCCL's model takes no profile", field="--profile", value=profile)
@@ -102,7 +138,7 @@ def validate(
         prof = load_profile(profile)
         for s in samples:
             notes += [n for n in prof.check_topology(s.topology) if n not in notes]
-        params = prof.params()
+        params = prof
     with progress_bar("log", "validate") as bar:
         result = validate_samples(samples, params, model=model, progress=bar)
     notes += [f"{s.name}: {n}" for s in samples for n in s.log.incomplete_notes]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Collection
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -112,6 +113,33 @@ class Provenance(_Strict):
     pushed them further than a physical value goes, so the model misses something there."""
 
 
+class Identified(_Strict):
+    """How far the logs a profile was fitted on pin one parameter down (``calibrate fit`` prints
+    it): ``status`` ``constrained`` (the data outweigh the prior), ``weak`` (the prior outweighs
+    the data; the value is pulled toward it) or ``prior`` (no row moves with it: kept exactly at
+    ``prior``, the uncalibrated value); ``sensitivity``: the largest relative change of a
+    predicted time per relative change of the parameter (1: proportional); ``logs`` and
+    ``sizes_bytes`` (smallest, largest): the logs and the rows it moves by 0.1% per 10%."""
+
+    status: Literal["constrained", "weak", "prior"]
+    value: Num
+    prior: Num
+    sensitivity: Num = Field(ge=0)
+    logs: list[str] = []
+    sizes_bytes: list[Int] = []
+
+
+class Prior(_Strict):
+    """What a parameter is without calibration (the uncalibrated model: datasheet links at
+    NCCL's achievable fraction, NCCL's base latency): where the fit could not see a link class, and
+    at another scale for the scale-bound parameters (base latency, size efficiency), the profile
+    gives these; ``width_ln``: the prior's width (one standard deviation, natural log)."""
+
+    bandwidth_efficiency: dict[Literal["nvlink", "pci", "net"], Num]
+    base_latency_us: Num = Field(ge=0, le=1e6)
+    width_ln: Num = Field(gt=0)
+
+
 class FitError(_Strict):
     mape: Num = Field(ge=0)
     median_mape: Num = Field(ge=0)
@@ -135,6 +163,9 @@ class ProfileDoc(_Strict):
     files without the key were fitted without it)."""
     provenance: Provenance
     fit_error: FitError | None = None
+    prior: Prior | None = None
+    identifiability: dict[str, Identified] = {}
+    """Per fitted parameter, how far the logs constrain it (:class:`Identified`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,16 +179,67 @@ class Profile:
     def topology_name(self) -> str:
         return self.doc.topology.name
 
-    def params(self, base: ModelParams = DEFAULT_PARAMS) -> ModelParams:
-        """The analytic model's parameters under this profile."""
+    def other_scale(self, topology: Topology) -> bool:
+        """Whether ``topology`` is another scale (nodes x GPUs per node) than the fit's."""
+        ref = self.doc.topology
+        return (topology.nodes, topology.gpus_per_node) != (ref.nodes, ref.gpus_per_node)
+
+    def carries(
+        self, name: str, topology: Topology | None, classes: Collection[str] | None
+    ) -> bool:
+        """Whether parameter ``name`` (an ``identifiability`` key) applies on ``topology``, whose
+        routes cross link ``classes`` (see :meth:`params`)."""
+        if self.doc.prior is None or topology is None or not self.other_scale(topology):
+            return True
+        seen = self.doc.identifiability.get(name)
+        fitted = set(self.doc.link_classes)
+        return (
+            classes is not None
+            and fitted < set(classes)
+            and (seen is None or seen.status == "constrained")
+        )
+
+    def params(
+        self,
+        base: ModelParams = DEFAULT_PARAMS,
+        topology: Topology | None = None,
+        classes: Collection[str] | None = None,
+    ) -> ModelParams:
+        """The analytic model's parameters under this profile; on ``topology`` (whose GPUs'
+        routes cross link ``classes``), where given.
+
+        A link class the fit did not see takes the profile's prior (else ``base``'s). On another
+        scale than the fit's (:meth:`other_scale`) the profile applies only what it knows holds
+        there, the rest is the prior's (the uncalibrated model), so that a profile is never a
+        worse guess than none: the per-call base latency and the size-dependent efficiency
+        absorb whatever one scale's calls cost beyond its links (a network proxy's start, a
+        node's NVLink warm-up) and describe that scale only; a link class's efficiency and
+        latency scale, and the memory's efficiency, carry over where the logs constrained them
+        (``identifiability`` status ``constrained``) and the other scale crosses every class the
+        fit's logs crossed and more -- a fit that saw NVLink only mixed with the network (two
+        nodes) has split what it measured between them in a way one node cannot check, and one
+        at the same classes but another scale (Polaris at 2 and 8 nodes) has absorbed that
+        scale's misfits of structure (routes, hops, rings) into them, while one that saw NVLink
+        alone (one node) measured it apart from the network another scale adds. The host's
+        launch floor carries over (the same host at every scale). A profile without a prior
+        (older files) applies as fitted."""
+        prior = self.doc.prior
         eff = list(base.bandwidth_efficiency)
+        if prior is not None:
+            for name, value in prior.bandwidth_efficiency.items():
+                eff[CLASSES.index(name)] = value
         lat = [1.0, 1.0, 1.0]
         duplex = list(base.duplex_efficiency)
         for name, cls in self.doc.link_classes.items():
             k = CLASSES.index(name)
-            eff[k] = cls.bandwidth_efficiency
-            lat[k] = cls.latency_scale
-            duplex[k] = cls.duplex_efficiency or duplex[k]
+            if self.carries(f"{name}.bandwidth_efficiency", topology, classes):
+                eff[k] = cls.bandwidth_efficiency
+                duplex[k] = cls.duplex_efficiency or duplex[k]
+            if self.carries(f"{name}.latency_scale", topology, classes):
+                lat[k] = cls.latency_scale
+        memory = self.doc.memory_efficiency
+        if not self.carries("memory_efficiency", topology, classes):
+            memory = 1.0
         protocols = tuple(
             ProtocolParams(
                 p.name,
@@ -166,18 +248,21 @@ class Profile:
             )
             for p in base.protocols
         )
+        bound = prior is not None and topology is not None and self.other_scale(topology)
+        base_latency_us = prior.base_latency_us if bound and prior else self.doc.base_latency_us
+        sizes = [] if bound else self.doc.size_efficiency
         return dataclasses.replace(
             base,
             protocols=protocols,
-            base_latency_s=self.doc.base_latency_us * 1e-6,
+            base_latency_s=base_latency_us * 1e-6,
             launch_floor_s=self.doc.launch_floor_us * 1e-6,
             p2p_op_s=self.doc.p2p_op_us * 1e-6,
-            reduce_efficiency=base.reduce_efficiency * self.doc.memory_efficiency,
-            copy_efficiency=base.copy_efficiency * self.doc.memory_efficiency,
+            reduce_efficiency=base.reduce_efficiency * memory,
+            copy_efficiency=base.copy_efficiency * memory,
             route_latency_scale=tuple(lat),  # type: ignore[arg-type]
             bandwidth_efficiency=tuple(eff),  # type: ignore[arg-type]
             duplex_efficiency=tuple(duplex),  # type: ignore[arg-type]
-            size_factors=tuple((float(s), float(f)) for s, f in self.doc.size_efficiency),
+            size_factors=tuple((float(s), float(f)) for s, f in sizes),
             tree_correction=self.doc.tree_correction,
             source=f"profile {self.file or self.topology_name}",
         )
@@ -204,7 +289,10 @@ class Profile:
         if (topology.nodes, topology.gpus_per_node) != (ref.nodes, ref.gpus_per_node):
             notes.append(
                 f"profile fitted on {ref.nodes}x{ref.gpus_per_node}, applied to "
-                f"{topology.nodes}x{topology.gpus_per_node} (link-class parameters carry over)"
+                f"{topology.nodes}x{topology.gpus_per_node} (link-class parameters and the launch "
+                "floor carry over"
+                + ("; base latency and size efficiency are the prior's" if self.doc.prior else "")
+                + ")"
             )
         return notes
 

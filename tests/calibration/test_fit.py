@@ -55,15 +55,21 @@ def test_fit_is_physical_bounded_and_deterministic(h100, tmp_path):
 
 def test_scaled_model_equals_profile_params(h100):
     """The fit's fast path (scaling the model's lines) is the model under the profile's params,
-    exactly (every latency, links and devices, scales with the latency scale)."""
+    exactly (every latency, links and devices, scales with the latency scale; one link class: its
+    efficiency scales every rate, the memory's keeping its prior's proportion to it)."""
     prof = fit_samples(h100[:1])
     s = h100[0]
+    nvlink = prof.doc.link_classes["nvlink"]
+    ratio = prof.doc.memory_efficiency / nvlink.bandwidth_efficiency
     fast = Predictor.wrap(
         ScaledModel(
-            AnalyticModel(s.topology),
+            AnalyticModel(
+                s.topology,
+                dataclasses.replace(DEFAULT_PARAMS, reduce_efficiency=ratio, copy_efficiency=ratio),
+            ),
             Scale(
-                latency=prof.doc.link_classes["nvlink"].latency_scale,
-                bandwidth=prof.doc.memory_efficiency,
+                latency=nvlink.latency_scale,
+                bandwidth=nvlink.bandwidth_efficiency,
                 base_latency_s=prof.doc.base_latency_us * 1e-6,
                 launch_floor_s=prof.doc.launch_floor_us * 1e-6,
                 size_factors=tuple(prof.doc.size_efficiency),
@@ -318,7 +324,7 @@ def test_parameters_left_at_a_bound_are_reported(write):
 
     path = write(standard_log(alpha_beta_rows(gbps=0.05)))
     prof = fit_samples(load_samples([str(path)], "h100-4gpu-ib", gpus_per_node=2, for_fit=True))
-    assert any(b.startswith("bandwidth_efficiency") and b.endswith("(lower bound)")
+    assert any("bandwidth_efficiency" in b and b.endswith("(lower bound)")
                for b in prof.doc.provenance.at_bounds), prof.doc.provenance.at_bounds  # fmt: skip
     clean = fit_samples([s for s in dataset_samples() if s.name.startswith("h100-8gpu")][:1])
     assert clean.doc.provenance.at_bounds == []
