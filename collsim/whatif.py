@@ -26,7 +26,7 @@ from collsim.model.analytic import AnalyticModel
 from collsim.model.bounds import BusbwBounds
 from collsim.model.nccl import NcclModel
 from collsim.model.params import DEFAULT_PARAMS
-from collsim.model.profile import Profile
+from collsim.model.profile import CLASSES, Profile
 from collsim.model.system import System
 from collsim.model.system import layout_for as layout_for  # re-exported: the ranks of a WhatIf
 from collsim.model.tuner import model_description, nccl_tuning, tuned_algorithms
@@ -372,6 +372,8 @@ def whatif_with_profile(topology: Topology, profile: Profile, engine: str = "ana
     profile.check_topology(topology)
     if engine == "analytic":
         whatif = WhatIf(topology)
-        whatif._models["collsim"] = AnalyticModel(whatif, profile.params())  # the model cache
+        classes = [CLASSES[k] for k in whatif.link_classes_used()]
+        params = profile.params(topology=topology, classes=classes)  # at another scale: see there
+        whatif._models["collsim"] = AnalyticModel(whatif, params)  # the model cache
         return whatif
     return WhatIf(profile.apply_to_topology(topology))

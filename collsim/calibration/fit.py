@@ -108,18 +108,9 @@ def check_log(log: NcclTestsLog, *, allow_anomalies: bool = False, action: str =
 
 
 def classes_used(topology: Topology) -> list[int]:
-    """Link classes (0 nvlink, 1 pci, 2 net) on the routes between the system's GPUs."""
-    fabric = WhatIf(topology).fabric
-    n = topology.n_gpus
-    src, dst = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
-    keep = src != dst
-    if n > 32:  # rings and rails: each GPU to its neighbours and to the next node's peer
-        src = np.r_[np.arange(n), np.arange(n)]
-        dst = np.r_[(np.arange(n) + 1) % n, (np.arange(n) + topology.nvlink_domain_gpus) % n]
-        keep = src != dst
-    _, links, _ = fabric.routes(src[keep], dst[keep])
-    kinds = np.asarray(fabric.link_kind)[np.asarray(links, dtype=np.int64)]
-    return sorted({int(k) for k in kinds})
+    """Link classes (0 nvlink, 1 pci, 2 net) on the routes between the system's GPUs
+    (:meth:`~collsim.model.system.System.link_classes_used`)."""
+    return WhatIf(topology).link_classes_used()
 
 
 def fit_samples(

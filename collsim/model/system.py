@@ -7,6 +7,8 @@ so the model floor never needs the what-if facade above it.
 
 from __future__ import annotations
 
+import numpy as np
+
 from collsim.collectives.layout import RankLayout
 from collsim.collectives.registry import algorithms_for, needs_in_network
 from collsim.topology.fabric import TopologyFabric
@@ -62,3 +64,20 @@ class System:
         if self.topology.n_gpus > DIRECT_MAX_RANKS and collective != "alltoall":
             algos = [a for a in algos if a != "direct"]
         return algos
+
+    def link_classes_used(self) -> list[int]:
+        """Link classes (0 nvlink, 1 pci, 2 net) on the routes between the system's GPUs: which
+        of a calibration profile's per-class parameters its collectives can depend on. Up to 32
+        GPUs every pair; beyond, each GPU to its ring neighbour and to its peer in the next node
+        (or NVLink domain), which crosses every class a ring or rail does."""
+        topo = self.topology
+        n = topo.n_gpus
+        src, dst = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+        keep = src != dst
+        if n > 32:
+            src = np.r_[np.arange(n), np.arange(n)]
+            dst = np.r_[(np.arange(n) + 1) % n, (np.arange(n) + topo.nvlink_domain_gpus) % n]
+            keep = src != dst
+        _, links, _ = self.fabric.routes(src[keep], dst[keep])
+        kinds = np.asarray(self.fabric.link_kind)[np.asarray(links, dtype=np.int64)]
+        return sorted({int(k) for k in kinds})

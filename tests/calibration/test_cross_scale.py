@@ -12,6 +12,8 @@ from collsim.calibration.predict import NCCL_ACHIEVABLE_FRACTION, NCCL_BASE_LATE
 from collsim.calibration.report import dataset_samples
 from collsim.calibration.validate import cross_scale, profile_params
 from collsim.cli import cli
+from collsim.model.analytic import AnalyticModel
+from collsim.whatif import WhatIf, whatif_with_profile
 
 TOLERANCE = 0.005
 """Half a point of MAPE: a link class's efficiency fitted at one scale (NVLink on one node) is a
@@ -137,3 +139,32 @@ def test_calibrate_fit_says_what_each_log_constrains(tmp_path):
     assert "net.*: no log crosses it; not constrained, kept at its prior" in out.output
     text = out_file.read_text()
     assert "identifiability:" in text and "prior:" in text and "width_ln: 1.0" in text
+
+
+def test_simulate_tune_step_and_plan_apply_a_profile_as_validate_does(series, tmp_path):
+    """Every command that takes --profile goes through ``whatif_with_profile``: at another scale
+    than the fit's it applies what the fit could see there and the prior for the rest, exactly
+    as ``validate`` does (it had applied the profile as fitted at any scale)."""
+    one = [s for s in series["h100-snellius"] if s.topology.nodes == 1]
+    two = next(s for s in series["h100-snellius"] if s.topology.nodes == 2)
+    prof = fit_samples(one)
+    for sample in (one[0], two):  # the fit's own scale, and another
+        model = whatif_with_profile(sample.topology, prof).cost_model("collsim")
+        expected = profile_params(prof, sample.topology)
+        assert model.params.bandwidth_efficiency == pytest.approx(expected.bandwidth_efficiency)
+        assert model.params.base_latency_s == pytest.approx(expected.base_latency_s)
+        assert model.params.size_factors == expected.size_factors
+    on_two = whatif_with_profile(two.topology, prof).cost_model("collsim").params
+    assert on_two.base_latency_s == pytest.approx(NCCL_BASE_LATENCY_S)  # scale-bound: the prior
+    # the CLI: simulate on two nodes with the one-node profile prices as the prior says
+    path = tmp_path / "one-node.yaml"
+    prof.save(path)
+    args = ["simulate", "all_reduce", "-t", "h100-4gpu-ib", "--nodes", "2", "-b", "8", "-e", "8",
+            "-a", "ring", "--engine", "analytic"]  # fmt: skip
+    calibrated = CliRunner().invoke(cli, [*args, "--profile", str(path)])
+    assert calibrated.exit_code == 0, calibrated.output
+    row = next(line.split() for line in calibrated.output.splitlines() if line.split()[:1] == ["8"])
+    model = AnalyticModel(WhatIf(two.topology), profile_params(prof, two.topology))
+    assert float(row[5]) == pytest.approx(
+        model.predict("all_reduce", "ring", [8])[0] * 1e6, abs=0.01
+    )
