@@ -66,7 +66,6 @@ from collsim.model.profile import (
     ProfileDoc,
     Provenance,
     TopologyRef,
-    link_fingerprint,
 )
 from collsim.tables import plural
 from collsim.topology.spec import Topology
@@ -276,12 +275,7 @@ def _doc(prob: Problem, x: np.ndarray) -> ProfileDoc:
     topo = prob.samples[0].topology
     return ProfileDoc(
         collsim_profile=FORMAT_VERSION,
-        topology=TopologyRef(
-            name=topo.name,
-            nodes=topo.nodes,
-            gpus_per_node=topo.gpus_per_node,
-            links=link_fingerprint(topo),
-        ),
+        topology=TopologyRef.of(topo),
         link_classes={
             name: LinkClass(
                 bandwidth_efficiency=round(eff, 5),

@@ -76,6 +76,16 @@ class TopologyRef(_Strict):
     without that kind, e.g. one GPU per node, just lacks it), different for another file that
     borrows the name."""
 
+    @classmethod
+    def of(cls, topology: Topology) -> TopologyRef:
+        """The reference a profile fitted (or made) on ``topology`` records."""
+        return cls(
+            name=topology.name,
+            nodes=topology.nodes,
+            gpus_per_node=topology.gpus_per_node,
+            links=link_fingerprint(topology),
+        )
+
 
 def link_fingerprint(topology: Topology) -> dict[str, str]:
     """8 hex digits for the GPU model (``gpu``) and for each link kind over its distinct (rate,
@@ -415,12 +425,7 @@ def datasheet_profile(topology: Topology, base_latency_us: float = 0.0) -> Profi
     """The uncalibrated profile: datasheet rates and latencies, a given launch latency."""
     doc = ProfileDoc(
         collsim_profile=FORMAT_VERSION,
-        topology=TopologyRef(
-            name=topology.name,
-            nodes=topology.nodes,
-            gpus_per_node=topology.gpus_per_node,
-            links=link_fingerprint(topology),
-        ),
+        topology=TopologyRef.of(topology),
         link_classes={},
         base_latency_us=base_latency_us,
         provenance=Provenance(logs=[], collectives=[], ranks=[], method="datasheet", fitted=[]),

@@ -58,6 +58,11 @@ def plain_log_axis(ax: Any, *, which: str = "y") -> None:
     axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
 
 
+def _inside(box: Any, frame: Any) -> bool:
+    """Whether window extent ``box`` lies within ``frame`` (the axes')."""
+    return box.x0 >= frame.x0 and box.x1 <= frame.x1 and box.y0 >= frame.y0 and box.y1 <= frame.y1
+
+
 def _overlap(a: Any, b: Any, pad: float = 2.0) -> bool:
     return not (
         a.x1 + pad <= b.x0 or b.x1 + pad <= a.x0 or a.y1 + pad <= b.y0 or b.y1 + pad <= a.y0
@@ -109,9 +114,7 @@ def place_labels(
             note = ax.annotate(text, xy, xytext=offset, textcoords="offset points", ha=ha, va=va,
                                fontsize=fontsize)  # fmt: skip
             box = note.get_window_extent(renderer)
-            inside = (box.x0 >= frame.x0 and box.x1 <= frame.x1 and box.y0 >= frame.y0
-                      and box.y1 <= frame.y1)  # fmt: skip
-            if inside and not any(_overlap(box, other) for other in placed):
+            if _inside(box, frame) and not any(_overlap(box, other) for other in placed):
                 placed.append(box)
                 break
             note.remove()
@@ -141,9 +144,7 @@ def slide_texts(
         for spot in candidates:
             text.set_position(spot)
             box = text.get_window_extent(renderer)
-            inside = (box.x0 >= frame.x0 and box.x1 <= frame.x1 and box.y0 >= frame.y0
-                      and box.y1 <= frame.y1)  # fmt: skip
-            if inside and not any(_overlap(box, other) for other in placed):
+            if _inside(box, frame) and not any(_overlap(box, other) for other in placed):
                 placed.append(box)
                 break
         else:
