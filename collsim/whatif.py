@@ -364,16 +364,28 @@ class WhatIf(System):
         return result
 
 
+def profile_classes(
+    profile: Profile, topology: Topology, whatif: WhatIf | None = None
+) -> list[str] | None:
+    """The link classes ``topology``'s GPU routes cross, where ``profile`` needs them to decide
+    what carries over (another scale than the fit's, :meth:`Profile.params`); else None. The
+    probe routes the GPUs, so a ``whatif`` already built for ``topology`` is reused."""
+    if not profile.other_scale(topology):
+        return None
+    return [CLASSES[k] for k in (whatif or WhatIf(topology)).link_classes_used()]
+
+
 def whatif_with_profile(topology: Topology, profile: Profile, engine: str = "analytic") -> WhatIf:
     """A :class:`WhatIf` that sees ``profile``: for the analytic engine its collsim cost model
     runs under :meth:`Profile.params`; for the discrete-event engine the links are scaled
     (:meth:`Profile.apply_to_topology`; base latency, launch floor, size factors and the tree
-    correction are analytic only)."""
+    correction are analytic only). Both apply the same rule at another scale than the fit's:
+    only what the fit pinned down for the classes this system's routes cross."""
     profile.check_topology(topology)
+    whatif = WhatIf(topology)
+    classes = profile_classes(profile, topology, whatif)
     if engine == "analytic":
-        whatif = WhatIf(topology)
-        classes = [CLASSES[k] for k in whatif.link_classes_used()]
         params = profile.params(topology=topology, classes=classes)  # at another scale: see there
         whatif._models["collsim"] = AnalyticModel(whatif, params)  # the model cache
         return whatif
-    return WhatIf(profile.apply_to_topology(topology))
+    return WhatIf(profile.apply_to_topology(topology, classes))

@@ -21,6 +21,7 @@ from collsim.cli.base import (
 from collsim.cli.batch import GLOBAL_BATCH, MICRO_BATCH, batch_changes, batch_error, with_batch
 from collsim.errors import CollsimError
 from collsim.io import figure_format
+from collsim.whatif import profile_classes
 
 # Options step, scale and plan (collsim.cli.plan) share: one definition each.
 WORKLOAD = click.option(
@@ -159,8 +160,10 @@ def _setup(  # type: ignore[no-untyped-def]
         fitted = read_fitted(profile)  # type: ignore[arg-type]
         for note in fitted.check_topology(topo) if not quiet else ():
             click.echo(f"# note: {note}")
+        classes = profile_classes(fitted, topo)  # at another scale: what carries over
+        params = fitted.params(topology=topo, classes=classes)
         if engine == "des":  # the engine sees the calibrated links (the model its parameters)
-            simulated = fitted.apply_to_topology(topo)
+            simulated = fitted.apply_to_topology(topo, classes)
     elif params is not None and engine == "des" and not quiet:
         click.echo("# note: the des engine times the topology's own links; the profile's model "
                    "parameters steer only its algorithm choices")  # fmt: skip

@@ -299,20 +299,44 @@ class Profile:
         if (topology.nodes, topology.gpus_per_node) != (ref.nodes, ref.gpus_per_node):
             notes.append(
                 f"profile fitted on {ref.nodes}x{ref.gpus_per_node}, applied to "
-                f"{topology.nodes}x{topology.gpus_per_node} (link-class parameters and the launch "
-                "floor carry over"
-                + ("; base latency and size efficiency are the prior's" if self.doc.prior else "")
+                f"{topology.nodes}x{topology.gpus_per_node} ("
+                + (
+                    "the launch floor carries over, and the link-class parameters the fit pinned "
+                    "down where this scale crosses more link classes than the fit's; the rest is "
+                    "the prior's"
+                    if self.doc.prior
+                    else "applied as fitted"
+                )
                 + ")"
             )
         return notes
 
-    def apply_to_topology(self, topology: Topology) -> Topology:
+    def apply_to_topology(
+        self, topology: Topology, classes: Collection[str] | None = None
+    ) -> Topology:
         """``topology`` with every link's bandwidth x its class's efficiency, latency x its
         latency scale and both directions' shared capacity (duplex efficiency): what the
-        discrete-event engine can express of the profile."""
+        discrete-event engine can express of the profile.
+
+        On another scale than the fit's, by the rule of :meth:`params` (``classes``: the link
+        classes the GPUs' routes cross there): a class's efficiency or latency scale the fit
+        could not pin down for that scale is left as the datasheet has it, which is the
+        uncalibrated engine's reading."""
         self.check_topology(topology)
-        topology = with_duplex(topology, self.params().duplex_by_kind())
-        cls = self.doc.link_classes
+        fitted = self.doc.link_classes
+        cls = {}
+        for name, c in fitted.items():
+            bw = self.carries(f"{name}.bandwidth_efficiency", topology, classes)
+            lat = self.carries(f"{name}.latency_scale", topology, classes)
+            if bw or lat:
+                cls[name] = c.model_copy(
+                    update={
+                        "bandwidth_efficiency": c.bandwidth_efficiency if bw else 1.0,
+                        "latency_scale": c.latency_scale if lat else 1.0,
+                    }
+                )
+        duplex = self.params(topology=topology, classes=classes).duplex_by_kind()
+        topology = with_duplex(topology, duplex)
         links = []
         for link in topology.links:
             name = CLASSES[_HW_CLASS.get(link.kind, 2)]

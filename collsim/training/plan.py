@@ -43,6 +43,7 @@ from collsim.training.resilience import ResilienceError, dp_step_time, for_job
 from collsim.training.step import StepModel, StepResult
 from collsim.training.tp_span import SpanCost, span_cost
 from collsim.training.workload import WorkloadError, WorkloadIn, parse_count, with_changes
+from collsim.whatif import profile_classes
 
 Pos = Annotated[int, Field(ge=1)]
 T = TypeVar("T")
@@ -371,8 +372,10 @@ def plan(
             else:
                 rejected.notes += [f"{cl.label}: {note}"
                                    for note in fitted.check_topology(biggest)]  # fmt: skip
+                classes = profile_classes(fitted, biggest)  # at another scale: what carries
+                cluster_params = fitted.params(topology=biggest, classes=classes)
                 if engine == "des":
-                    simulated = fitted.apply_to_topology(biggest)
+                    simulated = fitted.apply_to_topology(biggest, classes)
         timer = make_timer(engine, biggest, params=cluster_params, simulated=simulated)
         model = StepModel(biggest, timer, efficiency)
         model.force_efficiency = force_efficiency

@@ -6,12 +6,14 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
+import collsim.training.comm as comm
 from collsim.calibration.dataset import DATA_DIR
 from collsim.calibration.fit import fit_samples
 from collsim.calibration.predict import NCCL_ACHIEVABLE_FRACTION, NCCL_BASE_LATENCY_S
 from collsim.calibration.report import dataset_samples
 from collsim.calibration.validate import cross_scale, profile_params
 from collsim.cli import cli
+from collsim.cli import step as step_cli
 from collsim.model.analytic import AnalyticModel
 from collsim.whatif import WhatIf, whatif_with_profile
 
@@ -168,3 +170,52 @@ def test_simulate_tune_step_and_plan_apply_a_profile_as_validate_does(series, tm
     assert float(row[5]) == pytest.approx(
         model.predict("all_reduce", "ring", [8])[0] * 1e6, abs=0.01
     )
+
+
+def test_the_des_engine_applies_a_profile_by_the_same_rule(series):
+    """With ``--engine des`` the links are scaled by what carries over, not as fitted: a fit on
+    two nodes (which split what it measured between NVLink and the network) leaves one node's
+    links as the datasheet has them -- the uncalibrated engine -- while on its own scale it
+    scales them (it had scaled them at every scale)."""
+    two = [s for s in series["h100-snellius"] if s.topology.nodes == 2]
+    one = next(s for s in series["h100-snellius"] if s.topology.nodes == 1)
+    prof = fit_samples(two)
+    own = whatif_with_profile(two[0].topology, prof, engine="des").topology
+    assert any(
+        a.bandwidth_bytes_per_s != b.bandwidth_bytes_per_s
+        for a, b in zip(own.links, two[0].topology.links, strict=True)
+    )
+    other = whatif_with_profile(one.topology, prof, engine="des").topology
+    assert [link.bandwidth_bytes_per_s for link in other.links] == [
+        link.bandwidth_bytes_per_s for link in one.topology.links
+    ]
+    assert [link.latency_s for link in other.links] == [
+        link.latency_s for link in one.topology.links
+    ]
+
+
+@pytest.mark.parametrize("engine", ["analytic", "des"])
+def test_step_prices_with_the_profile_as_validate_does(series, tmp_path, engine, monkeypatch):
+    """``collsim step --profile`` on another scale than the fit's hands its step model the
+    parameters the rule gives (it had passed the profile's parameters as fitted)."""
+    two = [s for s in series["h100-snellius"] if s.topology.nodes == 2]
+    prof = fit_samples(two)
+    path = tmp_path / "two-node.yaml"
+    prof.save(path)
+    seen = {}
+    made = comm.make_timer  # _setup imports it when called: spy on it where it lives
+
+    def spy(engine, topology, network=None, params=None, simulated=None):
+        seen["params"], seen["simulated"] = params, simulated
+        return made(engine, topology, network, params, simulated)
+
+    monkeypatch.setattr(comm, "make_timer", spy)
+    _, topo, _, params, _ = step_cli._setup("gpt-1.3b-ddp", "h100-4gpu-ib", 1, engine, str(path))
+    expected = profile_params(prof, topo)
+    assert params.bandwidth_efficiency == pytest.approx(expected.bandwidth_efficiency)
+    assert params.base_latency_s == pytest.approx(expected.base_latency_s)
+    assert seen["params"] is params
+    if engine == "des":
+        assert [link.bandwidth_bytes_per_s for link in seen["simulated"].links] == [
+            link.bandwidth_bytes_per_s for link in topo.links
+        ]
