@@ -110,10 +110,13 @@ class TopologyFabric:
         its links carries ``S (1 + 1/n)`` each way, not ``S`` (NCCL's NVLS all-reduce; Jeaugey,
         nccl-tests PR 239: algbw = busbw x n/(n+1)); an InfiniBand SHARP tree moves ``S``. Both
         divided by the switch's ``in_network_efficiency`` (the rate its reductions reach).
+        A reduction onto other ranks than its sources (NVLS+tree's reduce onto a node's head,
+        its multicast from the head) moves the slice once each way: ``S``.
         """
-        srcs_t, _, switch = self._reducer_for(srcs, dsts)
+        srcs_t, dsts_t, switch = self._reducer_for(srcs, dsts)
         dev = self.network.devices[switch]
-        share = 1.0 + 1.0 / max(1, len(srcs_t)) if dev.kind == "nvswitch" else 1.0
+        all_reduce = dev.kind == "nvswitch" and sorted(srcs_t) == sorted(dsts_t)
+        share = 1.0 + 1.0 / max(1, len(srcs_t)) if all_reduce else 1.0
         return share / dev.in_network_efficiency
 
     def _reducer_for(
