@@ -1,6 +1,9 @@
 """NCCL's algorithms across nodes: NVLS+tree, CollNet (SHARP) and PAT, enabled where NCCL does."""
 
+from pathlib import Path
+
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from collsim.cli import cli
@@ -10,7 +13,7 @@ from collsim.collectives.registry import build_schedule
 from collsim.collectives.verify import verify
 from collsim.metrics import busbw_gbps
 from collsim.model.tuner import nccl_tuning
-from collsim.topology.loader import load_topology
+from collsim.topology.loader import load_topology, topology_from_dict
 from collsim.whatif import WhatIf
 
 
@@ -76,3 +79,26 @@ def test_where_nccl_would_not_run_it_one_line_exit_2(args, says):
     assert result.exit_code == 2, result.output
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and says in lines[0] and "Traceback" not in result.output
+
+
+def _selene_with_sharp(nodes: int = 4):
+    data = yaml.safe_load((Path(__file__).parents[2] / "topologies" / "selene.yaml").read_text())
+    data["fabric"]["in_network_reduction"] = True  # Quantum HDR switches with SHARP enabled
+    data["nodes"] = nodes
+    return topology_from_dict(data)
+
+
+def test_collnet_where_the_fabric_has_sharp():
+    """SHARP on the InfiniBand fabric: CollNet Direct runs (heads reduce their node's slices,
+    the switches all-reduce among the heads), both engines agree where nothing contends, and
+    NCCL's choice at 1 GiB is CollNet; without SHARP it is not offered."""
+    w = WhatIf(_selene_with_sharp())
+    assert "collnet" in w.candidates("all_reduce")
+    model = w.cost_model("collsim")
+    for size in (1024, 4 << 20):
+        sim, _ = w.run("all_reduce", "collnet", size)
+        pred = float(model.predict("all_reduce", "collnet", [size])[0])
+        assert pred == pytest.approx(sim.time_s, rel=1e-3)
+    tuning = nccl_tuning(model, "all_reduce", [1 << 30], elem_bytes=4)
+    assert tuning.choice_at(0).algorithm == "collnet"
+    assert "collnet" not in WhatIf(load_topology("selene", nodes=4)).candidates("all_reduce")
