@@ -133,7 +133,10 @@ class System:
         flows make them both useless and expensive to cost at cluster scale. (All-to-all's
         ``direct`` is the all-to-all itself and always a candidate.)
         """
-        algos = [a for a in algorithms_for(collective) if self.why_not(collective, a) is None]
+        # System.why_not, not self.why_not: a sweep asks with a stand-in holding the topology
+        algos = [
+            a for a in algorithms_for(collective) if System.why_not(self, collective, a) is None
+        ]
         if self.topology.n_gpus > DIRECT_MAX_RANKS and collective != "alltoall":
             algos = [a for a in algos if a != "direct"]
         return algos
@@ -142,8 +145,10 @@ class System:
         """Why NCCL would not run ``algorithm`` here (:func:`why_not`), cached per algorithm."""
         cache = self.__dict__.setdefault("_why_not", {})
         if algorithm not in cache:
-            gpus = list(getattr(self.fabric, "gpus", [])) or None  # a group's, in a group view
-            cache[algorithm] = why_not(self.topology, collective, algorithm, self.layout, gpus)
+            fabric = getattr(self, "fabric", None)
+            gpus = list(getattr(fabric, "gpus", [])) or None  # a group's, in a group view
+            layout = getattr(self, "layout", None)
+            cache[algorithm] = why_not(self.topology, collective, algorithm, layout, gpus)
         return cache[algorithm]
 
     def link_classes_used(self) -> list[int]:
