@@ -2,17 +2,18 @@
 (``COLLNET_DIRECT``), both as NCCL runs them (``src/device/all_reduce.h``).
 
 Both cut each channel's share into ``H`` slices, one per *head*: a GPU of every node (NVLink
-domain) with its own NIC (:func:`head_ranks`). For each slice, pipelined chunk by chunk:
+domain) with its own NIC (:func:`head_ranks`). For each slice, pipelined chunk by chunk (NCCL's
+128 KiB NVLS chunk unless another is asked for, up to :func:`chunk_cap` chunks):
 
 1. **in the node**, the slice is reduced onto the node's head -- by the NVSwitch
    (``nvls_tree``: one ``NETWORK_REDUCE`` from the node's ranks to the head, NVLink SHARP's
    ``multimem.ld_reduce``) or by point-to-point sends that the head reduces as they arrive
    (``collnet``: NCCL's ``recvReduceDirectSend``, every other rank of the node sending to it);
 2. **across nodes**, the heads of that slice join the node sums -- up and down NCCL's double
-   binary tree over the nodes (``nvls_tree``: ``ncclGetDtree``, channel ``c`` on tree ``c % 2``;
-   here each channel splits its share over both trees, so one channel uses both as NCCL's
-   channels do together), or in one ``NETWORK_REDUCE`` on the scale-out switch that reaches
-   them all (``collnet``: SHARP on InfiniBand);
+   binary tree over the nodes (``nvls_tree``: ``ncclGetDtree``, channel ``c`` on tree ``c % 2``
+   as in NCCL's ``connectNvls``, so one channel uses one tree, which NCCL never runs: it needs
+   two NVLS channels at least), or in one ``NETWORK_REDUCE`` on the scale-out switch that
+   reaches them all (``collnet``: SHARP on InfiniBand);
 3. **in the node**, the head hands the sum back to every rank -- by NVSwitch multicast
    (``nvls_tree``: a ``NETWORK_REDUCE`` from the head alone to the node, ``multimem.st``) or by
    point-to-point sends (``collnet``: ``directRecvCopyDirectSend``).
@@ -26,9 +27,12 @@ NIC-bound busbw across nodes (the ring sends ``2 (n-1)/n S`` through the NICs).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator
+
 import numpy as np
 
-from collsim.collectives.common import MAX_CHUNKS, BuildSpec, split_bounds
+from collsim.collectives.common import DEFAULT_CHUNK_BYTES, MAX_CHUNKS, BuildSpec, split_bounds
 from collsim.collectives.layout import RankLayout
 from collsim.collectives.schedule import Schedule, ScheduleBuilder
 from collsim.collectives.tree import Tree, double_tree_parents, pipeline_chunk_cap
@@ -74,24 +78,41 @@ def _node_ranks(layout: RankLayout) -> list[tuple[int, ...]]:
     return [tuple(range(m * g, m * g + layout.node_size(m))) for m in range(layout.nnodes)]
 
 
-def _slices(spec: BuildSpec):
-    """(channel, tree, head, chunk bounds) of every slice with data."""
+NVLS_CHUNK_BYTES = 128 * 1024
+"""The pipelining chunk of both, unless one is asked for: NCCL's ``NCCL_NVLS_CHUNKSIZE`` default
+(``nvlsChunkSize``, 128 KiB; ``src/transport/nvls.cc``)."""
+
+
+def tree_of(channel: int) -> int:
+    """The tree (0 or 1) channel ``channel`` runs on: ``c % 2``, as NCCL's ``connectNvls``."""
+    return channel % 2
+
+
+def _nccl_chunk(spec: BuildSpec) -> BuildSpec:
+    """``spec`` with NCCL's NVLS chunk where the caller left the default chunk."""
+    if spec.chunk_bytes != DEFAULT_CHUNK_BYTES:
+        return spec
+    return dataclasses.replace(spec, chunk_bytes=NVLS_CHUNK_BYTES)
+
+
+def _slices(spec: BuildSpec) -> Iterator[tuple[int, int, int, np.ndarray]]:
+    """(channel, tree, head, chunk bounds) of every slice with data: each channel's share cut
+    into one slice per head (NCCL's ``loopCount = nHeads * chunkCount``)."""
     h_count = head_count(spec.layout)
     cap = chunk_cap(spec.layout)
     for c, lo, cnt in spec.channel_pieces(spec.count):
-        halves = lo + split_bounds(cnt, 2)
-        for t in range(2):
-            parts = halves[t] + split_bounds(int(halves[t + 1] - halves[t]), h_count)
-            for h in range(h_count):
-                size = int(parts[h + 1] - parts[h])
-                if size:
-                    yield c, t, h, spec.chunks(int(parts[h]), size, max_chunks=cap)
+        parts = lo + split_bounds(cnt, h_count)
+        for h in range(h_count):
+            size = int(parts[h + 1] - parts[h])
+            if size:
+                yield c, tree_of(c), h, spec.chunks(int(parts[h]), size, max_chunks=cap)
 
 
 def build_nvls_tree(spec: BuildSpec) -> Schedule:
     """NVLS+tree all-reduce: NVSwitch reduce onto the heads, the double binary tree across
     nodes, NVSwitch multicast back (module docstring)."""
     b = ScheduleBuilder()
+    spec = _nccl_chunk(spec)
     lay = spec.layout
     heads = head_ranks(lay)
     nodes = _node_ranks(lay)
@@ -166,6 +187,7 @@ def build_collnet(spec: BuildSpec) -> Schedule:
     reduces as it arrives; the heads of a slice all-reduce it in one ``NETWORK_REDUCE`` on the
     scale-out switches that reach them all (SHARP); each head sends the sum back to its node."""
     b = ScheduleBuilder()
+    spec = _nccl_chunk(spec)
     lay = spec.layout
     heads = head_ranks(lay)
     nodes = _node_ranks(lay)

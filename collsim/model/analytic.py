@@ -274,7 +274,11 @@ class AnalyticModel:
     def enabled(self, collective: str, algorithm: str, protocol: str, channels: int = 1) -> bool:
         """Whether NCCL would consider ``protocol`` here by default (the tuner's candidates; an
         explicit ``predict`` still times any protocol): LL128 only where
-        :func:`collsim.model.nccl.ll128_by_default` says; elsewhere NCCL runs LL and Simple."""
+        :func:`collsim.model.nccl.ll128_by_default` says; elsewhere NCCL runs LL and Simple.
+        NVLS+tree on two channels at least (``tuning.cc``: "NVLS/NVLStree needs at least 2
+        channels"; one would run one of its two trees only)."""
+        if algorithm == "nvls_tree" and channels < 2:
+            return False
         return str(protocol).upper() != "LL128" or self.ll128_default
 
     @cached_property

@@ -324,6 +324,8 @@ class NcclModel:
         algo = self.nccl_algorithm(collective, algorithm)
         if algo in (NVLS, NVLS_TREE) and protocol != "Simple":
             return False
+        if algorithm == "nvls_tree" and channels < 2:  # "NVLS/NVLStree needs at least 2 channels"
+            return False
         return protocol != "LL128" or self.inputs(channels).ll128_enabled
 
     def predict(
