@@ -103,3 +103,19 @@ def test_collnet_where_the_fabric_has_sharp():
     tuning = nccl_tuning(model, "all_reduce", [1 << 30], elem_bytes=4)
     assert tuning.choice_at(0).algorithm == "collnet"
     assert "collnet" not in WhatIf(load_topology("selene", nodes=4)).candidates("all_reduce")
+
+
+def test_two_dgx_h100_at_1gib_by_hand():
+    """By hand: each GPU's NVLink port carries its whole buffer up to the NVSwitch (node reduce)
+    and, as head of one slice in 8, that slice once more (multicast): (1 + 1/8) S at NVLS's
+    85% of 450 GB/s. Each head's NIC carries S/8 each way (half its slices up, half down),
+    at 50 GB/s: 2.68 ms, under the NVLink's 3.16 ms. Both engines are within the pipeline's
+    fill (32 chunks per slice, four stages) of the NVLink time."""
+    size = 1 << 30
+    nvlink_s = (1 + 1 / 8) * size / (0.85 * 450e9)
+    assert size / 8 / 50e9 < nvlink_s
+    w = WhatIf(load_topology("dgx-h100", nodes=2))
+    sim, _ = w.run("all_reduce", "nvls_tree", size, channels=8)
+    pred = float(w.cost_model("collsim").predict("all_reduce", "nvls_tree", [size], channels=8)[0])
+    for t in (sim.time_s, pred):
+        assert nvlink_s <= t <= nvlink_s * (1 + 3 / 32)
