@@ -49,7 +49,7 @@ class TopologyFabric:
         # A reduction reads two operands and writes one; a copy reads one and writes one.
         self.reduce_bytes_per_s = memory / 3.0
         self.copy_bytes_per_s = memory / 2.0
-        self._reducer: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+        self._reducer: dict[tuple[int, ...], int] = {}
         self.couplings = network.couplings
         """Shared capacities of cables short of full duplex: (link, direction, direction) ids."""
 
@@ -125,14 +125,22 @@ class TopologyFabric:
         """The ranks as tuples and the reducing switch they use (chosen once per group)."""
         srcs_t = tuple(int(s) for s in srcs)
         dsts_t = tuple(int(d) for d in dsts)
-        key = (srcs_t, dsts_t)
+        key = tuple(sorted({*srcs_t, *dsts_t}))  # the switch depends on the ranks, not the roles
         if key not in self._reducer:
             self._reducer[key] = self._choose_reducer(srcs_t, dsts_t)
         return srcs_t, dsts_t, self._reducer[key]
 
     def _choose_reducer(self, srcs: tuple[int, ...], dsts: tuple[int, ...]) -> int:
         net = self.network
-        candidates = [i for i, d in enumerate(net.devices) if d.in_network_reduction]
+        # A node's own NVSwitch reaches that node's GPUs only (GPUs do not forward): skip the
+        # other nodes' switches without routing to them (thousands of groups at scale).
+        nodes = {net.devices[int(self._gpu_index[r])].node for r in (*srcs, *dsts)}
+        candidates = [
+            i
+            for i, d in enumerate(net.devices)
+            if d.in_network_reduction
+            and not (d.kind == "nvswitch" and d.node is not None and nodes != {d.node})
+        ]
         best: tuple[int, str] | None = None
         chosen = -1
         for cand in candidates:
