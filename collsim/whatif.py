@@ -173,6 +173,8 @@ class WhatIf(System):
 
     def _can_run(self, collective: str, algorithm: str) -> bool:
         """Whether this system can run ``algorithm`` (in-network needs a reachable switch)."""
+        if self.why_not(collective, algorithm) is not None:
+            return False
         if not needs_in_network(algorithm):
             return True
         try:
@@ -292,18 +294,14 @@ class WhatIf(System):
             picks = [algorithm] * len(sizes)
         if algorithm != "auto" and not runs_protocol(algorithm, proto):
             raise ScheduleError(
-                f"{algorithm} reduces in the network (NVLS/SHARP), which runs the Simple protocol "
-                "only, as in NCCL",
+                f"{algorithm} runs the Simple protocol only, as in NCCL (in-network reductions "
+                "and PAT)",
                 field="protocol",
                 value=proto,
             )
-        if algorithm != "auto" and needs_in_network(algorithm) and not self.has_in_network:
-            raise ScheduleError(
-                f"needs in-network reduction, and {self.topology.name} has no switch with "
-                "in_network_reduction (NVLS/SHARP) that every GPU reaches",
-                field="algorithm",
-                value=algorithm,
-            )
+        problem = self.why_not(collective, algorithm) if algorithm != "auto" else None
+        if problem is not None:
+            raise ScheduleError(problem, field="algorithm", value=algorithm)
         result = Sweep(
             collective=collective,
             algorithm=algorithm,

@@ -86,8 +86,11 @@ def test_every_collective_and_algorithm_runs_on_every_catalog_system(name, colle
             continue
         try:
             sweep = whatif.sweep(collective, algorithm, [4096, 1 << 20])
-        except Exception as exc:  # in-network across nodes without SHARP is a clean error
-            assert needs_in_network(algorithm), (collective, algorithm, exc)
+        except Exception as exc:  # in-network across nodes without SHARP, PAT with several GPUs
+            # per node: a clean error saying why NCCL would not run it here
+            assert needs_in_network(algorithm) or whatif.why_not(collective, algorithm), (
+                collective, algorithm, exc,
+            )  # fmt: skip
             continue
         assert all(p.time_s > 0 for p in sweep.points), (collective, algorithm)
         assert all(p.busbw_gbps >= 0 for p in sweep.points)
@@ -153,8 +156,10 @@ def test_simulate_tuned_prints_and_writes_each_sizes_choice(tmp_path):
     for row, p in zip(rows, doc["points"], strict=True):
         assert row[-1] == f"{p['algorithm']}/{p['protocol']}/{p['channels']}ch"
     assert doc["tuned"] is True and doc["protocol"] is None and doc["channels"] is None
-    # 256 MiB over 2 DGX H100s: eight channels reach the eight NICs one channel cannot
-    assert doc["points"][-1]["channels"] == 8 and doc["points"][-1]["busbw_gbps"] > 300
+    # 256 MiB over 2 DGX H100s: NVLS+tree, whose slices leave by all eight NICs on any channel
+    # count (a ring needs eight channels for them), beyond the ring's 400 GB/s NIC bound
+    last = doc["points"][-1]
+    assert last["algorithm"] == "nvls_tree" and last["busbw_gbps"] > 400
 
 
 def test_simulate_cli_table_json_and_trace(tmp_path):

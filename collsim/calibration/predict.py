@@ -45,9 +45,9 @@ from collsim.topology.loader import load_topology
 from collsim.topology.spec import Topology
 from collsim.whatif import WhatIf
 
-_ALGO_ENV = {"ring": "ring", "tree": "tree", "nvls": "in_network", "nvlstree": "in_network",
-             "collnet": "in_network", "collnetdirect": "in_network",
-             "collnetchain": "in_network"}  # fmt: skip
+_ALGO_ENV = {"ring": "ring", "tree": "tree", "nvls": "in_network", "nvlstree": "nvls_tree",
+             "collnet": "collnet", "collnetdirect": "collnet", "pat": "pat",
+             "collnetchain": "collnet"}  # fmt: skip
 
 
 NCCL_BASE_LATENCY_S = 6.6e-6

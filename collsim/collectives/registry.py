@@ -13,6 +13,7 @@ import numpy as np
 
 from collsim.collectives import (
     alltoall,
+    crossnode,
     direct,
     hierarchical,
     innetwork,
@@ -40,16 +41,20 @@ _REGISTRY: dict[str, dict[str, Builder]] = {
         "ring2d": ring2d.build_all_reduce,
         "direct": direct.build_all_reduce,
         "in_network": innetwork.build_all_reduce,
+        "nvls_tree": crossnode.build_nvls_tree,
+        "collnet": crossnode.build_collnet,
     },
     "all_gather": {
         "ring": ring.build_all_gather,
         "rd": recursive.build_all_gather,
+        "pat": recursive.build_all_gather,
         "direct": direct.build_all_gather,
         "hierarchical": hierarchical.build_all_gather,
     },
     "reduce_scatter": {
         "ring": ring.build_reduce_scatter,
         "rd": recursive.build_reduce_scatter,
+        "pat": recursive.build_reduce_scatter,
         "direct": direct.build_reduce_scatter,
         "hierarchical": hierarchical.build_reduce_scatter,
     },
@@ -70,19 +75,22 @@ _REGISTRY: dict[str, dict[str, Builder]] = {
     },
 }
 
-_IN_NETWORK = frozenset({"in_network"})
+_IN_NETWORK = frozenset({"in_network", "nvls_tree", "collnet"})
 
 NCCL_ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("ring", "tree", "in_network"),
-    "all_gather": ("ring",),
-    "reduce_scatter": ("ring",),
+    "all_reduce": ("ring", "tree", "in_network", "nvls_tree", "collnet"),
+    "all_gather": ("ring", "pat"),
+    "reduce_scatter": ("ring", "pat"),
     "broadcast": ("chain",),
     "reduce": ("chain",),
     "alltoall": ("direct",),
     "sendrecv": ("p2p",),
 }
-"""collsim's names for the algorithms NCCL runs per collective (its tuner's choices; in_network
-= NVLS / CollNet, kept only where a switch of the topology reduces in flight)."""
+"""collsim's names for the algorithms NCCL runs per collective (its tuner's choices), each kept
+only where NCCL enables it (:func:`collsim.model.system.why_not`): ``in_network`` = NVLS (one
+switch reduces for every GPU), ``nvls_tree`` = NVLS_TREE (NVLS in each node, a tree across
+nodes), ``collnet`` = CollNet Direct (SHARP in the scale-out switches), ``pat`` = PAT (one GPU
+per node; timed with the recursive-doubling schedule, whose log-steps shape it shares)."""
 
 __all__ = [
     "COLLECTIVES",
@@ -120,16 +128,18 @@ recent ones); more would only split the data finer over the same routes."""
 
 
 def needs_in_network(algorithm: str) -> bool:
-    """Whether ``algorithm`` needs switches that reduce in the network (NVLS / SHARP)."""
+    """Whether ``algorithm`` needs switches that reduce in the network (NVLS / SHARP): one that
+    every rank reaches (``in_network``), one per node (``nvls_tree``) or one joining the nodes
+    (``collnet``)."""
     return algorithm in _IN_NETWORK
 
 
 def runs_protocol(algorithm: str, protocol: str) -> bool:
     """Whether ``algorithm`` can run ``protocol``: in-network reductions (NVLS, SHARP / CollNet)
     run Simple only -- the switch reduces whole buffers, which LL and LL128 interleave with flags
-    (NCCL's ``tuning.cc`` skips NVLS and CollNet with any other protocol)."""
+    (NCCL's ``tuning.cc`` skips NVLS and CollNet with any other protocol); so does PAT."""
     name = str(getattr(protocol, "name", protocol)).lower()
-    return not (needs_in_network(algorithm) and name != "simple")
+    return not ((needs_in_network(algorithm) or algorithm == "pat") and name != "simple")
 
 
 def _int(value: object, field: str, minimum: int) -> int:

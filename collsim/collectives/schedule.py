@@ -215,13 +215,21 @@ class ScheduleBuilder:
         reduce: bool = False,
         deps: Sequence[int | None] | None = (),
         channel: int = 0,
+        after: int = -1,
     ) -> int:
-        """Send ``count`` elements from ``src`` to ``dst`` (accumulate there if ``reduce``)."""
+        """Send ``count`` elements from ``src`` to ``dst`` (accumulate there if ``reduce``);
+        ``after``: the earlier transfer it follows on its connection (-1: none)."""
         row = (
             TRANSFER, src, dst, count, _BUF_INDEX[src_buf], src_off, _BUF_INDEX[dst_buf],
             dst_off, channel, int(reduce),
         )  # fmt: skip
-        return self._add(row, deps)
+        return self._follow(self._add(row, deps), after)
+
+    def _follow(self, op: int, after: int) -> int:
+        """Record that ``op`` follows ``after`` (nothing for a negative ``after``)."""
+        if after >= 0:
+            self._after_parts.append((op, np.array([after], dtype=np.int64)))
+        return op
 
     def reduction(
         self,
@@ -254,8 +262,11 @@ class ScheduleBuilder:
         *,
         deps: Sequence[int | None] | None = (),
         channel: int = 0,
+        after: int = -1,
     ) -> int:
-        """Sum ``srcs``' slices inside the network and write the sum on every rank of ``dsts``."""
+        """Sum ``srcs``' slices inside the network and write the sum on every rank of ``dsts``;
+        ``after``: the earlier in-network reduction of the same switch port this one follows
+        (a pipeline's previous chunk; -1: none), as ``after`` for transfers."""
         self.groups.append(tuple(srcs))
         src_group = len(self.groups) - 1
         self.groups.append(tuple(dsts))
@@ -264,7 +275,7 @@ class ScheduleBuilder:
             NETWORK_REDUCE, src_group, dst_group, count, _BUF_INDEX[src_buf], src_off,
             _BUF_INDEX[dst_buf], dst_off, channel, 1,
         )  # fmt: skip
-        return self._add(row, deps)
+        return self._follow(self._add(row, deps), after)
 
     # -- batches -----------------------------------------------------------------------------
     def transfers(

@@ -285,8 +285,9 @@ def _dag(prep: Prepared, schedule: Schedule) -> None:
     prep.succ_ptr = ptr_from_lengths(lengths, index_dtype(schedule.dep_idx.shape[0]))
     if "after" not in schedule.arrays:
         return
-    # Only network transfers follow another on a connection.
-    after = np.where(prep.cls == NET, schedule.arrays["after"], -1).astype(ids)
+    # Only network transfers and in-network reductions follow another on a connection.
+    flows = (prep.cls == NET) | (prep.cls == IN_NETWORK)
+    after = np.where(flows, schedule.arrays["after"], -1).astype(ids)
     followers = np.flatnonzero(after >= 0)
     if not followers.size:
         return

@@ -36,6 +36,7 @@ from collsim.collectives.registry import algorithms_for, needs_in_network
 from collsim.collectives.verify import COLLECTIVES
 from collsim.errors import ScheduleError
 from collsim.metrics import effective_bytes
+from collsim.model.crossnode import cross_node
 from collsim.model.envelope import Lines, discover, evaluate, upper_envelope
 from collsim.model.exchange import (
     alltoall_direct,
@@ -195,13 +196,10 @@ class AnalyticModel:
                 field="algorithm",
                 value=algorithm,
             )
-        if needs_in_network(algorithm) and not self.system.has_in_network:
-            raise ScheduleError(
-                f"needs in-network reduction, and {self.topology.name} has no switch with "
-                "in_network_reduction (NVLS/SHARP)",
-                field="algorithm",
-                value=algorithm,
-            )
+        problem = self.system.why_not(collective, algorithm) if needs_in_network(algorithm) or (
+            algorithm == "pat") else None  # fmt: skip
+        if problem is not None:
+            raise ScheduleError(problem, field="algorithm", value=algorithm)
 
     def _oracle(
         self, costs: FlowCosts, collective: str, algorithm: str, channels: int
@@ -222,9 +220,11 @@ class AnalyticModel:
                 return two_level_all_reduce(costs, channels, lay, cols, "ring")
             if algorithm == "direct":
                 return direct(costs, collective, n, channels)
+            if algorithm in ("nvls_tree", "collnet"):
+                return cross_node(costs, algorithm, lay, channels)
             return in_network(costs, n)
         if collective in ("all_gather", "reduce_scatter"):
-            if algorithm == "rd":
+            if algorithm in ("rd", "pat"):  # PAT: timed with recursive doubling's schedule
                 return _rd(costs, collective, n, channels)
             if algorithm == "direct":
                 return direct(costs, collective, n, channels)
@@ -274,7 +274,11 @@ class AnalyticModel:
     def enabled(self, collective: str, algorithm: str, protocol: str, channels: int = 1) -> bool:
         """Whether NCCL would consider ``protocol`` here by default (the tuner's candidates; an
         explicit ``predict`` still times any protocol): LL128 only where
-        :func:`collsim.model.nccl.ll128_by_default` says; elsewhere NCCL runs LL and Simple."""
+        :func:`collsim.model.nccl.ll128_by_default` says; elsewhere NCCL runs LL and Simple.
+        NVLS+tree on two channels at least (``tuning.cc``: "NVLS/NVLStree needs at least 2
+        channels"; one would run one of its two trees only)."""
+        if algorithm == "nvls_tree" and channels < 2:
+            return False
         return str(protocol).upper() != "LL128" or self.ll128_default
 
     @cached_property

@@ -32,6 +32,7 @@ import numpy as np
 from collsim.errors import ScheduleError
 from collsim.metrics import effective_bytes
 from collsim.model.mapping import intra_inter_bandwidth
+from collsim.model.system import why_not
 from collsim.protocols import HW_NET, HW_NVLINK, HW_PCI
 from collsim.topology.spec import Topology
 
@@ -92,6 +93,7 @@ def tree_correction(proto: str, n_bytes: np.ndarray) -> np.ndarray:
 NCCL_FUNCS = ("broadcast", "reduce", "all_gather", "reduce_scatter", "all_reduce")
 _ALGO_OF = {
     ("all_reduce", "ring"): RING, ("all_reduce", "tree"): TREE, ("all_reduce", "in_network"): NVLS,
+    ("all_reduce", "nvls_tree"): NVLS_TREE,
     ("all_gather", "ring"): RING, ("reduce_scatter", "ring"): RING,
     ("broadcast", "chain"): RING, ("reduce", "chain"): RING,
 }  # fmt: skip
@@ -285,6 +287,8 @@ class NcclModel:
         out = [a for (c, a), algo in _ALGO_OF.items() if c == collective]
         if not self.has_in_network:
             out = [a for a in out if a != "in_network"]
+        if "nvls_tree" in out and why_not(self.topology, collective, "nvls_tree") is not None:
+            out.remove("nvls_tree")
         if self.can_run is not None:
             out = [a for a in out if self.can_run(collective, a)]
         return out
@@ -319,6 +323,8 @@ class NcclModel:
         only with Simple)."""
         algo = self.nccl_algorithm(collective, algorithm)
         if algo in (NVLS, NVLS_TREE) and protocol != "Simple":
+            return False
+        if algorithm == "nvls_tree" and channels < 2:  # "NVLS/NVLStree needs at least 2 channels"
             return False
         return protocol != "LL128" or self.inputs(channels).ll128_enabled
 

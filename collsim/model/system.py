@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from collsim.collectives.crossnode import head_ranks
 from collsim.collectives.layout import RankLayout
-from collsim.collectives.registry import algorithms_for, needs_in_network
+from collsim.collectives.registry import algorithms_for
 from collsim.topology.fabric import TopologyFabric
 from collsim.topology.graph import Network
 from collsim.topology.rings import mesh_rings
@@ -40,6 +41,80 @@ def layout_for(topology: Topology) -> RankLayout:
     return RankLayout(nranks=n, ranks_per_node=rpn, grid=grid, local_rings=rings)
 
 
+def _reach(topology: Topology, kinds: frozenset[str] | None) -> list[set[str]]:
+    """Per switch that reduces in the network (of ``kinds``, or any), the GPUs it reaches over
+    forwarding devices (GPUs do not forward)."""
+    nbrs: dict[str, list[str]] = {}
+    for link in topology.links:
+        nbrs.setdefault(link.a, []).append(link.b)
+        nbrs.setdefault(link.b, []).append(link.a)
+    by_name = {d.name: d for d in topology.devices}
+    out = []
+    for start in topology.devices:
+        if not start.in_network_reduction or (kinds is not None and start.kind not in kinds):
+            continue
+        seen, todo, gpus = {start.name}, [start.name], set()
+        while todo:
+            for nxt in nbrs.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    dev = by_name[nxt]
+                    if dev.kind == "gpu":
+                        gpus.add(nxt)
+                    elif dev.forwards:
+                        todo.append(nxt)
+        out.append(gpus)
+    return out
+
+
+def why_not(
+    topology: Topology,
+    collective: str,
+    algorithm: str,
+    layout: RankLayout | None = None,
+    gpus: list[str] | None = None,
+) -> str | None:
+    """Why NCCL would not run ``algorithm`` on these ranks (``None``: it would), as a sentence:
+
+    * ``in_network`` (NVLS, or SHARP over every GPU): one reducing switch reaches every rank;
+    * ``nvls_tree``: several nodes (NVLink domains), each reduced by its own NVSwitch with
+      NVLink SHARP (NCCL's ``nvlsSupport``; on one node NCCL runs NVLS);
+    * ``collnet``: several nodes, and a scale-out switch with in-network reduction (SHARP)
+      reaching the nodes' heads (``collNetSupport``);
+    * ``pat``: one GPU per node (``ncclPatEnable``: "PAT only supports 1 GPU per node").
+
+    ``layout``/``gpus``: the ranks' layout and GPU names (default: every GPU of ``topology``).
+    """
+    layout = layout or layout_for(topology)
+    names = gpus or [d.name for d in topology.gpus]
+    many = layout.nnodes > 1
+    if algorithm == "pat" and layout.ranks_per_node != 1:
+        return (f"NCCL runs PAT with one GPU per node only; this job has {layout.ranks_per_node} "
+                "per node (NVLink domain)")  # fmt: skip
+    if algorithm == "in_network" and not topology.reduces_for(names):
+        return (f"needs in-network reduction, and {topology.name} has no switch with "
+                "in_network_reduction (NVLS/SHARP) that every GPU reaches")  # fmt: skip
+    if algorithm in ("nvls_tree", "collnet") and not many:
+        return (f"{algorithm} joins several nodes (NVLink domains); on one node NCCL runs NVLS "
+                "(in_network)")  # fmt: skip
+    if algorithm == "nvls_tree":
+        reach = _reach(topology, frozenset({"nvswitch"}))
+        g = layout.ranks_per_node
+        for m in range(layout.nnodes):
+            node = set(names[m * g : m * g + layout.node_size(m)])
+            if not any(node <= r for r in reach):
+                return (f"needs NVLink SHARP in every node: an nvswitch with in_network_reduction; "
+                        f"{topology.name} has none for node {m}")  # fmt: skip
+    if algorithm == "collnet":
+        reach = _reach(topology, None)
+        for col in head_ranks(layout).T:
+            wanted = {names[int(r)] for r in col}
+            if not any(wanted <= r for r in reach):
+                return (f"needs SHARP: a fabric with in_network_reduction joining the nodes; "
+                        f"{topology.name} has none")  # fmt: skip
+    return None
+
+
 class System:
     """One topology with its routes (cached across calls), fabric and rank layout."""
 
@@ -58,12 +133,23 @@ class System:
         flows make them both useless and expensive to cost at cluster scale. (All-to-all's
         ``direct`` is the all-to-all itself and always a candidate.)
         """
-        algos = list(algorithms_for(collective))
-        if not self.has_in_network:
-            algos = [a for a in algos if not needs_in_network(a)]
+        # System.why_not, not self.why_not: a sweep asks with a stand-in holding the topology
+        algos = [
+            a for a in algorithms_for(collective) if System.why_not(self, collective, a) is None
+        ]
         if self.topology.n_gpus > DIRECT_MAX_RANKS and collective != "alltoall":
             algos = [a for a in algos if a != "direct"]
         return algos
+
+    def why_not(self, collective: str, algorithm: str) -> str | None:
+        """Why NCCL would not run ``algorithm`` here (:func:`why_not`), cached per algorithm."""
+        cache = self.__dict__.setdefault("_why_not", {})
+        if algorithm not in cache:
+            fabric = getattr(self, "fabric", None)
+            gpus = list(getattr(fabric, "gpus", [])) or None  # a group's, in a group view
+            layout = getattr(self, "layout", None)
+            cache[algorithm] = why_not(self.topology, collective, algorithm, layout, gpus)
+        return cache[algorithm]
 
     def link_classes_used(self) -> list[int]:
         """Link classes (0 nvlink, 1 pci, 2 net) on the routes between the system's GPUs: which

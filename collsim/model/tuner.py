@@ -172,7 +172,9 @@ class Tuner:
         if not runs_protocol(choice.algorithm, choice.protocol):
             return False
         check = getattr(self.model, "enabled", None) if self.defaults else None
-        return True if check is None else bool(check(collective, choice.algorithm, choice.protocol))
+        if check is None:
+            return True
+        return bool(check(collective, choice.algorithm, choice.protocol, choice.channels))
 
     def tune(
         self,

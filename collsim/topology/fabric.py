@@ -49,7 +49,7 @@ class TopologyFabric:
         # A reduction reads two operands and writes one; a copy reads one and writes one.
         self.reduce_bytes_per_s = memory / 3.0
         self.copy_bytes_per_s = memory / 2.0
-        self._reducer: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+        self._reducer: dict[tuple[int, ...], int] = {}
         self.couplings = network.couplings
         """Shared capacities of cables short of full duplex: (link, direction, direction) ids."""
 
@@ -110,10 +110,13 @@ class TopologyFabric:
         its links carries ``S (1 + 1/n)`` each way, not ``S`` (NCCL's NVLS all-reduce; Jeaugey,
         nccl-tests PR 239: algbw = busbw x n/(n+1)); an InfiniBand SHARP tree moves ``S``. Both
         divided by the switch's ``in_network_efficiency`` (the rate its reductions reach).
+        A reduction onto other ranks than its sources (NVLS+tree's reduce onto a node's head,
+        its multicast from the head) moves the slice once each way: ``S``.
         """
-        srcs_t, _, switch = self._reducer_for(srcs, dsts)
+        srcs_t, dsts_t, switch = self._reducer_for(srcs, dsts)
         dev = self.network.devices[switch]
-        share = 1.0 + 1.0 / max(1, len(srcs_t)) if dev.kind == "nvswitch" else 1.0
+        all_reduce = dev.kind == "nvswitch" and sorted(srcs_t) == sorted(dsts_t)
+        share = 1.0 + 1.0 / max(1, len(srcs_t)) if all_reduce else 1.0
         return share / dev.in_network_efficiency
 
     def _reducer_for(
@@ -122,14 +125,22 @@ class TopologyFabric:
         """The ranks as tuples and the reducing switch they use (chosen once per group)."""
         srcs_t = tuple(int(s) for s in srcs)
         dsts_t = tuple(int(d) for d in dsts)
-        key = (srcs_t, dsts_t)
+        key = tuple(sorted({*srcs_t, *dsts_t}))  # the switch depends on the ranks, not the roles
         if key not in self._reducer:
             self._reducer[key] = self._choose_reducer(srcs_t, dsts_t)
         return srcs_t, dsts_t, self._reducer[key]
 
     def _choose_reducer(self, srcs: tuple[int, ...], dsts: tuple[int, ...]) -> int:
         net = self.network
-        candidates = [i for i, d in enumerate(net.devices) if d.in_network_reduction]
+        # A node's own NVSwitch reaches that node's GPUs only (GPUs do not forward): skip the
+        # other nodes' switches without routing to them (thousands of groups at scale).
+        nodes = {net.devices[int(self._gpu_index[r])].node for r in (*srcs, *dsts)}
+        candidates = [
+            i
+            for i, d in enumerate(net.devices)
+            if d.in_network_reduction
+            and not (d.kind == "nvswitch" and d.node is not None and nodes != {d.node})
+        ]
         best: tuple[int, str] | None = None
         chosen = -1
         for cand in candidates:

@@ -232,6 +232,7 @@ def _from_template(
     domain = spec.nvlink_domain
     if domain is not None:
         check_nvlink_domain(domain, spec.node.intra.kind, gpus, gpus_field)
+    _check_sharp(spec.fabric, nics.link.kind if nics is not None else None)
 
     def build(fabric: FabricIn) -> Parts:
         parts = Parts()
@@ -493,3 +494,29 @@ def _model_in(annotation: Any) -> Any:
     if isinstance(annotation, types.UnionType):
         return None
     return None
+
+
+SHARP_LINK_KINDS = ("infiniband", "nvlink")
+"""Scale-out links whose switches reduce in flight: InfiniBand (SHARP on Quantum switches, what
+NCCL's CollNet uses) and NVLink switches (NVLS). Ethernet, RoCE, EFA and Slingshot switches do
+not reduce."""
+
+
+def _check_sharp(fabric: FabricIn, nic_kind: str | None) -> None:
+    """``fabric.in_network_reduction`` only where the fabric's switches can reduce."""
+    if not fabric.in_network_reduction:
+        return
+    kind = fabric.link.kind if fabric.link is not None else nic_kind
+    if fabric.kind in ("none", "torus", "ring"):
+        raise TopologyError(
+            f"a {fabric.kind!r} fabric has no switches to reduce in flight",
+            field="fabric.in_network_reduction",
+            value=True,
+        )
+    if kind not in SHARP_LINK_KINDS:
+        raise TopologyError(
+            f"in-network reduction (SHARP) runs on InfiniBand or NVLink switches, not on a "
+            f"{kind} fabric",
+            field="fabric.in_network_reduction",
+            value=kind,
+        )

@@ -143,12 +143,15 @@ def test_all_reduce_profile_improves_other_collectives(h100):
 
 def test_nccl_settings_are_honoured():
     assert constraints({"NCCL_ALGO": "Ring"}, "all_reduce").algorithms == ("ring",)
-    assert constraints({"NCCL_ALGO": "^Ring"}, "all_reduce").algorithms == ("tree", "in_network")
+    assert constraints({"NCCL_ALGO": "^Ring"}, "all_reduce").algorithms == (
+        "tree", "in_network", "nvls_tree", "collnet",
+    )  # fmt: skip
+    assert constraints({"NCCL_ALGO": "NVLSTree"}, "all_reduce").algorithms == ("nvls_tree",)
+    assert constraints({"NCCL_ALGO": "PAT"}, "all_gather").algorithms == ("pat",)
     assert constraints({"NCCL_PROTO": "LL128"}, "all_gather").protocols == ("LL128",)
     assert constraints({"NCCL_TREE_THRESHOLD": "0"}, "all_reduce").algorithms == (
-        "ring",
-        "in_network",
-    )
+        "ring", "in_network", "nvls_tree", "collnet",
+    )  # fmt: skip
     assert constraints({"NCCL_MAX_NCHANNELS": "4"}, "all_reduce").channels == (1,)
     # a count above the usual ones is the one NCCL ran with (it was clamped to 8)
     assert constraints({"NCCL_MIN_NCHANNELS": "32"}, "all_reduce").channels == (32,)

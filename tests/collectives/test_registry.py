@@ -26,10 +26,11 @@ def test_catalogue() -> None:
         "sendrecv",
     )
     assert set(algorithms_for("all_reduce")) == {
-        "ring", "tree", "rhd", "hierarchical", "ring2d", "direct", "in_network",
+        "ring", "tree", "rhd", "hierarchical", "ring2d", "direct", "in_network", "nvls_tree",
+        "collnet",
     }  # fmt: skip
-    assert set(algorithms_for("all_gather")) == {"ring", "rd", "direct", "hierarchical"}
-    assert set(algorithms_for("reduce_scatter")) == {"ring", "rd", "direct", "hierarchical"}
+    assert set(algorithms_for("all_gather")) == {"ring", "rd", "direct", "hierarchical", "pat"}
+    assert set(algorithms_for("reduce_scatter")) == {"ring", "rd", "direct", "hierarchical", "pat"}
     assert set(algorithms_for("broadcast")) == {"chain", "tree"}
     assert set(algorithms_for("reduce")) == {"chain", "tree"}
     assert set(algorithms_for("alltoall")) == {"direct", "hierarchical"}

@@ -54,9 +54,9 @@ def test_tune_says_which_question_it_answers_and_which_model_priced_it(tmp_path)
     base = ["tune", "all_reduce", "-t", "dgx-h100", "--nodes", "16", "-b", "8", "-e", "32M"]
     out, nccl = _json(tmp_path, "n.json", base)
     assert "# candidates nccl: what NCCL would run" in out
-    assert "(ring, tree)" in out and "1 or 8 channels" in out
+    assert "(ring, tree, nvls_tree)" in out and "1 or 8 channels" in out
     assert "# priced by collsim's analytic model (--model collsim)" in out
-    assert {p["algorithm"] for p in nccl["points"]} <= {"ring", "tree"}
+    assert {p["algorithm"] for p in nccl["points"]} <= {"ring", "tree", "nvls_tree"}
     assert nccl["question"].startswith("what NCCL would run")
     assert nccl["priced_by"] == "collsim's analytic model"
 
@@ -80,7 +80,7 @@ def test_simulate_auto_says_its_choice_is_not_nccls(tmp_path):
             "--engine", "analytic"]  # fmt: skip
     out, doc = _json(tmp_path, "s.json", args)
     assert "# choices: the fastest algorithm per size of those the model prices here" in out
-    assert "(ring, tree, rhd, hierarchical, ring2d, direct)" in out
+    assert "(ring, tree, rhd, hierarchical, ring2d, direct, nvls_tree)" in out
     assert "not necessarily what NCCL runs" in out and "# times: collsim's analytic model" in out
     assert doc["chosen_by"] == doc["timed_by"] == "collsim's analytic model"
     out, doc = _json(tmp_path, "r.json", [*args[:-2], "-a", "ring"])

@@ -61,7 +61,7 @@ def test_tune_cli_json_and_nccl_model(tmp_path):
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     assert doc["model"] == "nccl" and doc["ranges"] and doc["points"]
-    assert {p["algorithm"] for p in doc["points"]} <= {"ring", "tree", "in_network"}
+    assert {p["algorithm"] for p in doc["points"]} <= {"ring", "tree", "in_network", "nvls_tree"}
 
 
 def test_simulate_analytic_engine_matches_the_des_engine(tmp_path):
