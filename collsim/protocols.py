@@ -22,6 +22,17 @@ NCCL charges that latency once per ring step; collsim charges it once per transf
 is one step of one channel), choosing the row by the slowest kind of link on the transfer's path
 (see :data:`HW_NVLINK`, :data:`HW_PCI`, :data:`HW_NET`). NCCL's ``baseLat`` (a per-launch
 constant) is not a per-hop cost and is left to the caller.
+
+How ``hwLat`` and a route's datasheet latency combine (:func:`step_latency_s`): ``hwLat`` is
+NCCL's *end-to-end* cost of one step on a link of that class -- the sender's store or RDMA write,
+the wire and switches of the route, the receiver's flag poll -- as measured on NVIDIA's own
+systems, and NCCL adds nothing for the wire (the IB transport reports ``latency = 0`` to the
+tuner, ``src/transport/net_ib.cc``; ``ncclTopoTuneModel`` adds only that reported figure,
+``graphs[a]->latencyInter``). Adding the datasheet latency of the route on top therefore counts the
+wire twice (a DGX H100 NVLink step: 0.6 us ``hwLat`` + ~1.8 us GPU-NVSwitch-GPU = 2.4 us, where
+the 0.6 us already covers a route of that kind). A step takes the larger of the two: NCCL's
+figure where the route is like the one it was measured on, the route's own latency where that is
+longer (host staging, many switch hops, a fault's extra latency).
 """
 
 from __future__ import annotations
@@ -77,6 +88,19 @@ class Protocol:
     def wire_bytes(self, payload_bytes: np.ndarray | float) -> np.ndarray:
         """Bytes on the wire for ``payload_bytes`` of data (payload / bandwidth_fraction)."""
         return np.asarray(payload_bytes, dtype=np.float64) / self.bandwidth_fraction
+
+
+def step_latency_s(
+    route_latency_s: np.ndarray | float, hop_latency_s: np.ndarray | float
+) -> np.ndarray:
+    """Latency of one step over a route: the larger of the route's datasheet latency (links and
+    forwarding devices) and the protocol's per-hop latency for its class (NCCL ``hwLat``), which
+    already includes a typical route's wire time (module docstring). The engine
+    (:mod:`collsim.engine.prepare`) and the analytic model (:mod:`collsim.model.flows`) both
+    charge this, so they agree."""
+    return np.maximum(
+        np.asarray(route_latency_s, dtype=np.float64), np.asarray(hop_latency_s, dtype=np.float64)
+    )
 
 
 LL = Protocol("LL", 0.5, (0.6 * _US, 1.0 * _US, 2.7 * _US))

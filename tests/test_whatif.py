@@ -43,7 +43,8 @@ def test_ring_all_reduce_inside_one_dgx_matches_the_closed_form():
     sweep = whatif.sweep("all_reduce", "ring", [size], protocol="Simple")
     n = 8
     link = topo.links[0]
-    alpha = 2 * link.latency_s + topo.device("n0.nvswitch").latency_s + 3.4e-6
+    route_s = 2 * link.latency_s + topo.device("n0.nvswitch").latency_s
+    alpha = max(route_s, 3.4e-6)  # Simple's NVLink hwLat covers this route's latency
     expected = 2 * (n - 1) * (alpha + size / n / link.bandwidth_bytes_per_s)
     assert sweep.points[0].time_s == pytest.approx(expected, rel=1e-9)
     assert sweep.points[0].busbw_gbps == pytest.approx(
@@ -130,8 +131,11 @@ def test_tuned_runs_nccls_choice_which_is_never_slower_than_the_default(name, no
         assert t.algorithm in NCCL_ALGORITHMS[collective]
         assert t.protocol in ("LL", "LL128", "Simple") and t.channels in (1, 8)
         assert t.time_s <= p.time_s * (1 + 1e-12), (t, p)
-    # small messages take a low-latency protocol, the largest its full bandwidth
-    assert tuned.points[1].protocol != "Simple"  # 64 KiB (8 B is empty on 16 ranks)
+    # small messages take a low-latency protocol, the largest its full bandwidth -- except where
+    # every step waits for host staging (no P2P on the RTX 4090s: ~4 us per route, more than
+    # LL's 1 us hwLat), so LL saves nothing there and Simple's full bandwidth wins at 64 KiB
+    if name != "rtx4090-4gpu-pcie":
+        assert tuned.points[1].protocol != "Simple"  # 64 KiB (8 B is empty on 16 ranks)
     assert tuned.points[-1].busbw_gbps >= plain.points[-1].busbw_gbps
 
 

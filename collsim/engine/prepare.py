@@ -29,7 +29,7 @@ from collsim.engine._csr import ptr_from_lengths
 from collsim.engine.fabric import Fabric
 from collsim.engine.skew import check_rank_slowdown, check_rank_start, op_release_s, slow_local
 from collsim.errors import ScheduleError
-from collsim.protocols import Protocol
+from collsim.protocols import Protocol, step_latency_s
 
 # Operation classes, as the replay dispatches them.
 NET, COPY, LOCAL_REDUCE, IN_NETWORK = 0, 1, 2, 3
@@ -57,9 +57,9 @@ class Prepared:
     route: np.ndarray  # index into routes for NET ops, -1 otherwise
     route_ptr: np.ndarray
     route_links: np.ndarray
-    route_latency_s: np.ndarray  # per route: path + protocol hop latency
+    route_latency_s: np.ndarray  # per route: max(path, protocol hop latency), step_latency_s
     in_network: dict[int, tuple[np.ndarray, np.ndarray]]  # op -> (links per flow, links)
-    in_network_latency_s: dict[int, float]  # op -> path + protocol hop latency
+    in_network_latency_s: dict[int, float]  # op -> max(path, protocol hop latency)
     succ_ptr: np.ndarray
     succ_idx: np.ndarray
     waiting: np.ndarray  # unmet dependencies per op (engines decrement their own copies)
@@ -242,7 +242,7 @@ def _routes(prep: Prepared, schedule: Schedule, fabric: Fabric, protocol: Protoc
         prep.route_ptr = np.asarray(route_ptr, dtype=np.int64)
         prep.route_links = np.asarray(route_links, dtype=np.int64)
         hop = protocol.hop_latency(_route_kind(link_kind, prep.route_ptr, prep.route_links))
-        prep.route_latency_s = np.asarray(route_lat, dtype=np.float64) + hop
+        prep.route_latency_s = step_latency_s(route_lat, hop)
         prep.route = prep.route.astype(int_dtype(-1, keys.size, np.int32))
         for part in parts:
             net, pair = pair_keys(part)
@@ -256,7 +256,7 @@ def _routes(prep: Prepared, schedule: Schedule, fabric: Fabric, protocol: Protoc
         links = np.concatenate((up_links, down_links)).astype(np.int64)
         nlinks = np.concatenate((np.diff(up_ptr), np.diff(down_ptr))).astype(np.int64)
         worst = int(link_kind[links].max()) if links.size else 0
-        prep.in_network_latency_s[int(op)] = float(lat) + float(protocol.hop_latency(worst))
+        prep.in_network_latency_s[int(op)] = float(step_latency_s(lat, protocol.hop_latency(worst)))
         prep.in_network[int(op)] = (nlinks, links)
         traffic = getattr(fabric, "in_network_traffic", None)
         if traffic is not None:

@@ -26,6 +26,7 @@ from collsim.collectives.alltoall import p2p_peers
 from collsim.collectives.recursive import Fold
 from collsim.model.envelope import Aff
 from collsim.model.flows import FlowCosts, max_min_rates
+from collsim.protocols import step_latency_s
 
 Oracle = Callable[[float], Aff]
 
@@ -264,7 +265,7 @@ def in_network(costs: FlowCosts, n: int) -> Oracle:
     links = np.concatenate((up_links, down_links)).astype(np.int64)
     rates = max_min_rates(ptr, links, np.ones(ptr.size - 1), costs.capacity)
     worst = int(costs.link_kind[links].max()) if links.size else 0
-    latency = float(lat) + float(costs.hop_s[worst])
+    latency = float(step_latency_s(lat, costs.hop_s[worst]))
     traffic = getattr(fabric, "in_network_traffic", None)
     per_byte = costs.wire * (float(traffic(ranks, ranks)) if traffic is not None else 1.0)
     np.add.at(costs.load_s_per_byte, links, per_byte / costs.capacity[links])

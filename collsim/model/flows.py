@@ -3,10 +3,10 @@
 A *wave* is a set of transfers an algorithm runs at the same time (one ring phase on every
 channel, one recursive-halving step, one tree level). For each transfer this module gives
 
-* its latency, exactly as ``collsim/engine/prepare.py`` charges it: the route's latency (links and
-  the switches between them) plus the protocol's per-hop latency (NCCL ``hwLat``) for the slowest
-  link class on the route -- with the calibratable per-class latency scales of
-  :class:`~collsim.model.params.ModelParams`;
+* its latency, exactly as ``collsim/engine/prepare.py`` charges it: the larger of the route's
+  latency (links and the switches between them) and the protocol's per-hop latency (NCCL
+  ``hwLat``) for the slowest link class on the route (:func:`collsim.protocols.step_latency_s`)
+  -- with the calibratable per-class latency scales of :class:`~collsim.model.params.ModelParams`;
 * its seconds per payload byte: ``1 / (bandwidth_fraction * rate)``, where ``rate`` is the
   max-min fair share (progressive filling, the engine's sharing rule) of the wave's flows over
   the link capacities (times the per-class bandwidth efficiency). Identical flows (channels
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from collsim.model.params import ModelParams, ProtocolParams
+from collsim.protocols import step_latency_s
 
 if TYPE_CHECKING:  # the engine's narrow Fabric interface; TopologyFabric implements it
     from collsim.engine.fabric import Fabric
@@ -192,7 +193,8 @@ class FlowCosts:
         self.load_lat_s = np.full(kind.shape[0], np.inf)
 
     def routes(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """CSR routes and latency (route + protocol hop, with the parameter scales) per pair."""
+        """CSR routes and step latency (max of route and protocol hop, with the parameter scales)
+        per pair."""
         ptr, links, lat = self.fabric.routes(src, dst)
         ptr = np.asarray(ptr, dtype=np.int64)
         links = np.asarray(links, dtype=np.int64)
@@ -213,7 +215,7 @@ class FlowCosts:
             lat = (
                 lat + np.bincount(owner, weights=extra, minlength=n) + (scale[worst] - 1.0) * device
             )
-        lat = np.where(nonempty, lat + self.hop_s[worst], 0.0)
+        lat = np.where(nonempty, step_latency_s(lat, self.hop_s[worst]), 0.0)
         return ptr, links, lat
 
     def wave(

@@ -5,9 +5,15 @@ import json
 import numpy as np
 import pytest
 
+from collsim.engine.prepare import prepare
+from collsim.engine.testing import ring_all_reduce
 from collsim.errors import CalibrationError, ScheduleError
 from collsim.model import DEFAULT_PARAMS, AnalyticModel, ModelParams
+from collsim.model.flows import FlowCosts
+from collsim.model.params import ProtocolParams
+from collsim.protocols import get_protocol
 from collsim.topology.loader import load_topology
+from collsim.whatif import WhatIf
 
 
 def test_params_round_trip_through_json():
@@ -111,3 +117,22 @@ def test_tree_correction_takes_protocol_objects_and_leaves_unknown_protocols_alo
     on = AnalyticModel(topo, ModelParams(tree_correction=True))
     by_name = on.predict("all_reduce", "tree", sizes, protocol="Simple")
     assert on.predict("all_reduce", "tree", sizes, protocol=SIMPLE)[0] == by_name[0]
+
+
+def test_step_latency_is_the_larger_of_route_and_hwlat_in_model_and_engine():
+    """One node of a DGX H100: the GPU -> NVSwitch -> GPU route's datasheet latency (two 0.7 us
+    NVLink cables and the switch) exceeds NCCL's NVLink LL hwLat of 0.6 us, so an LL step costs
+    the route's latency alone, not 0.6 us more; a Simple step NCCL's 3.4 us, which covers the
+    route. The analytic model's flows and the engine's prepared routes charge the same."""
+    whatif = WhatIf(load_topology("dgx-h100"))
+    fabric = whatif.fabric
+    _, _, route_s = fabric.routes(np.array([0]), np.array([1]))
+    route = float(route_s[0])
+    assert 0.6e-6 < route < 3.4e-6  # datasheet: between the two protocols' hwLat
+    for name, expected in (("LL", route), ("Simple", 3.4e-6)):
+        proto = get_protocol(name)
+        costs = FlowCosts(fabric, DEFAULT_PARAMS, ProtocolParams.of(proto))
+        _, _, lat = costs.routes(np.array([0]), np.array([1]))
+        assert float(lat[0]) == pytest.approx(expected, rel=1e-12)
+        prep = prepare(ring_all_reduce(8, 8 * 16), fabric, proto)
+        assert prep.route_latency_s.max() == pytest.approx(expected, rel=1e-12)
