@@ -81,6 +81,38 @@ class TopologyFabric:
         links = flat[np.repeat(starts[:-1][inverse], pair_len) + offsets]
         return ptr, links, latency[inverse]
 
+    @property
+    def multipath(self) -> bool:
+        """Whether the fabric may split a flow over several paths (:meth:`paths`)."""
+        return self.network.multipath is not None
+
+    def paths(
+        self, src: np.ndarray, dst: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Every path of each rank pair (computed once per pair): ``pair_ptr`` (pair ``i``'s
+        paths are ``pair_ptr[i]:pair_ptr[i + 1]``), each path's ``weight`` (its share of the
+        bytes; a pair's sum to 1), CSR ``(ptr, link_ids)`` of each path, and ``latency_s`` per
+        pair (its first path's: the route :meth:`routes` gives).
+        See :mod:`collsim.topology.multipath`."""
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.asarray(dst, dtype=np.int64)
+        keys = src * self.nranks + dst
+        unique, inverse = np.unique(keys, return_inverse=True)
+        found = [
+            self.network.paths_index(
+                int(self._gpu_index[k // self.nranks]), int(self._gpu_index[k % self.nranks])
+            )
+            for k in unique.tolist()
+        ]
+        npaths = np.array([len(f) for f in found], dtype=np.int64)
+        latency = np.array([f[0][0].latency_s for f in found], dtype=np.float64)
+        pair_ptr = np.zeros(len(keys) + 1, dtype=np.int64)
+        np.cumsum(npaths[inverse], out=pair_ptr[1:])
+        chosen = [found[i] for i in inverse.tolist()]
+        weight = np.array([w for f in chosen for _, w in f], dtype=np.float64)
+        ptr, links = _csr([r for f in chosen for r, _ in f])
+        return pair_ptr, weight, ptr, links, latency[inverse]
+
     def in_network(
         self, srcs: np.ndarray, dsts: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
@@ -158,5 +190,7 @@ def _csr(routes: list[Route]) -> tuple[np.ndarray, np.ndarray]:
     lengths = [len(r.links) for r in routes]
     ptr = np.zeros(len(routes) + 1, dtype=np.int64)
     np.cumsum(lengths, out=ptr[1:])
-    links = np.array([link for r in routes for link in r.links], dtype=np.int64)
+    links = np.fromiter(
+        (link for r in routes for link in r.links), dtype=np.int64, count=int(ptr[-1])
+    )
     return ptr, links
