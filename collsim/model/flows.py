@@ -168,6 +168,14 @@ static max-min shares instead of being re-shared at every finish: re-sharing cos
 per distinct finish time, and static shares are exact when the flows are symmetric."""
 
 
+FLUID_MAX_SPLIT = 1024
+"""The same for waves whose flows are split over paths (:mod:`collsim.topology.multipath`),
+counted in sub-flows: their sub-flows end at many different times (a detour's before a direct
+path's), so re-sharing at each costs far more (an all-to-all round on 128 GH200 GPUs routed
+adaptively: 1.3k sub-flows, 36 s for the 127 rounds), and past this they keep their static
+shares (conservative where sub-flows would have sped up as others ended)."""
+
+
 @dataclass
 class Wave:
     """A wave's per-flow latency (s) and payload seconds per byte."""
@@ -284,14 +292,17 @@ class FlowCosts:
         dst = np.asarray(dst, dtype=np.int64).reshape(-1)
         w = np.broadcast_to(np.asarray(weight, dtype=np.float64), src.shape)
         ptr, links, lat = self.routes(src, dst)
+        split = self.paths(src, dst)
         # Shares scale with a uniform weight (channels), so cache them per normalised weights;
         # they do not depend on the protocol (its wire factor multiplies them).
         scale = float(w.min()) if w.size else 1.0
-        fluid = size is not None and src.shape[0] <= FLUID_MAX_FLOWS
+        flows = src.shape[0] if split is None else int(split[0][-1])
+        fluid = size is not None and flows <= (
+            FLUID_MAX_FLOWS if split is None else FLUID_MAX_SPLIT
+        )
         rel = np.broadcast_to(np.asarray(1.0 if size is None else size, np.float64), src.shape)
         key = b"".join((src.tobytes(), dst.tobytes(), (w / scale).tobytes(), rel.tobytes(),
                         bytes([fluid])))  # fmt: skip
-        split = self.paths(src, dst)
         unit = self.cache.get(key)
         if unit is None:
             if split is not None:

@@ -98,20 +98,21 @@ class TopologyFabric:
         dst = np.asarray(dst, dtype=np.int64)
         keys = src * self.nranks + dst
         unique, inverse = np.unique(keys, return_inverse=True)
-        found = [
-            self.network.paths_index(
-                int(self._gpu_index[k // self.nranks]), int(self._gpu_index[k % self.nranks])
-            )
+        ends = [
+            (int(self._gpu_index[k // self.nranks]), int(self._gpu_index[k % self.nranks]))
             for k in unique.tolist()
         ]
+        found = [self.network.paths_index(a, b) for a, b in ends]
+        latency = np.array([self.network.route_index(a, b).latency_s for a, b in ends])
         npaths = np.array([len(f) for f in found], dtype=np.int64)
-        latency = np.array([f[0][0].latency_s for f in found], dtype=np.float64)
-        pair_ptr = np.zeros(len(keys) + 1, dtype=np.int64)
-        np.cumsum(npaths[inverse], out=pair_ptr[1:])
-        chosen = [found[i] for i in inverse.tolist()]
-        weight = np.array([w for f in chosen for _, w in f], dtype=np.float64)
-        ptr, links = _csr([r for f in chosen for r, _ in f])
-        return pair_ptr, weight, ptr, links, latency[inverse]
+        weight = np.fromiter((w for f in found for _, w in f), dtype=np.float64)
+        lengths = np.fromiter((len(p) for f in found for p, _ in f), dtype=np.int64)
+        flat = np.fromiter((x for f in found for p, _ in f for x in p), dtype=np.int64,
+                           count=int(lengths.sum()))  # fmt: skip
+        # Each distinct pair's paths once, then gathered per pair (as routes() gathers links).
+        pair_ptr, rows = _rows(_ptr(npaths), np.arange(int(npaths.sum())), inverse)
+        ptr, links = _rows(_ptr(lengths), flat, rows)
+        return pair_ptr, weight[rows], ptr, links, latency[inverse]
 
     def in_network(
         self, srcs: np.ndarray, dsts: np.ndarray
@@ -184,6 +185,20 @@ class TopologyFabric:
                 value="in_network",
             )
         return chosen
+
+
+def _ptr(lengths: np.ndarray) -> np.ndarray:
+    ptr = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths, out=ptr[1:])
+    return ptr
+
+
+def _rows(ptr: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The CSR ``(ptr, idx)`` of only ``rows``, in that order (repeats allowed)."""
+    lengths = ptr[1:][rows] - ptr[:-1][rows]
+    out = _ptr(lengths)
+    offsets = np.arange(int(out[-1]), dtype=np.int64) - np.repeat(out[:-1], lengths)
+    return out, idx[np.repeat(ptr[:-1][rows], lengths) + offsets]
 
 
 def _csr(routes: list[Route]) -> tuple[np.ndarray, np.ndarray]:

@@ -158,7 +158,8 @@ class Network:
             else None
         )
         self._routes: dict[tuple[int, int], Route] = {}
-        self._paths: dict[tuple[int, int], tuple[tuple[Route, float], ...]] = {}
+        self._paths: dict[tuple[int, int], tuple[tuple[tuple[int, ...], float], ...]] = {}
+        self._coupling_list: list[int] = self._coupling.tolist()
         self.multipath = (
             Multipath(
                 switch=np.array([d.kind == "switch" for d in self.devices]),
@@ -240,16 +241,17 @@ class Network:
             links += [g for h in links[: len(hops)] for g in self._shared.get(h, ())]
         return Route(tuple(int(x) for x in links), names, latency)
 
-    def paths_index(self, src: int, dst: int) -> tuple[tuple[Route, float], ...]:
-        """The paths between devices given by index, each with the share of the bytes it
-        carries (cached): the route alone (share 1) unless the fabric splits flows
-        (:mod:`collsim.topology.multipath`); then the route is the first path."""
+    def paths_index(self, src: int, dst: int) -> tuple[tuple[tuple[int, ...], float], ...]:
+        """The paths between devices given by index, each as its link ids (those of
+        :attr:`Route.links`) with the share of the bytes it carries (cached): the route alone
+        (share 1) unless the fabric splits flows (:mod:`collsim.topology.multipath`); then the
+        route is the first path (:meth:`route_index` gives its latency, the transfer's)."""
         key = (src, dst)
         found = self._paths.get(key)
         if found is not None:
             return found
         route = self.route_index(src, dst)
-        found = ((route, 1.0),)
+        found = ((route.links, 1.0),)
         if self.multipath is not None:
             switch = [i for i, name in enumerate(route.devices)
                       if self.devices[self.index[name]].kind == "switch"]  # fmt: skip
@@ -266,11 +268,20 @@ class Network:
                 if len(segments) > 1:
                     head, tail = cables[:first], cables[last:]
                     found = tuple(
-                        (route if i == 0 else self._route_of(src, [*head, *seg, *tail]), w)
+                        (route.links if i == 0 else self._loaded([*head, *seg, *tail]), w)
                         for i, (seg, w) in enumerate(segments)
                     )
         self._paths[key] = found
         return found
+
+    def _loaded(self, cables: list[int]) -> tuple[int, ...]:
+        """The cable directions ``cables`` and, after them, the coupling and shared links they
+        load (as :meth:`_route_of` adds them), on Python lists: a path is a handful of links."""
+        coupling = self._coupling_list
+        links = [*cables, *(coupling[h] for h in cables if coupling[h] >= 0)]
+        if self._shared:
+            links += [g for h in cables for g in self._shared.get(h, ())]
+        return tuple(links)
 
     def gpu_route(self, src_rank: int, dst_rank: int) -> Route:
         """Route between GPUs given by rank (node-major order)."""

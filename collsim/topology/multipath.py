@@ -13,19 +13,20 @@ kind ``switch``, at the routing cost of :mod:`collsim.topology.graph`):
 * *Minimal* paths, both routings: the usual route's own (always the first path, so its latency
   is the transfer's) and further equal-cost ones, one per candidate of the first hop where
   several are equal (a fat tree's up-links), at most :data:`MAX_MINIMAL_PATHS`. The k-th path
-  takes the k-th candidate of that hop (rotated by a hash of the endpoints, so pairs use
-  different subsets where there are more candidates than paths), and at every later hop with
-  several candidates the hashed choice rotated by k, so the paths spread at every tier.
-  Spraying a flow's packets over the equal-cost paths (NVIDIA Spectrum-X; AWS EFA's SRD,
-  Shalev et al., IEEE Micro 2020) or choosing per packet the least loaded of them (InfiniBand
-  adaptive routing) loads them evenly, which is this split at flow level.
+  takes the k-th candidate of that hop, rotated by a hash of the two switches and of the
+  endpoints' class (:data:`VARIANTS`), so pairs use different subsets where there are more
+  candidates than paths, and at every later hop with several candidates the hashed choice
+  rotated by k, so the paths spread at every tier. Spraying a flow's packets over the
+  equal-cost paths (NVIDIA Spectrum-X; AWS EFA's SRD, Shalev et al., IEEE Micro 2020) or
+  choosing per packet the least loaded of them (InfiniBand adaptive routing) loads them evenly,
+  which is this split at flow level.
 * *Non-minimal* paths, ``adaptive`` only: to a neighbour ``n`` of ``s`` that is on no minimal
   path, then the (hashed) minimal path from ``n`` to ``d``, kept where it is at most twice the
   minimal cost (a Valiant path is two minimal ones) and does not come back through ``s``; at
-  most :data:`MAX_DETOURS` of them, the neighbours taken in name-key order rotated by a hash of
-  the endpoints. In a dragonfly group these are the two-hop detours through the group's other
-  routers; between groups, through another router of the group or another group. On a fat tree
-  every neighbour of a leaf is on a minimal path, so ``adaptive`` there is ``spray``.
+  most :data:`MAX_DETOURS` of them, the neighbours taken in name-key order rotated by that
+  hash. In a dragonfly group these are the two-hop detours through the group's other routers;
+  between groups, through another router of the group or another group. On a fat tree every
+  neighbour of a leaf is on a minimal path, so ``adaptive`` there is ``spray``.
 
 Weights: each path's bottleneck capacity divided by its switch-to-switch hops, in whole *lanes*
 (that over the smallest's, rounded): a path of two lanes is two sub-flows, and every sub-flow of
@@ -64,6 +65,13 @@ MAX_DETOURS = 8
 detours give a router pair 5 links' worth of bandwidth, more than the 4 NICs of a node put on
 one pair of routers (a dragonfly group has 2x as many routers as each has endpoints, so its
 direct link plus all detours at half weight carry what one router's endpoints inject)."""
+
+
+VARIANTS = 4
+"""Classes of endpoint pairs (by a hash of the two) that take different path subsets between
+the same two switches: where a switch pair has more candidates than a flow uses (a radix-64
+leaf's 32 up-links, a router's 47 neighbours), flows between them still spread over more of
+them, and the paths are computed once per switch pair and class, not per GPU pair."""
 
 
 class Multipath:
@@ -107,6 +115,8 @@ class Multipath:
                               dtype=np.int64)  # fmt: skip
         self._capacity = capacity
         self._dist: dict[int, np.ndarray] = {}
+        self._cache: dict[tuple[int, int, int], tuple[list, list]] = {}
+        self._worths: dict[tuple[int, ...], float] = {}
 
     def _dist_to(self, goal: int) -> np.ndarray:
         dist = self._dist.get(goal)
@@ -126,7 +136,9 @@ class Multipath:
         ok = np.flatnonzero(dist[nbrs] + f.data[lo:hi] == dist[cur])
         return lo + ok, nbrs[ok]
 
-    def _walk(self, start: int, goal: int, dist: np.ndarray, salt: tuple[int, ...], k: int):
+    def _walk(
+        self, start: int, goal: int, dist: np.ndarray, salt: tuple[int, ...], k: int
+    ) -> tuple[list[int] | None, list[int] | None, int]:
         """The k-th rotation of the hashed equal-cost walk: (cables, switches visited), and the
         number of candidates at its first hop with several (1 if none)."""
         cables: list[int] = []
@@ -150,29 +162,52 @@ class Multipath:
     def segments(
         self, src: int, dst: int, primary: Sequence[int], salt: tuple[int, int]
     ) -> list[tuple[tuple[int, ...], float]]:
-        """Paths (cables) from switch device ``src`` to switch device ``dst`` with their
-        weights; the first is ``primary`` (the usual route's cables between them)."""
+        """Paths (cables) from switch device ``src`` to switch device ``dst``, one entry per
+        lane with its share of the bytes; the first is ``primary`` (the usual route's cables
+        between them). The other paths depend on the two switches and on one of
+        :data:`VARIANTS` classes of the endpoints (``salt``), and are cached per those."""
         s, d = int(self._local[src]), int(self._local[dst])
-        dist = self._dist_to(d)
-        found: list[tuple[int, ...]] = [tuple(primary)]
-        _, _, branching = self._walk(s, d, dist, salt, 0)
-        for k in range(min(MAX_MINIMAL_PATHS, branching)):
-            cables, _, _ = self._walk(s, d, dist, salt, k)
-            if cables is not None and tuple(cables) not in found:
-                found.append(tuple(cables))
-            if len(found) >= MAX_MINIMAL_PATHS:
-                break
-        if self.adaptive:
-            found += self._detours(s, d, dist, salt, found)
-        hops = np.array([len(p) for p in found], dtype=np.float64)
-        bottleneck = np.array([self._capacity[list(p)].min() for p in found])
-        worth = bottleneck / hops
+        variant = mix(*salt) % VARIANTS
+        cached = self._cache.get((s, d, variant))
+        if cached is None:
+            if len(self._cache) > 1 << 18:
+                self._cache.clear()
+            cached = self._candidates(s, d, (self._key[s], self._key[d], variant))
+            self._cache[(s, d, variant)] = cached
+        minimal, detours = cached
+        first = tuple(primary)
+        found = [first, *(p for p in minimal if p != first)][:MAX_MINIMAL_PATHS]
+        found += detours
+        worth = np.array([self._worth(p) for p in found])
         lanes = np.maximum(1, np.rint(worth / worth.min())).astype(np.int64).tolist()
         share = 1.0 / sum(lanes)
         return [(p, share) for p, n in zip(found, lanes, strict=True) for _ in range(n)]
 
+    def _worth(self, path: tuple[int, ...]) -> float:
+        """A path's bottleneck bandwidth over its switch-to-switch hops (cached)."""
+        worth = self._worths.get(path)
+        if worth is None:
+            worth = float(self._capacity[list(path)].min()) / len(path)
+            self._worths[path] = worth
+        return worth
+
+    def _candidates(
+        self, s: int, d: int, salt: tuple[int, ...]
+    ) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+        """Equal-cost paths from ``s`` to ``d`` (one per candidate of the first hop with
+        several, at most :data:`MAX_MINIMAL_PATHS`) and, for ``adaptive``, the detours."""
+        dist = self._dist_to(d)
+        minimal: list[tuple[int, ...]] = []
+        _, _, branching = self._walk(s, d, dist, salt, 0)
+        for k in range(min(MAX_MINIMAL_PATHS, branching)):
+            cables, _, _ = self._walk(s, d, dist, salt, k)
+            if cables is not None and tuple(cables) not in minimal:
+                minimal.append(tuple(cables))
+        detours = self._detours(s, d, dist, salt, minimal) if self.adaptive else []
+        return minimal, detours
+
     def _detours(
-        self, s: int, d: int, dist: np.ndarray, salt: tuple[int, int], minimal: list
+        self, s: int, d: int, dist: np.ndarray, salt: tuple[int, ...], minimal: list
     ) -> list[tuple[int, ...]]:
         f = self._fwd
         lo, hi = f.indptr[s], f.indptr[s + 1]

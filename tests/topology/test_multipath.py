@@ -115,10 +115,13 @@ def test_adaptive_dragonfly_pair_uses_the_direct_link_and_two_detours():
     Every detour crosses two router links, and the shares sum to 1."""
     net = Network(topology_from_dict(_dragonfly("adaptive")))
     paths = net.paths_index(net.index["g0"], net.index["g1"])
-    middles = sorted(r.devices[1:-1] for r, _ in paths)
-    assert middles == [("r0", "r1"), ("r0", "r1"), ("r0", "r2", "r1"), ("r0", "r3", "r1")]
+    names = sorted(tuple(net.link_names[k] for k in links) for links, _ in paths)
+    assert names == [("g0->r0", "r0->r1", "r1->g1")] * 2 + [
+        ("g0->r0", "r0->r2", "r2->r1", "r1->g1"),
+        ("g0->r0", "r0->r3", "r3->r1", "r1->g1"),
+    ]
     assert [w for _, w in paths] == [0.25] * 4
-    assert paths[0][0] == net.gpu_route(0, 1)  # the usual route first: its latency is the flow's
+    assert paths[0][0] == net.gpu_route(0, 1).links  # the usual route first (its latency)
     for routing, expected in (("ecmp", 25e9), ("adaptive", 50e9)):
         engine, model, _ = _rates(_dragonfly(routing), [(0, 1)])
         assert engine == pytest.approx([expected], rel=1e-9), routing
