@@ -148,7 +148,8 @@ def _split_unit(
 ) -> np.ndarray:
     """Seconds per wire byte of flows split over paths: each path a sub-flow with its share
     ``weight`` of the bytes, sharing links max-min with every other sub-flow (re-shared as they
-    finish where ``fluid``); a flow ends with its last sub-flow, as in the engine."""
+    end where ``fluid``, else at their static shares); a flow ends with its last sub-flow, as
+    in the engine."""
     pair_ptr, weight, ptr, links = split
     npaths = np.diff(pair_ptr)
     sub_copies = np.repeat(copies, npaths)
@@ -165,15 +166,11 @@ def _split_unit(
 FLUID_MAX_FLOWS = 20_000
 """Waves with more flows than this (a direct all-reduce on 1024 GPUs has a million) keep their
 static max-min shares instead of being re-shared at every finish: re-sharing costs one max-min
-per distinct finish time, and static shares are exact when the flows are symmetric."""
-
-
-FLUID_MAX_SPLIT = 1024
-"""The same for waves whose flows are split over paths (:mod:`collsim.topology.multipath`),
-counted in sub-flows: their sub-flows end at many different times (a detour's before a direct
-path's), so re-sharing at each costs far more (an all-to-all round on 128 GH200 GPUs routed
-adaptively: 1.3k sub-flows, 36 s for the 127 rounds), and past this they keep their static
-shares (conservative where sub-flows would have sped up as others ended)."""
+per distinct finish time, and static shares are exact when the flows are symmetric. Flows split
+over paths count their sub-flows (:func:`_split_unit`); those end at more distinct times (a
+detour's before a direct path's), so a split wave costs several times an unsplit one, but its
+static shares could leave a flow 6x slower than the engine (an unsplit flow sharing a link with
+many sub-flows keeps a sub-flow's share)."""
 
 
 @dataclass
@@ -297,9 +294,7 @@ class FlowCosts:
         # they do not depend on the protocol (its wire factor multiplies them).
         scale = float(w.min()) if w.size else 1.0
         flows = src.shape[0] if split is None else int(split[0][-1])
-        fluid = size is not None and flows <= (
-            FLUID_MAX_FLOWS if split is None else FLUID_MAX_SPLIT
-        )
+        fluid = size is not None and flows <= FLUID_MAX_FLOWS
         rel = np.broadcast_to(np.asarray(1.0 if size is None else size, np.float64), src.shape)
         key = b"".join((src.tobytes(), dst.tobytes(), (w / scale).tobytes(), rel.tobytes(),
                         bytes([fluid])))  # fmt: skip
