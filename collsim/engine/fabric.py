@@ -42,6 +42,11 @@ class Fabric(typing.Protocol):
     * ``couplings`` (optional): ``(k, 3)`` link ids, a shared capacity and the two directed
       links whose traffic it carries (a cable short of full duplex); the contention-free fast
       path lets the two directions overlap on it where their rates fit.
+    * ``multipath`` and ``paths(src, dst)`` (optional): a fabric that splits flows over several
+      paths (:mod:`collsim.topology.multipath`) says ``multipath`` and gives, per rank pair,
+      its paths with the share of the bytes each carries (``pair_ptr, weight, ptr, links,
+      latency_s``, see ``TopologyFabric.paths``); the engine runs one flow per path, and a
+      transfer ends when its last one does. Without it, ``routes`` is the only path.
     * ``reduce_bytes_per_s`` / ``copy_bytes_per_s``: per rank, the GPU's local reduction and
       copy throughput (memory bandwidth / 3 and / 2: a reduction reads two operands and writes
       one; a copy reads one and writes one).

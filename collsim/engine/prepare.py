@@ -65,6 +65,15 @@ class Prepared:
     waiting: np.ndarray  # unmet dependencies per op (engines decrement their own copies)
     in_network_traffic: dict[int, float] = field(default_factory=dict)
     """op -> bytes each of its flows carries per payload byte (an NVSwitch: ``1 + 1/n``)."""
+    route_share: np.ndarray | None = None
+    """Where some route is several paths: per entry of ``route_links`` (then each route's links
+    crossed by any of its paths, once), the share of the route's bytes that crosses it."""
+    path_ptr: np.ndarray | None = None
+    """Where some route is several paths (:mod:`collsim.topology.multipath`): route ``r``'s
+    paths are ``path_ptr[r]:path_ptr[r + 1]``; ``None``: each route is one path, its links."""
+    path_weight: np.ndarray | None = None  # per path, its share of the route's bytes
+    path_link_ptr: np.ndarray | None = None  # CSR of each path's links
+    path_links: np.ndarray | None = None
     release_s: np.ndarray | None = None  # earliest start per op (rank start times), if any
     after: np.ndarray | None = None  # the op a transfer's flow follows on its connection, or -1
     follow_ptr: np.ndarray | None = None  # CSR: the transfers following each op (``after``)
@@ -238,7 +247,10 @@ def _routes(prep: Prepared, schedule: Schedule, fabric: Fabric, protocol: Protoc
     keys = keys.astype(np.int64)
     link_kind = np.asarray(fabric.link_kind, dtype=np.int64)
     if keys.size:
-        route_ptr, route_links, route_lat = fabric.routes(keys // nranks, keys % nranks)
+        if getattr(fabric, "multipath", False):
+            route_ptr, route_links, route_lat = _paths(prep, fabric, keys // nranks, keys % nranks)
+        else:
+            route_ptr, route_links, route_lat = fabric.routes(keys // nranks, keys % nranks)
         prep.route_ptr = np.asarray(route_ptr, dtype=np.int64)
         prep.route_links = np.asarray(route_links, dtype=np.int64)
         hop = protocol.hop_latency(_route_kind(link_kind, prep.route_ptr, prep.route_links))
@@ -261,6 +273,33 @@ def _routes(prep: Prepared, schedule: Schedule, fabric: Fabric, protocol: Protoc
         traffic = getattr(fabric, "in_network_traffic", None)
         if traffic is not None:
             prep.in_network_traffic[int(op)] = float(traffic(srcs, dsts))
+
+
+def _paths(
+    prep: Prepared, fabric: Fabric, src: np.ndarray, dst: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Routes of a fabric that may split flows (``fabric.paths``). Where every pair has one
+    path, exactly what ``fabric.routes`` gives; otherwise each route's links are those any of
+    its paths crosses (once, with ``route_share``) and ``prep`` keeps the paths."""
+    pair_ptr, weight, ptr, links, latency = fabric.paths(src, dst)  # type: ignore[attr-defined]
+    pair_ptr = np.asarray(pair_ptr, dtype=np.int64)
+    ptr = np.asarray(ptr, dtype=np.int64)
+    links = np.asarray(links, dtype=np.int64)
+    npaths = np.diff(pair_ptr)
+    if np.all(npaths == 1):
+        return ptr, links, latency
+    prep.path_ptr = pair_ptr
+    prep.path_weight = np.asarray(weight, dtype=np.float64)
+    prep.path_link_ptr, prep.path_links = ptr, links
+    # Each route's links, once each, with the share of its bytes crossing them.
+    owner = np.repeat(np.repeat(np.arange(npaths.shape[0]), npaths), np.diff(ptr))
+    share = np.repeat(prep.path_weight, np.diff(ptr))
+    nlinks = int(links.max()) + 1 if links.size else 1
+    pair_link, where = np.unique(owner * nlinks + links, return_inverse=True)
+    route_share = np.bincount(where, weights=share, minlength=pair_link.shape[0])
+    prep.route_share = route_share
+    lengths = np.bincount(pair_link // nlinks, minlength=npaths.shape[0])
+    return ptr_from_lengths(lengths), pair_link % nlinks, latency
 
 
 def _distinct(values: np.ndarray) -> np.ndarray:

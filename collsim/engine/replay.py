@@ -346,7 +346,11 @@ class Replay:
         self.flow_start_s[ops] = t
         instant: list[np.ndarray] = []
         net = ops[prep.cls[ops] == NET]
-        if net.size:
+        if net.size and prep.path_ptr is not None:
+            fused = net[prep.fused[net]]
+            self.fused_end_s[fused] = t + prep.local_s[fused]
+            instant.append(self._start_paths(net, t))
+        elif net.size:
             fused = net[prep.fused[net]]
             self.fused_end_s[fused] = t + prep.local_s[fused]
             positions, lengths = gather_rows(prep.route_ptr, self.hot.route[net])
@@ -372,11 +376,31 @@ class Replay:
             np.add.at(self.in_network_link_bytes, links, wire)
         return self._flows_finished(np.concatenate(instant), t) if instant else _EMPTY
 
+    def _start_paths(self, net: np.ndarray, t: float) -> np.ndarray:
+        """Network transfers whose routes may be several paths: one flow per path, carrying
+        the path's share of the wire bytes. Returns the transfers with no bytes to send."""
+        prep = self.prep
+        assert prep.path_ptr is not None and prep.path_weight is not None
+        assert prep.path_link_ptr is not None and prep.path_links is not None
+        paths, npaths = gather_rows(prep.path_ptr, self.hot.route[net])
+        positions, lengths = gather_rows(prep.path_link_ptr, paths)
+        owner = np.repeat(net, npaths)
+        wire = np.repeat(self.hot.wire_bytes[net], npaths) * prep.path_weight[paths]
+        flowing = (lengths > 0) & (wire > 0)
+        links = prep.path_links[positions]
+        if not flowing.all():
+            links = links[np.repeat(flowing, lengths)]
+        count = np.bincount(np.repeat(np.arange(net.shape[0]), npaths), weights=flowing,
+                            minlength=net.shape[0]).astype(np.int64)  # fmt: skip
+        self.flows_left[net] = np.maximum(count, 1)
+        self.network.add(t, owner[flowing], wire[flowing], lengths[flowing], links)
+        return net[count == 0]
+
     def _flows_finished(self, ops: np.ndarray, t: float) -> np.ndarray:
         """Flows of ``ops`` (one entry per flow) ended at ``t``; returns ops now complete.
 
         A fused receive-reduce completes at max(flow end, flow start + reduction time)."""
-        if self.prep.in_network:  # several flows per operation: count them
+        if self.prep.in_network or self.prep.path_ptr is not None:  # several flows per op
             ops, counts = np.unique(ops, return_counts=True)
             self.flows_left[ops] -= counts
         else:  # one flow per operation: ``ops`` has no repeats

@@ -102,9 +102,10 @@ def build_result(
     route_bytes = np.bincount(transfers.route, weights=transfers.wire_bytes, minlength=nroutes + 1)[
         :nroutes
     ]
-    link_bytes = np.bincount(
-        prep.route_links, weights=np.repeat(route_bytes, np.diff(prep.route_ptr)), minlength=nlinks
-    )
+    per_link = np.repeat(route_bytes, np.diff(prep.route_ptr))
+    if prep.route_share is not None:  # routes split over paths: each link's share of the bytes
+        per_link = per_link * prep.route_share
+    link_bytes = np.bincount(prep.route_links, weights=per_link, minlength=nlinks)
     link_bytes = link_bytes + timeline.in_network_link_bytes
     capacity = np.asarray(fabric.capacity_bytes_per_s, dtype=np.float64)
     busy_s = timeline.busy_s.copy()

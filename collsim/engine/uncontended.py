@@ -25,6 +25,9 @@ reductions never wait for their GPU, and the replay reduces to longest paths ove
    starting the next). Any overlap: :func:`contention_free` returns ``None`` and the caller
    runs the replay, so the answer is always the replay's.
 
+A schedule with a transfer split over several paths (:mod:`collsim.topology.multipath`) goes to
+the replay directly: the sub-flows of one transfer share its GPU's and NIC's links.
+
 Links crossed by a single route (all links of a ring) are checked per route, without expanding
 flows onto links; only links shared by several routes are expanded, in chunks of link ids, so
 memory stays proportional to a chunk rather than to transfers x hops.
@@ -314,6 +317,10 @@ def contention_free(
 ) -> SimResult | None:
     """The replay's result computed without events, or ``None`` if resources are ever shared
     (two flows on one directed link, two reductions on one GPU) and the replay must run."""
+    if prep.path_ptr is not None:
+        # Some transfer is split over paths that share its first and last links (the GPU's
+        # NIC): its own sub-flows contend there, so the replay shares them.
+        return None
     capacity = np.asarray(fabric.capacity_bytes_per_s, dtype=np.float64)
     flows = _Flows(prep, capacity)
     duration = _durations(prep, flows)

@@ -140,10 +140,43 @@ def fluid_finish(
     return finish
 
 
+def _split_unit(
+    split: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    copies: np.ndarray,
+    rel: np.ndarray,
+    fluid: bool,
+    capacity: np.ndarray,
+) -> np.ndarray:
+    """Seconds per wire byte of flows split over paths: each path a sub-flow with its share
+    ``weight`` of the bytes, sharing links max-min with every other sub-flow (re-shared as they
+    end where ``fluid``, else at their static shares); a flow ends with its last sub-flow, as
+    in the engine."""
+    pair_ptr, weight, ptr, links = split
+    npaths = np.diff(pair_ptr)
+    sub_copies = np.repeat(copies, npaths)
+    if fluid:
+        sub_rel = np.repeat(rel, npaths) * weight
+        finish = fluid_finish(ptr, links, sub_copies, sub_rel, capacity)
+        last = np.maximum.reduceat(finish, pair_ptr[:-1])
+        return last / np.where(rel > 0, rel, 1.0)
+    rates = max_min_rates(ptr, links, sub_copies, capacity)
+    per_byte = np.where(np.isinf(rates), 0.0, weight / np.where(rates > 0, rates, 1.0))
+    return np.maximum.reduceat(per_byte, pair_ptr[:-1])
+
+
 FLUID_MAX_FLOWS = 20_000
 """Waves with more flows than this (a direct all-reduce on 1024 GPUs has a million) keep their
 static max-min shares instead of being re-shared at every finish: re-sharing costs one max-min
 per distinct finish time, and static shares are exact when the flows are symmetric."""
+
+FLUID_MAX_SPLIT = 2048
+"""The same for waves whose flows are split over paths (:func:`_split_unit`), counted in
+sub-flows. Their sub-flows end at many more distinct times (a detour's before a direct path's):
+an all-to-all round on 256 GH200 GPUs routed adaptively (~2.5k sub-flows) re-shared ~114 times,
+173 s for the 255 rounds. Past this they keep static shares, which are conservative, most where
+an unsplit flow shares a link with many sub-flows and keeps a sub-flow's share (rtx6000d's
+direct reduce-scatter, 1.2k sub-flows, would be 6x slower than the engine statically; re-shared
+it is 14% slower)."""
 
 
 @dataclass
@@ -215,8 +248,31 @@ class FlowCosts:
             lat = (
                 lat + np.bincount(owner, weights=extra, minlength=n) + (scale[worst] - 1.0) * device
             )
+        split = self.paths(src, dst)
+        if split is not None:  # the slowest class over all paths, as the engine's union route
+            pair_ptr, _, p_ptr, p_links = split
+            per_path = np.zeros(pair_ptr[-1], dtype=np.int64)
+            has = np.diff(p_ptr) > 0
+            if has.any():
+                per_path[has] = np.maximum.reduceat(self.link_kind[p_links], p_ptr[:-1][has])
+            worst = np.maximum(worst, np.maximum.reduceat(per_path, pair_ptr[:-1]))
         lat = np.where(nonempty, step_latency_s(lat, self.hop_s[worst]), 0.0)
         return ptr, links, lat
+
+    def paths(
+        self, src: np.ndarray, dst: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """``(pair_ptr, weight, ptr, links)``: every path of each pair with its share of the
+        bytes, where the fabric splits some pair's flow over several paths
+        (:mod:`collsim.topology.multipath`); ``None`` where each pair has one path (the route)."""
+        if not getattr(self.fabric, "multipath", False) or src.shape[0] == 0:
+            return None
+        pair_ptr, weight, ptr, links, _ = self.fabric.paths(src, dst)  # type: ignore[attr-defined]
+        pair_ptr = np.asarray(pair_ptr, dtype=np.int64)
+        if np.all(np.diff(pair_ptr) == 1):
+            return None
+        return (pair_ptr, np.asarray(weight, dtype=np.float64), np.asarray(ptr, dtype=np.int64),
+                np.asarray(links, dtype=np.int64))  # fmt: skip
 
     def wave(
         self,
@@ -240,16 +296,22 @@ class FlowCosts:
         dst = np.asarray(dst, dtype=np.int64).reshape(-1)
         w = np.broadcast_to(np.asarray(weight, dtype=np.float64), src.shape)
         ptr, links, lat = self.routes(src, dst)
+        split = self.paths(src, dst)
         # Shares scale with a uniform weight (channels), so cache them per normalised weights;
         # they do not depend on the protocol (its wire factor multiplies them).
         scale = float(w.min()) if w.size else 1.0
-        fluid = size is not None and src.shape[0] <= FLUID_MAX_FLOWS
+        flows = src.shape[0] if split is None else int(split[0][-1])
+        fluid = size is not None and flows <= (
+            FLUID_MAX_FLOWS if split is None else FLUID_MAX_SPLIT
+        )
         rel = np.broadcast_to(np.asarray(1.0 if size is None else size, np.float64), src.shape)
         key = b"".join((src.tobytes(), dst.tobytes(), (w / scale).tobytes(), rel.tobytes(),
                         bytes([fluid])))  # fmt: skip
         unit = self.cache.get(key)
         if unit is None:
-            if fluid:
+            if split is not None:
+                unit = (_split_unit(split, w / scale, rel, fluid, self.capacity),)
+            elif fluid:
                 finish = fluid_finish(ptr, links, w / scale, rel, self.capacity)
                 unit = (finish / np.where(rel > 0, rel, 1.0),)
             else:
@@ -259,8 +321,16 @@ class FlowCosts:
         spb = self.wire * scale * unit[0]
         load = np.broadcast_to(np.asarray(load_bytes, dtype=np.float64), src.shape)
         if np.any(load > 0):
-            owner = np.repeat(np.arange(src.shape[0]), np.diff(ptr))
-            np.add.at(self.load_s_per_byte, links, load[owner] * self.wire / self.capacity[links])
+            share = np.ones(links.shape[0])
+            if split is not None:  # each path's links carry its share of the pair's bytes
+                pair_ptr, weight, p_ptr, links = split
+                path_pair = np.repeat(np.arange(src.shape[0]), np.diff(pair_ptr))
+                share = np.repeat(weight, np.diff(p_ptr))
+                owner = np.repeat(path_pair, np.diff(p_ptr))
+            else:
+                owner = np.repeat(np.arange(src.shape[0]), np.diff(ptr))
+            np.add.at(self.load_s_per_byte, links,
+                      share * load[owner] * self.wire / self.capacity[links])  # fmt: skip
             np.minimum.at(self.load_lat_s, links, lat[owner])
         return Wave(lat, spb, src, dst)
 

@@ -10,7 +10,8 @@ import yaml
 from collsim import units
 from collsim.topology.graph import Network, count_by_kind
 from collsim.topology.loader import catalog_names, load_topology
-from collsim.topology.spec import Topology
+from collsim.topology.routing import BALANCED_KINDS
+from collsim.topology.spec import INTRA_NODE_LINK_KINDS, Topology
 
 
 def catalog_rows() -> list[dict[str, Any]]:
@@ -68,6 +69,7 @@ def describe(topo: Topology) -> dict[str, Any]:
         "gpus": topo.n_gpus,
         "intra_fabric": topo.intra_fabric,
         "inter_fabric": topo.inter_fabric,
+        "routing": routing_words(topo),
         **({"nvlink_domain": _domain(topo, net)} if topo.nvlink_domain_nodes > 1 else {}),
         "devices": count_by_kind(topo.devices),
         "links": links,
@@ -93,6 +95,27 @@ def describe(topo: Topology) -> dict[str, Any]:
         "gpu_nic_affinity": affinity,
         **({"faults": list(topo.faults)} if topo.faults else {}),
     }
+
+
+ROUTING_WORDS = {
+    "ecmp": "ecmp (each flow hashed onto one equal-cost path)",
+    "dmodk": "dmodk (forwarded by destination, spread evenly over the up-links)",
+    "spray": "spray (each flow split evenly over the equal-cost paths)",
+    "adaptive": "adaptive (each flow over minimal and non-minimal paths, UGAL-style)",
+}
+"""What ``topo show`` says of each routing (``docs/topology-format.md``)."""
+
+
+def routing_words(topo: Topology) -> str:
+    """The scale-out fabric's routing as ``topo show`` prints it; where the file gives none,
+    the rule by link kind it falls back to."""
+    if topo.routing is not None:
+        return ROUTING_WORDS[topo.routing]
+    kinds = sorted({lk.kind for lk in topo.links if lk.kind not in INTRA_NODE_LINK_KINDS})
+    if not kinds:
+        return "none (no scale-out links)"
+    by_kind = ", ".join(f"{k} {'dmodk' if k in BALANCED_KINDS else 'ecmp'}" for k in kinds)
+    return f"not given: by link kind ({by_kind})"
 
 
 def _domain(topo: Topology, net: Network) -> dict[str, Any]:
@@ -133,6 +156,7 @@ def describe_text(info: dict[str, Any]) -> str:
         f"{gpu['memory_bandwidth_gbps']:g} GB/s",
         f"  best matmul: {_matmul_words(gpu)}",
         f"  fabric:      intra-node {info['intra_fabric']}; scale-out {info['inter_fabric']}",
+        f"  routing:     {info['routing']}",
         *(
             f"  NVLink domain: {dom['nodes']} nodes x {info['gpus_per_node']} = {dom['gpus']} "
             f"GPUs; this system fills {dom['domains']} "
@@ -226,6 +250,8 @@ def to_explicit_yaml(topo: Topology) -> str:
             for lk in topo.links
         ],
     }
+    if topo.routing is not None:
+        doc["routing"] = topo.routing
     if topo.shared:
         doc["shared"] = [
             {

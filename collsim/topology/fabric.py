@@ -81,6 +81,39 @@ class TopologyFabric:
         links = flat[np.repeat(starts[:-1][inverse], pair_len) + offsets]
         return ptr, links, latency[inverse]
 
+    @property
+    def multipath(self) -> bool:
+        """Whether the fabric may split a flow over several paths (:meth:`paths`)."""
+        return self.network.multipath is not None
+
+    def paths(
+        self, src: np.ndarray, dst: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Every path of each rank pair (computed once per pair): ``pair_ptr`` (pair ``i``'s
+        paths are ``pair_ptr[i]:pair_ptr[i + 1]``), each path's ``weight`` (its share of the
+        bytes; a pair's sum to 1), CSR ``(ptr, link_ids)`` of each path, and ``latency_s`` per
+        pair (its first path's: the route :meth:`routes` gives).
+        See :mod:`collsim.topology.multipath`."""
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.asarray(dst, dtype=np.int64)
+        keys = src * self.nranks + dst
+        unique, inverse = np.unique(keys, return_inverse=True)
+        ends = [
+            (int(self._gpu_index[k // self.nranks]), int(self._gpu_index[k % self.nranks]))
+            for k in unique.tolist()
+        ]
+        found = [self.network.paths_index(a, b) for a, b in ends]
+        latency = np.array([self.network.route_index(a, b).latency_s for a, b in ends])
+        npaths = np.array([len(f) for f in found], dtype=np.int64)
+        weight = np.fromiter((w for f in found for _, w in f), dtype=np.float64)
+        lengths = np.fromiter((len(p) for f in found for p, _ in f), dtype=np.int64)
+        flat = np.fromiter((x for f in found for p, _ in f for x in p), dtype=np.int64,
+                           count=int(lengths.sum()))  # fmt: skip
+        # Each distinct pair's paths once, then gathered per pair (as routes() gathers links).
+        pair_ptr, rows = _rows(_ptr(npaths), np.arange(int(npaths.sum())), inverse)
+        ptr, links = _rows(_ptr(lengths), flat, rows)
+        return pair_ptr, weight[rows], ptr, links, latency[inverse]
+
     def in_network(
         self, srcs: np.ndarray, dsts: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
@@ -165,9 +198,25 @@ class TopologyFabric:
         return chosen
 
 
+def _ptr(lengths: np.ndarray) -> np.ndarray:
+    ptr = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths, out=ptr[1:])
+    return ptr
+
+
+def _rows(ptr: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The CSR ``(ptr, idx)`` of only ``rows``, in that order (repeats allowed)."""
+    lengths = ptr[1:][rows] - ptr[:-1][rows]
+    out = _ptr(lengths)
+    offsets = np.arange(int(out[-1]), dtype=np.int64) - np.repeat(out[:-1], lengths)
+    return out, idx[np.repeat(ptr[:-1][rows], lengths) + offsets]
+
+
 def _csr(routes: list[Route]) -> tuple[np.ndarray, np.ndarray]:
     lengths = [len(r.links) for r in routes]
     ptr = np.zeros(len(routes) + 1, dtype=np.int64)
     np.cumsum(lengths, out=ptr[1:])
-    links = np.array([link for r in routes for link in r.links], dtype=np.int64)
+    links = np.fromiter(
+        (link for r in routes for link in r.links), dtype=np.int64, count=int(ptr[-1])
+    )
     return ptr, links

@@ -28,6 +28,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import dijkstra, maximum_flow
 
 from collsim.errors import TopologyError
+from collsim.topology.multipath import Multipath
 from collsim.topology.routing import (
     BALANCED_KINDS,
     DijkstraRouter,
@@ -36,7 +37,7 @@ from collsim.topology.routing import (
     ServerFabricRouter,
     name_key,
 )
-from collsim.topology.spec import Device, Topology
+from collsim.topology.spec import INTRA_NODE_LINK_KINDS, MULTIPATH_ROUTINGS, Device, Topology
 
 
 def link_cost(bandwidth_bytes_per_s: float) -> int:
@@ -146,8 +147,7 @@ class Network:
             n_vertices=self.n_vertices,
             key=self._vertex_keys(),
             names=[d.name for d in self.devices],
-            # InfiniBand and EFA do not hash flows onto links (collsim.topology.routing)
-            by_destination=np.array([lk.kind in BALANCED_KINDS for lk in links for _ in range(2)]),
+            by_destination=_by_destination(topology),
         )
         self._generic = DijkstraRouter(self.graph)
         server = np.array([-1 if d.node is None else d.node for d in self.devices], dtype=np.int64)
@@ -158,6 +158,22 @@ class Network:
             else None
         )
         self._routes: dict[tuple[int, int], Route] = {}
+        self._paths: dict[tuple[int, int], tuple[tuple[tuple[int, ...], float], ...]] = {}
+        self._coupling_list: list[int] = self._coupling.tolist()
+        self.multipath = (
+            Multipath(
+                switch=np.array([d.kind == "switch" for d in self.devices]),
+                link_src=self.link_src,
+                link_dst=self.link_dst,
+                cost=self.graph.cost,
+                capacity=self.capacity_bytes_per_s[:n_links],
+                key=self.graph.key,
+                adaptive=topology.routing == "adaptive",
+            )
+            if topology.routing in MULTIPATH_ROUTINGS
+            else None
+        )
+        """Where the fabric splits flows (``spray``, ``adaptive``): their paths; else ``None``."""
         self._nics_of: dict[str, list[str]] = {}
         self._node_nics: dict[int | None, list[str]] = {}
         for d in self.devices:
@@ -208,6 +224,13 @@ class Network:
                 f"no route from {self.devices[src].name} to {self.devices[dst].name}",
                 field="links",
             )
+        route = self._route_of(src, links)
+        self._routes[key] = route
+        return route
+
+    def _route_of(self, src: int, links: list[int]) -> Route:
+        """The :class:`Route` from device ``src`` over the cable directions ``links``: its
+        devices, latency, and the coupling and shared links its cables load."""
         hops = np.asarray(links, dtype=np.int64)
         heads = self.link_dst[hops]
         latency = float(self.latency_s[hops].sum() + self.device_latency_s[heads[:-1]].sum())
@@ -216,9 +239,49 @@ class Network:
         links = [*links, *(int(c) for c in coupled[coupled >= 0])]
         if self._shared:  # once per member crossed: each crossing loads the shared capacity
             links += [g for h in links[: len(hops)] for g in self._shared.get(h, ())]
-        route = Route(tuple(int(x) for x in links), names, latency)
-        self._routes[key] = route
-        return route
+        return Route(tuple(int(x) for x in links), names, latency)
+
+    def paths_index(self, src: int, dst: int) -> tuple[tuple[tuple[int, ...], float], ...]:
+        """The paths between devices given by index, each as its link ids (those of
+        :attr:`Route.links`) with the share of the bytes it carries (cached): the route alone
+        (share 1) unless the fabric splits flows (:mod:`collsim.topology.multipath`); then the
+        route is the first path (:meth:`route_index` gives its latency, the transfer's)."""
+        key = (src, dst)
+        found = self._paths.get(key)
+        if found is not None:
+            return found
+        route = self.route_index(src, dst)
+        found = ((route.links, 1.0),)
+        if self.multipath is not None:
+            switch = [i for i, name in enumerate(route.devices)
+                      if self.devices[self.index[name]].kind == "switch"]  # fmt: skip
+            if len(switch) > 1 and switch[-1] - switch[0] == len(switch) - 1:
+                first, last = switch[0], switch[-1]
+                cables = list(route.links[: route.hops])
+                salt = (self.graph.key[src], self.graph.key[dst])
+                segments = self.multipath.segments(
+                    self.index[route.devices[first]],
+                    self.index[route.devices[last]],
+                    cables[first:last],
+                    salt,
+                )
+                if len(segments) > 1:
+                    head, tail = cables[:first], cables[last:]
+                    found = tuple(
+                        (route.links if i == 0 else self._loaded([*head, *seg, *tail]), w)
+                        for i, (seg, w) in enumerate(segments)
+                    )
+        self._paths[key] = found
+        return found
+
+    def _loaded(self, cables: list[int]) -> tuple[int, ...]:
+        """The cable directions ``cables`` and, after them, the coupling and shared links they
+        load (as :meth:`_route_of` adds them), on Python lists: a path is a handful of links."""
+        coupling = self._coupling_list
+        links = [*cables, *(coupling[h] for h in cables if coupling[h] >= 0)]
+        if self._shared:
+            links += [g for h in cables for g in self._shared.get(h, ())]
+        return tuple(links)
 
     def gpu_route(self, src_rank: int, dst_rank: int) -> Route:
         """Route between GPUs given by rank (node-major order)."""
@@ -362,6 +425,21 @@ class Network:
         reach = dist[:, gpus]
         reach[~np.isfinite(reach)] = 0
         return int(reach.max())
+
+
+def _by_destination(topology: Topology) -> np.ndarray:
+    """Per directed cable, whether its switch forwards by destination (D-mod-k) rather than
+    hashing flows: the fabric's ``routing`` says (``dmodk``: every network link; ``ecmp``: none),
+    else the link kind (InfiniBand and EFA, :mod:`collsim.topology.routing`). ``spray`` and
+    ``adaptive`` keep the link kind's rule for the first of their paths."""
+    routing = topology.routing
+    if routing == "dmodk":
+        return np.array(
+            [lk.kind not in INTRA_NODE_LINK_KINDS for lk in topology.links for _ in range(2)]
+        )
+    if routing == "ecmp":
+        return np.zeros(2 * len(topology.links), dtype=bool)
+    return np.array([lk.kind in BALANCED_KINDS for lk in topology.links for _ in range(2)])
 
 
 def _passes_gpu(route: Route, net: Network) -> bool:

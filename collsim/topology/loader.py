@@ -300,6 +300,7 @@ def _from_template(
         else (),
         sources=_sources(spec),
         nvlink_domain_nodes=domain.nodes if domain is not None else 1,
+        routing=spec.fabric.routing,
     )
 
 
@@ -393,6 +394,7 @@ def _from_explicit(spec: ExplicitIn, file: str | None) -> Topology:
         is_template=False,
         default_nodes=len(node_ids),
         sources=_sources(spec),
+        routing=spec.routing,
     )
 
 

@@ -91,6 +91,8 @@ Size = Annotated[int, _unit(functools.partial(units.parse_size, unit_required=Tr
 LinkKind = Annotated[str, AfterValidator(_link_kind)]
 DeviceKind = Annotated[str, AfterValidator(_device_kind)]
 Source = Annotated[str | None, Field(default=None, min_length=3)]
+Routing = Literal["ecmp", "dmodk", "spray", "adaptive"]
+"""A scale-out fabric's routing (:data:`collsim.topology.spec.ROUTINGS`)."""
 
 
 def _duplex_within(value: float | None, info: ValidationInfo) -> float | None:
@@ -271,6 +273,8 @@ class FabricIn(Strict):
     """Dragonfly sizes: Slingshot has 32 routers per group and 16 NICs per router, Aries 96
     routers per group; 256 bounds both (a group is one router's all-to-all)."""
     global_links_per_router: Annotated[int, Field(ge=1)] = 1
+    routing: Routing | None = None
+    """How the switches spread traffic (``docs/topology-format.md``); none given: by link kind."""
     source: Source = None
 
     @field_validator("oversubscription")
@@ -400,4 +404,6 @@ class ExplicitIn(Strict):
     devices: list[DeviceIn]
     links: list[LinkIn]
     shared: list[SharedIn] = []
+    routing: Routing | None = None
+    """How the switches (devices of kind ``switch``) spread traffic; none given: by link kind."""
     faults: tuple[FaultIn, ...] = ()

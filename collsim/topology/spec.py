@@ -31,6 +31,17 @@ INTRA_NODE_LINK_KINDS = frozenset(
 )
 """Kinds that NCCL's latency model treats as intra-node (NVLink/PCIe class) rather than network."""
 
+ROUTINGS: tuple[str, ...] = ("ecmp", "dmodk", "spray", "adaptive")
+"""How a scale-out fabric's switches spread traffic (``docs/topology-format.md``, "Routing"):
+``ecmp`` hashes each flow onto one of the equal-cost paths (Ethernet/RoCE); ``dmodk`` forwards by
+destination, spread evenly over the up-links (InfiniBand without adaptive routing); ``spray``
+splits every flow evenly over the equal-cost paths (per-packet spraying: Spectrum-X, EFA SRD);
+``adaptive`` adds non-minimal paths where the topology has them (dragonfly UGAL on Slingshot;
+on a fat tree every path is minimal, so it spreads as ``spray`` does: InfiniBand AR)."""
+
+MULTIPATH_ROUTINGS = frozenset({"spray", "adaptive"})
+"""Routings that split one flow over several paths (:mod:`collsim.topology.multipath`)."""
+
 DEVICE_KINDS: tuple[str, ...] = ("gpu", "nic", "nvswitch", "pcie_switch", "cpu", "switch")
 """``switch`` is a scale-out switch; ``nvswitch`` and ``pcie_switch`` live inside nodes."""
 
@@ -174,6 +185,9 @@ class Topology:
     """What-if faults applied (canonical ``--fault`` text, see :mod:`collsim.topology.faults`)."""
     shared: tuple[SharedCapacity, ...] = ()
     """Capacities that several link directions share (a no-P2P PCIe switch's uplink)."""
+    routing: str | None = None
+    """The scale-out fabric's routing (one of :data:`ROUTINGS`); ``None``: by link kind, as
+    before the field existed (InfiniBand and EFA links ``dmodk``, the others ``ecmp``)."""
     nvlink_domain_nodes: int = 1
     """Nodes per multi-node NVLink domain (18 trays of a GB200 NVL72 rack), filled in order, the
     last one possibly partial; 1: each node is its own NVLink (or PCIe) domain."""
