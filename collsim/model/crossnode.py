@@ -41,6 +41,7 @@ from collsim.collectives.tree import Tree
 from collsim.model.envelope import Aff, discover
 from collsim.model.flows import FlowCosts, max_min_rates
 from collsim.model.trees import Pipeline
+from collsim.protocols import step_latency_s
 
 
 @dataclass
@@ -83,13 +84,14 @@ def _add_p2p(costs: FlowCosts, flows: _Flows, src: list[int], dst: list[int], fu
 def _add_in_network(costs: FlowCosts, flows: _Flows, srcs: list[int], dsts: list[int],
                     op: int, weight: float) -> int:  # fmt: skip
     """One in-network reduction: a flow per source up to the switch, one per destination down,
-    at its latency (as the engine: path + switch + the slowest class's hop latency)."""
+    at its latency (as the engine: the larger of path + switch and the slowest class's hop
+    latency, :func:`collsim.protocols.step_latency_s`)."""
     fabric = costs.fabric
     s, d = np.asarray(srcs), np.asarray(dsts)
     up_ptr, up_links, down_ptr, down_links, lat = fabric.in_network(s, d)  # type: ignore[attr-defined]
     every = np.concatenate((up_links, down_links)).astype(np.int64)
     worst = int(costs.link_kind[every].max()) if every.size else 0
-    latency = float(lat) + float(costs.hop_s[worst])
+    latency = float(step_latency_s(float(lat), float(costs.hop_s[worst])))
     traffic = getattr(fabric, "in_network_traffic", None)
     share = float(traffic(s, d)) if traffic is not None else 1.0
     for ptr, links in ((up_ptr, up_links), (down_ptr, down_links)):
