@@ -357,7 +357,10 @@ class Replay:
             if not flowing.all():
                 instant.append(net[~flowing])
                 links = links[np.repeat(flowing, lengths)]
-            self.network.add(t, net[flowing], wire[flowing], lengths[flowing], links)
+            ceiling = prep.route_ceiling
+            if ceiling is not None:  # each transfer's flow at most at its channel's rate
+                ceiling = ceiling[self.hot.route[net][flowing]]
+            self.network.add(t, net[flowing], wire[flowing], lengths[flowing], links, ceiling)
         for op in ops[prep.cls[ops] == IN_NETWORK]:
             nlinks, links = prep.in_network[int(op)]
             wire = float(self.hot.wire_bytes[op])

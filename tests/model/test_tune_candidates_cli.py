@@ -54,7 +54,7 @@ def test_tune_says_which_question_it_answers_and_which_model_priced_it(tmp_path)
     base = ["tune", "all_reduce", "-t", "dgx-h100", "--nodes", "16", "-b", "8", "-e", "32M"]
     out, nccl = _json(tmp_path, "n.json", base)
     assert "# candidates nccl: what NCCL would run" in out
-    assert "(ring, tree)" in out and "1 or 8 channels" in out
+    assert "(ring, tree)" in out and "1, 8 or 16 channels" in out  # 16: NCCL's count there
     assert "# priced by collsim's analytic model (--model collsim)" in out
     assert {p["algorithm"] for p in nccl["points"]} <= {"ring", "tree"}
     assert nccl["question"].startswith("what NCCL would run")
