@@ -27,7 +27,19 @@ from collsim.model.params import under_floor
 PROTOCOL_ORDER = ("Simple", "LL128", "LL")
 CHANNEL_OPTIONS = (1, 2, 4, 8)
 """Channel counts the tuner considers over every schedule collsim knows (``tune --candidates
-all``)."""
+all``, the step model), with NCCL's own count on the system where the model knows it
+(:func:`all_channel_options`): a channel moves at most its own rate, so eight channels do not
+fill an H100's NVLink port (8 x 38.7 < 450 GB/s) where NCCL's 24 do."""
+
+
+def all_channel_options(model: Any, collective: str) -> tuple[int, ...]:
+    """:data:`CHANNEL_OPTIONS` and NCCL's count for ``collective`` (the model's
+    ``nccl_channels``) where it has one."""
+    count = getattr(model, "nccl_channels", None)
+    extra = {int(count(collective))} if count is not None else set()
+    return tuple(sorted(set(CHANNEL_OPTIONS) | extra))
+
+
 NCCL_CHANNELS = (1, 8)
 """Channel counts an NCCL-like choice considers for a model that does not know NCCL's own count
 on its system (:func:`nccl_channel_options`; NCCL's model, which prices a channel count by the
@@ -172,13 +184,14 @@ class Tuner:
         model: CostModel,
         *,
         protocols: tuple[str, ...] = PROTOCOL_ORDER,
-        channels: tuple[int, ...] = CHANNEL_OPTIONS,
+        channels: tuple[int, ...] | None = None,
         defaults: bool = True,
         chunk_bytes: int | None = None,
     ) -> None:
         self.model = model
         self.protocols = protocols
         self.channels = channels
+        """Channel counts to rank; ``None``: :func:`all_channel_options` per collective."""
         self.extra = {"chunk_bytes": chunk_bytes} if chunk_bytes is not None else {}
         """What else the model prices with (a pipelining chunk the user chose)."""
         self.defaults = defaults
@@ -205,6 +218,7 @@ class Tuner:
         why = getattr(self.model, "no_estimate", None)
         if not algos and why is not None and (error := why(collective)) is not None:
             raise error  # e.g. NCCL's model, which prices no all-to-all
+        chans = self.channels or all_channel_options(self.model, collective)
         choices: list[Choice] = []
         rows: list[np.ndarray] = []
         first_error: ScheduleError | None = None
@@ -214,7 +228,7 @@ class Tuner:
                 # its channels unless the size is too small to fill them, and where a model
                 # prices two counts alike (NCCL's own has no channel term for many cases) the
                 # larger is what NCCL runs, and what the engine then times.
-                for ch in sorted(self.channels, reverse=True):
+                for ch in sorted(chans, reverse=True):
                     choice = Choice(algo, proto, ch)
                     try:
                         if not self._enabled(collective, choice):
