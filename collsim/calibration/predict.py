@@ -39,7 +39,14 @@ from collsim.model.params import (
     p2p_ops,
     under_floor,
 )
-from collsim.model.tuner import NCCL_CHANNELS, PROTOCOL_ORDER, Tuner, host_floor_s, nccl_algorithms
+from collsim.model.tuner import (
+    NCCL_CHANNELS,
+    PROTOCOL_ORDER,
+    Tuner,
+    host_floor_s,
+    nccl_algorithms,
+    nccl_channel_options,
+)
 from collsim.tables import plural
 from collsim.topology.loader import load_topology
 from collsim.topology.spec import Topology
@@ -139,11 +146,15 @@ def check_env(env: dict[str, str]) -> None:
                                    value=f"{key}={env[key]}")  # fmt: skip
 
 
-def constraints(env: dict[str, str], collective: str) -> Constraints:
-    """The algorithms / protocols / channels NCCL may use under the settings ``env``."""
+def constraints(
+    env: dict[str, str], collective: str, usual: tuple[int, ...] = NCCL_CHANNELS
+) -> Constraints:
+    """The algorithms / protocols / channels NCCL may use under the settings ``env``, ``usual``
+    being the channel counts it considers unconstrained (one and its own count here,
+    :func:`~collsim.model.tuner.nccl_channel_options`)."""
     algos: tuple[str, ...] | None = None
     protos = PROTOCOL_ORDER
-    channels = NCCL_CHANNELS
+    channels = usual
     if "NCCL_ALGO" in env:
         names, neg = _env_list(env["NCCL_ALGO"])
         chosen = {_ALGO_ENV[n] for n in names if n in _ALGO_ENV}
@@ -160,11 +171,9 @@ def constraints(env: dict[str, str], collective: str) -> Constraints:
         picked = tuple(p for p in PROTOCOL_ORDER if (p.lower() in names) != neg)
         protos = picked or PROTOCOL_ORDER
     lo = max(1, _int_env(env, "NCCL_MIN_NCHANNELS", 1))
-    hi = max(1, _int_env(env, "NCCL_MAX_NCHANNELS", max(max(NCCL_CHANNELS), lo)))
+    hi = max(1, _int_env(env, "NCCL_MAX_NCHANNELS", max(max(usual), lo)))
     # Where no usual count is allowed (NCCL_MIN_NCHANNELS=32, or 2..4), the most allowed.
-    channels = tuple(c for c in NCCL_CHANNELS if lo <= c <= hi) or (
-        max(lo, min(hi, max(NCCL_CHANNELS))),
-    )
+    channels = tuple(c for c in usual if lo <= c <= hi) or (max(lo, min(hi, max(usual))),)
     return Constraints(algos, protos, channels)
 
 
@@ -365,6 +374,9 @@ class ScaledModel:
     def enabled(self, collective: str, algorithm: str, protocol: str, channels: int = 1) -> bool:
         return bool(self.model.enabled(collective, algorithm, protocol, channels))
 
+    def nccl_channels(self, collective: str) -> int:
+        return int(self.model.nccl_channels(collective))
+
 
 class HostThread:
     """A model as seen by one host thread that issues every call to ``gpus`` GPUs in turn
@@ -435,7 +447,7 @@ class Predictor:
     ) -> tuple[np.ndarray, list[str]]:
         """(predicted seconds, chosen 'algorithm/protocol/Nch' label) per size, with one host
         thread issuing each call to ``gpus_per_thread`` GPUs (:class:`HostThread`)."""
-        cons = constraints(env or {}, collective)
+        cons = constraints(env or {}, collective, nccl_channel_options(self.model, collective))
         channels = cons.channels  # NCCL's per-channel caps need its channel count too
         # NCCL_PROTO naming LL128 enables it wherever it can run, past NCCL's defaults.
         forced = self.model_name == "collsim" and _asked_for_ll128(env or {})

@@ -65,8 +65,8 @@ SLOW_RUN_S = 30.0
     "--tuned",
     is_flag=True,
     help="Run what NCCL would: per size, the tuner picks among NCCL's algorithms, the protocols "
-    "it enables by default and 1 or 8 channels (the cost model's choice); overrides --protocol "
-    "and --channels.",
+    "it enables by default and 1, 8 or NCCL's channel count here (the cost model's choice); "
+    "overrides --protocol and --channels.",
 )
 @fault_option
 def simulate(

@@ -53,9 +53,9 @@ class _Winner(NamedTuple):
     type=click.Choice(CANDIDATES),
     default="nccl",
     show_default=True,
-    help="nccl: what NCCL would run (its algorithms, the protocols it enables by default, 1 or 8 "
-    "channels; what simulate --tuned runs); all: the fastest schedule collsim knows (every "
-    "algorithm, 1, 2, 4 or 8 channels), which NCCL may not have.",
+    help="nccl: what NCCL would run (its algorithms, the protocols it enables by default, 1, 8 or "
+    "NCCL's channel count here; what simulate --tuned runs); all: the fastest schedule collsim "
+    "knows (every algorithm, 1, 2, 4, 8 or NCCL's count of channels), which NCCL may not have.",
 )
 @click.option(
     "--profile",
@@ -84,9 +84,10 @@ def tune(
     Every candidate is costed with the analytic model (--model collsim) or NCCL's own tuning
     model (--model nccl) at every size and the fastest kept, as NCCL's tuner ranks its own.
     --candidates says which question that answers: nccl (default), what NCCL would run -- its
-    algorithms, the protocols it enables by default, 1 or 8 channels, the choices simulate
-    --tuned makes at every size; all, the fastest schedule collsim knows (rhd, hierarchical,
-    ... on 1, 2, 4 or 8 channels), which NCCL does not run. LL128 is a candidate only where NCCL
+    algorithms, the protocols it enables by default, 1, 8 or NCCL's channel count on the system
+    (24 in one DGX H100, 16 across nodes), the choices simulate --tuned makes at every size;
+    all, the fastest schedule collsim knows (rhd, hierarchical, ... on 1, 2, 4, 8 or NCCL's
+    count of channels), which NCCL does not run. LL128 is a candidate only where NCCL
     enables it by default (NVLink-class links: NVLink, xGMI, ICI; compute capability
     7.0/8.0/9.0). The speed-up is over the default algorithm (ring for
     all_reduce/all_gather/reduce_scatter) with Simple on one channel. A busbw above what its

@@ -5,7 +5,11 @@
   spread over the NICs), and the rounds go on NCCL's ``C`` peer-to-peer channels: round ``k`` on
   channel ``k mod C``, where it waits for that channel's previous round (send and receive), so
   ``C`` rounds are in flight at once (``C = 1``: the classic step-synchronous pairwise exchange of
-  MPICH). Each round carries whole blocks.
+  MPICH). Each round carries whole blocks. With more channels than peers (``C > n - 1``) each
+  peer's round stands for ``C / (n - 1)`` channels (schedule ``meta["channels_per_transfer"]``),
+  as NCCL spreads its ``p2pnChannels`` over the peers in flight: fewer channels per peer the
+  more peers there are. Both are marked ``point_to_point`` (NCCL's per-channel point-to-point
+  rate over the network, :mod:`collsim.channel_rates`).
 * ``hierarchical``: two-hop aggregation (as in the 2D all-to-all of Horovod/DeepEP-style MoE
   dispatch and of Sanders & Träff's hierarchical all-to-all): each rank first hands, inside its
   node, every block bound for another node to the *relay* -- the rank of its node with the
@@ -64,10 +68,10 @@ def _pairwise(b: ScheduleBuilder, n: int, per_node: int, blk: int, lanes: int) -
 def build_direct(spec: BuildSpec) -> Schedule:
     """NCCL's grouped send-recv: ``n - 1`` rounds, ``channels`` of them in flight at once."""
     b = ScheduleBuilder()
+    lanes = min(spec.channels, max(1, spec.nranks - 1))
     if spec.block:
-        n = spec.nranks
-        _pairwise(b, n, spec.layout.ranks_per_node, spec.block, min(spec.channels, max(1, n - 1)))
-    return spec.finish(b)
+        _pairwise(b, spec.nranks, spec.layout.ranks_per_node, spec.block, lanes)
+    return spec.finish(b, point_to_point=True, channels_per_transfer=spec.channels / lanes)
 
 
 def build_hierarchical(spec: BuildSpec) -> Schedule:
@@ -76,9 +80,11 @@ def build_hierarchical(spec: BuildSpec) -> Schedule:
     lpn, nn = lay.ranks_per_node, lay.nnodes
     if lpn == 1 or nn == 1:
         b = ScheduleBuilder()
+        lanes = min(spec.channels, max(1, n - 1))
         if blk:
-            _pairwise(b, n, lpn, blk, min(spec.channels, max(1, n - 1)))
-        return spec.finish(b, fallback="direct")
+            _pairwise(b, n, lpn, blk, lanes)
+        return spec.finish(b, fallback="direct", point_to_point=True,
+                           channels_per_transfer=spec.channels / lanes)  # fmt: skip
     b = ScheduleBuilder()
     r = np.arange(n, dtype=np.int64)
     node, local = r // lpn, r % lpn
@@ -121,4 +127,4 @@ def build_hierarchical(spec: BuildSpec) -> Schedule:
                 hh, dd, cnt, "scratch", slot[s_all, dd] + lo, "output", s_all * blk + lo,
                 deps=hop1[s_all, dd].reshape(m, 1), channel=c,
             )  # fmt: skip
-    return spec.finish(b)
+    return spec.finish(b, point_to_point=True)

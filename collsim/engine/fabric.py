@@ -50,6 +50,10 @@ class Fabric(typing.Protocol):
     * ``reduce_bytes_per_s`` / ``copy_bytes_per_s``: per rank, the GPU's local reduction and
       copy throughput (memory bandwidth / 3 and / 2: a reduction reads two operands and writes
       one; a copy reads one and writes one).
+    * ``channel_payload_bytes_per_s(protocol, point_to_point)`` (optional): the payload rate
+      one NCCL channel moves per link class ``(nvlink, pci, net)``, or ``None``; each flow's
+      rate is then capped at it (times the channels the transfer stands for, see
+      :func:`collsim.engine.prepare.channel_ceiling`). A fabric without it has no ceiling.
     """
 
     nranks: int

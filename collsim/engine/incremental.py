@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from collsim.engine.maxmin import max_min_small
+from collsim.engine.maxmin import CAPPED, max_min_small
 
 _EPS = 1e-14
 
@@ -87,11 +87,14 @@ def settle(
     capacity: list[float],
     order: list[int],
     limit: int,
+    ceiling: list[float] | None = None,
 ) -> tuple[list[int], list[float], list[int]] | None:
     """Flows (slots) whose rates are recomputed, in start order, with their new rates and
     bottlenecks; ``None`` past ``limit`` flows. ``rate`` and ``bottleneck`` (per slot, -1 when
-    unknown) describe the current allocation; ``bottleneck`` of outside flows found to be still
-    valid through another link is updated in place. See the module doc."""
+    unknown, :data:`~collsim.engine.maxmin.CAPPED` at its own ``ceiling``) describe the current
+    allocation; ``bottleneck`` of outside flows found to be still valid through another link is
+    updated in place. A flow at its ceiling stays valid whatever the others do (the group is
+    solved on what the others leave, so no link goes over capacity). See the module doc."""
     group: set[int] = set()
     for link in set(seeds):
         got = members.get(link)
@@ -110,10 +113,13 @@ def settle(
                 if g not in group:
                     left -= rate[g]
             residual[link] = left if left > 0.0 else 0.0
-        rates, bns = max_min_small(group_paths, residual)
+        caps = None if ceiling is None else [ceiling[s] for s in slots]
+        rates, bns = max_min_small(group_paths, residual, caps)
         new = dict(zip(slots, rates, strict=True))
         grow: set[int] = set()
         for r, b in zip(rates, bns, strict=True):
+            if b == CAPPED:
+                continue
             top = r * (1.0 + _EPS)
             for g in members[b]:
                 if g not in group and rate[g] > top:
@@ -126,7 +132,10 @@ def settle(
                     continue
                 checked.add(g)
                 b = bottleneck[g]
-                if b >= 0 and b not in touched:
+                if b == CAPPED or (b >= 0 and b not in touched):
+                    continue
+                if ceiling is not None and rate[g] >= ceiling[g] * (1.0 - _EPS):
+                    bottleneck[g] = CAPPED
                     continue
                 if not _still_fair(g, group, new, members, paths, rate, bottleneck, capacity,
                                    stats):  # fmt: skip

@@ -23,7 +23,10 @@ _INF = float("inf")
 
 
 def max_min_rates(
-    pair_link: np.ndarray, nlinks: np.ndarray, capacity_bytes_per_s: np.ndarray
+    pair_link: np.ndarray,
+    nlinks: np.ndarray,
+    capacity_bytes_per_s: np.ndarray,
+    ceiling_bytes_per_s: np.ndarray | None = None,
 ) -> np.ndarray:
     """Max-min fair rates (bytes/s) of flows crossing links.
 
@@ -32,6 +35,10 @@ def max_min_rates(
     it) and freezes, at their path minimum, all flows through any link whose share is the
     smallest seen by every flow crossing it (a local bottleneck). Several bottleneck levels are
     settled per round; a flow limited elsewhere gets more than an equal split.
+
+    ``ceiling_bytes_per_s`` (per flow, ``inf`` for none): a rate the flow never exceeds (its NCCL
+    channel's), exactly as if it crossed one more link of its own with that capacity: its
+    minimum share is capped by the ceiling, and a flow at its ceiling is settled.
     """
     nflows = nlinks.shape[0]
     rates = np.empty(nflows, dtype=np.float64)
@@ -45,6 +52,7 @@ def max_min_rates(
     nl = remaining.shape[0]
     flows = np.arange(nflows)
     lengths = nlinks
+    ceil = ceiling_bytes_per_s
     while flows.shape[0]:
         count = np.bincount(local, minlength=nl)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -53,6 +61,10 @@ def max_min_rates(
         np.cumsum(lengths[:-1], out=starts[1:])
         pair_share = share[local]
         flow_min = np.minimum.reduceat(pair_share, starts)
+        capped = None
+        if ceil is not None:
+            capped = ceil <= flow_min  # its own link is its bottleneck
+            flow_min = np.minimum(flow_min, ceil)
         if count.max() <= 1:  # no link shared: every flow runs at its path's bottleneck
             rates[flows] = flow_min
             break
@@ -60,21 +72,31 @@ def max_min_rates(
         link_min = np.full(nl, np.inf)
         np.minimum.at(link_min, local, pair_min)
         fixed = np.logical_or.reduceat((link_min == share)[local], starts)
+        if capped is not None:
+            fixed |= capped
         rates[flows[fixed]] = flow_min[fixed]
         pair_fixed = np.repeat(fixed, lengths)
         remaining -= np.bincount(local[pair_fixed], weights=pair_min[pair_fixed], minlength=nl)
         np.maximum(remaining, 0.0, out=remaining)
         keep = ~fixed
         flows, lengths, local = flows[keep], lengths[keep], local[~pair_fixed]
+        if ceil is not None:
+            ceil = ceil[keep]
     return rates
 
 
+CAPPED = -2
+"""The bottleneck :func:`max_min_small` reports for a flow settled at its own ceiling."""
+
+
 def max_min_small(
-    paths: Sequence[Sequence[int]], capacity: Sequence[float] | Mapping[int, float]
+    paths: Sequence[Sequence[int]],
+    capacity: Sequence[float] | Mapping[int, float],
+    ceiling: Sequence[float] | None = None,
 ) -> tuple[list[float], list[int]]:
     """:func:`max_min_rates` for flows given as link lists, on Python floats (see module doc),
     and each flow's bottleneck: a link it crosses that is saturated and on which no flow is
-    faster (the link it was settled at).
+    faster (the link it was settled at), or :data:`CAPPED` for a flow at its ``ceiling``.
 
     Same rounds, same comparisons, same order of additions: ``remaining / count`` per link,
     each flow's minimum share, a flow settles if one of its links has no flow with a smaller
@@ -95,10 +117,18 @@ def max_min_small(
                 count[link] = count.get(link, 0) + 1
         share = {link: remaining[link] / c for link, c in count.items()}
         flow_min = [min([share[link] for link in paths[f]]) for f in todo]
+        capped: set[int] = set()
+        if ceiling is not None:
+            for i, f in enumerate(todo):
+                if ceiling[f] <= flow_min[i]:
+                    capped.add(f)
+                    flow_min[i] = ceiling[f]
         if max(count.values()) <= 1:  # no link shared: every flow at its path's bottleneck
             for f, m in zip(todo, flow_min, strict=True):
                 rates[f] = m
-                bottleneck[f] = next(link for link in paths[f] if share[link] == m)
+                bottleneck[f] = (
+                    CAPPED if f in capped else next(lk for lk in paths[f] if share[lk] == m)
+                )
             break
         link_min: dict[int, float] = {}
         for f, m in zip(todo, flow_min, strict=True):
@@ -109,12 +139,15 @@ def max_min_small(
         keep = []
         for f, m in zip(todo, flow_min, strict=True):
             path = paths[f]
-            for link in path:
-                if link_min[link] == share[link]:
-                    break
+            if f in capped:
+                link = CAPPED
             else:
-                keep.append(f)
-                continue
+                for link in path:
+                    if link_min[link] == share[link]:
+                        break
+                else:
+                    keep.append(f)
+                    continue
             rates[f] = m
             bottleneck[f] = link
             for link in path:

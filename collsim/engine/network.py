@@ -79,6 +79,8 @@ class FlowNetwork:
         self._seq: list[int] = []  # per slot, the start order of its flow
         self._rate: list[float] = []  # per slot, rate_bytes_per_s as Python floats
         self._bottleneck: list[int] = []  # per slot, a link its rate is settled at (-1: unknown)
+        self._ceil: list[float] = []  # per slot, its rate ceiling as a Python float
+        self._capped = False  # some flow has had a finite ceiling
         self._skip = 0  # reshares left to recompute in full before settling locally again
         self._backoff = 1  # the next wait after a re-settling that gives up (_MAX_BACKOFF)
         self._next_seq = 0
@@ -96,6 +98,7 @@ class FlowNetwork:
         ("nlinks", 0, np.int64),
         ("order", 0, np.int64),  # start sequence number
         ("live", False, np.bool_),
+        ("ceiling", np.inf, np.float64),  # the flow's own rate ceiling (its NCCL channel's)
     )
 
     def _grow(self, slots: int, width: int) -> None:
@@ -116,6 +119,7 @@ class FlowNetwork:
         self._seq.extend([0] * (size - old))
         self._rate.extend([0.0] * (size - old))
         self._bottleneck.extend([-1] * (size - old))
+        self._ceil.extend([float("inf")] * (size - old))
         self._free.extend(range(size - 1, old - 1, -1))
 
     def __len__(self) -> int:
@@ -132,8 +136,10 @@ class FlowNetwork:
         wire_bytes: np.ndarray,
         nlinks: np.ndarray,
         links: np.ndarray,
+        ceiling_bytes_per_s: np.ndarray | None = None,
     ) -> None:
-        """Start flows at ``now_s`` (each with > 0 bytes and >= 1 link; ``links`` concatenated)."""
+        """Start flows at ``now_s`` (each with > 0 bytes and >= 1 link; ``links`` concatenated),
+        each at most at its ``ceiling_bytes_per_s`` (``None``: no ceiling)."""
         k = op.shape[0]
         if k == 0:
             return
@@ -150,6 +156,11 @@ class FlowNetwork:
         self.end_s[slots] = np.inf
         self.nlinks[slots] = nlinks
         self.live[slots] = True
+        ceil = np.full(k, np.inf) if ceiling_bytes_per_s is None else ceiling_bytes_per_s
+        self.ceiling[slots] = ceil
+        ceil_list = ceil.tolist()
+        if not self._capped and np.isfinite(ceil).any():
+            self._capped = True
         seq0 = self._next_seq
         self._next_seq += k
         self.order[slots] = np.arange(seq0, seq0 + k)
@@ -165,6 +176,7 @@ class FlowNetwork:
             lo += n
             paths[s] = path
             seqs[s] = seq0 + i
+            self._ceil[s] = ceil_list[i]
             rate[s] = 0.0
             bottleneck[s] = -1
             for link in path:
@@ -236,7 +248,8 @@ class FlowNetwork:
             idx = np.flatnonzero(self.live)
             idx = idx[np.argsort(self.order[idx])]
             rows = self._links[idx]
-            new = max_min_rates(rows[rows >= 0], self.nlinks[idx], self.capacity_bytes_per_s)
+            new = max_min_rates(rows[rows >= 0], self.nlinks[idx], self.capacity_bytes_per_s,
+                                self.ceiling[idx] if self._capped else None)  # fmt: skip
             if self._scheme == "local":
                 self._bottleneck = [-1] * len(self._paths)
         else:
@@ -279,6 +292,7 @@ class FlowNetwork:
                 self._capacity,
                 self._seq,
                 limit,
+                self._ceil if self._capped else None,
             )
             if found is None:
                 self._skip = min(self._backoff, _MAX_BACKOFF)
@@ -300,7 +314,9 @@ class FlowNetwork:
             return None
         nlinks = self.nlinks[slots]
         if int(nlinks.sum()) <= _SMALL_PAIRS:
-            rates, _ = max_min_small([self._paths[s] for s in slots], self._capacity)
+            caps = [self._ceil[s] for s in slots] if self._capped else None
+            rates, _ = max_min_small([self._paths[s] for s in slots], self._capacity, caps)
             return slots, np.array(rates)
         rows = self._links[slots]
-        return slots, max_min_rates(rows[rows >= 0], nlinks, self.capacity_bytes_per_s)
+        return slots, max_min_rates(rows[rows >= 0], nlinks, self.capacity_bytes_per_s,
+                                    self.ceiling[slots] if self._capped else None)  # fmt: skip

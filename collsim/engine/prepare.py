@@ -78,6 +78,9 @@ class Prepared:
     after: np.ndarray | None = None  # the op a transfer's flow follows on its connection, or -1
     follow_ptr: np.ndarray | None = None  # CSR: the transfers following each op (``after``)
     follow_idx: np.ndarray | None = None
+    route_ceiling: np.ndarray | None = None
+    """Per route, the wire bytes/s one transfer's flow on it may reach (its channel's, see
+    :func:`channel_ceiling`); ``None``: no ceiling."""
 
     def drop_dag(self) -> None:
         """Free the dependency structure (successor and follower lists, counters, ``after``),
@@ -150,6 +153,25 @@ def validate(schedule: Schedule, fabric: Fabric) -> None:
             if not 0 <= g < ngroups:
                 raise ScheduleError("in-network reduction names a missing group", field="groups")
             _check_ranks(np.asarray(schedule.groups[g], dtype=np.int64), schedule.nranks, "group")
+
+
+def channel_ceiling(
+    fabric: Fabric, protocol: Protocol, meta: dict | None = None
+) -> np.ndarray | None:
+    """Wire bytes/s a transfer's flow may reach, per link class (nvlink, pci, net): what one
+    NCCL channel of ``protocol`` moves (the fabric's ``channel_payload_bytes_per_s``, point to
+    point where the schedule's ``meta`` says so) times the channels the transfer stands for
+    (``meta["channels_per_transfer"]``, 1 by default), over the protocol's payload fraction.
+    ``None`` where the fabric has no ceiling. The analytic model caps its flows with the same."""
+    meta = meta or {}
+    per_channel = getattr(fabric, "channel_payload_bytes_per_s", None)
+    rates = (
+        per_channel(protocol.name, bool(meta.get("point_to_point", False))) if per_channel else None
+    )
+    if rates is None:
+        return None
+    width = float(meta.get("channels_per_transfer", 1.0))
+    return np.asarray(rates, dtype=np.float64) * width / protocol.bandwidth_fraction
 
 
 def _route_kind(link_kind: np.ndarray, ptr: np.ndarray, links: np.ndarray) -> np.ndarray:
@@ -253,8 +275,11 @@ def _routes(prep: Prepared, schedule: Schedule, fabric: Fabric, protocol: Protoc
             route_ptr, route_links, route_lat = fabric.routes(keys // nranks, keys % nranks)
         prep.route_ptr = np.asarray(route_ptr, dtype=np.int64)
         prep.route_links = np.asarray(route_links, dtype=np.int64)
-        hop = protocol.hop_latency(_route_kind(link_kind, prep.route_ptr, prep.route_links))
-        prep.route_latency_s = step_latency_s(route_lat, hop)
+        kinds = _route_kind(link_kind, prep.route_ptr, prep.route_links)
+        prep.route_latency_s = step_latency_s(route_lat, protocol.hop_latency(kinds))
+        ceiling = channel_ceiling(fabric, protocol, schedule.meta)
+        if ceiling is not None:
+            prep.route_ceiling = ceiling[kinds]
         prep.route = prep.route.astype(int_dtype(-1, keys.size, np.int32))
         for part in parts:
             net, pair = pair_keys(part)

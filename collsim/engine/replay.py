@@ -361,7 +361,10 @@ class Replay:
             if not flowing.all():
                 instant.append(net[~flowing])
                 links = links[np.repeat(flowing, lengths)]
-            self.network.add(t, net[flowing], wire[flowing], lengths[flowing], links)
+            ceiling = prep.route_ceiling
+            if ceiling is not None:  # each transfer's flow at most at its channel's rate
+                ceiling = ceiling[self.hot.route[net][flowing]]
+            self.network.add(t, net[flowing], wire[flowing], lengths[flowing], links, ceiling)
         for op in ops[prep.cls[ops] == IN_NETWORK]:
             nlinks, links = prep.in_network[int(op)]
             wire = float(self.hot.wire_bytes[op])
@@ -393,7 +396,11 @@ class Replay:
         count = np.bincount(np.repeat(np.arange(net.shape[0]), npaths), weights=flowing,
                             minlength=net.shape[0]).astype(np.int64)  # fmt: skip
         self.flows_left[net] = np.maximum(count, 1)
-        self.network.add(t, owner[flowing], wire[flowing], lengths[flowing], links)
+        ceiling = prep.route_ceiling
+        if ceiling is not None:  # one channel drives all paths: its rate split by their shares
+            route_ceiling = np.repeat(ceiling[self.hot.route[net]], npaths)
+            ceiling = (route_ceiling * prep.path_weight[paths])[flowing]
+        self.network.add(t, owner[flowing], wire[flowing], lengths[flowing], links, ceiling)
         return net[count == 0]
 
     def _flows_finished(self, ops: np.ndarray, t: float) -> np.ndarray:

@@ -76,6 +76,8 @@ class _Flows:
             self.bottleneck[nonempty] = np.minimum.reduceat(
                 capacity[prep.route_links], prep.route_ptr[:-1][nonempty]
             )
+        if prep.route_ceiling is not None:  # a flow alone runs at most at its channel's rate
+            np.minimum(self.bottleneck, prep.route_ceiling, out=self.bottleneck)
         parts = []
         for part in chunks(prep.cls.shape[0]):
             net = np.flatnonzero(prep.cls[part] == NET) + part.start

@@ -49,6 +49,7 @@ from collsim.model.exchange import (
 from collsim.model.flows import FlowCosts
 from collsim.model.mapping import intra_inter_bandwidth
 from collsim.model.nccl import compute_capability, ll128_by_default
+from collsim.model.nccl_channels import NcclChannels, nccl_channels
 from collsim.model.params import DEFAULT_PARAMS, ModelParams, ProtocolParams, under_floor
 from collsim.model.rd import rd_gather_scatter
 from collsim.model.rings import (
@@ -119,6 +120,7 @@ class AnalyticModel:
         self._cache: dict[tuple[str, str, str, int], Structure] = {}
         self._loads: dict[tuple[str, str, str, int], Lines] = {}  # load_lines without structure
         self._shares: dict[bytes, tuple[np.ndarray, ...]] = {}  # flow shares, across protocols
+        self._nccl_channels: NcclChannels | None = None
 
     @property
     def description(self) -> str:
@@ -126,6 +128,13 @@ class AnalyticModel:
         if self.params == DEFAULT_PARAMS:
             return "collsim's analytic model"
         return f"collsim's analytic model ({self.params.source})"
+
+    def nccl_channels(self, collective: str) -> int:
+        """The channel count NCCL runs ``collective`` on here (:mod:`collsim.model.nccl_channels`),
+        what the tuner offers as NCCL's choice."""
+        if self._nccl_channels is None:
+            self._nccl_channels = nccl_channels(self.topology, self.system.network)
+        return self._nccl_channels.for_collective(collective)
 
     def candidates(self, collective: str) -> list[str]:
         """The algorithms of ``collective`` this topology can run (as ``WhatIf.candidates``)."""

@@ -3,8 +3,11 @@
 Every byte a schedule puts on a link crosses it at no more than the link's capacity, so a
 collective of ``S`` bytes takes at least ``max over links (wire bytes on it / capacity)`` -- the
 analytic model's link-load lines, ``b`` seconds per collective byte on the busiest link -- and its
-bus bandwidth is at most ``bus_factor / b`` at every size (the latencies only lower it). For a
-ring all-gather on two p5 nodes with 8 channels that is 8 NICs x 50 GB/s = 400 GB/s.
+bus bandwidth is at most ``bus_factor / b`` at every size (the latencies only lower it). Every
+channel's flow moves at most its NCCL channel's rate (:mod:`collsim.channel_rates`), so the
+model's lines include, per wave, its slowest flow's bytes at that ceiling. For a ring all-gather
+on two p5 nodes that is 8 NICs x 50 GB/s = 400 GB/s with 16 channels, 8 x 38.7 = 309.6 GB/s
+with 8 (an H100 channel's 38.7 GB/s).
 
 The bound is per (collective, algorithm, protocol, channels) -- exactly what a printed row names:
 the protocol sets the wire bytes (LL puts two on the wire per byte of data), the channel count

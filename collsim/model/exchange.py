@@ -174,7 +174,8 @@ def alltoall_direct(costs: FlowCosts, n: int, channels: int, per_node: int = 1) 
         ks = list(range(first, min(first + lanes, n)))
         src = np.tile(r, len(ks))
         dst = np.concatenate([send[k] for k in ks])
-        wave = costs.wave(src, dst, 1, load_bytes=frac, size=1.0)
+        wave = costs.wave(src, dst, 1, load_bytes=frac, size=1.0, point_to_point=True,
+                          channels_per_transfer=channels / lanes)  # fmt: skip
         for i, k in enumerate(ks):
             cut = slice(i * n, (i + 1) * n)
             rounds[k] = Aff(wave.lat_s[cut], frac * wave.s_per_byte[cut])
@@ -214,8 +215,9 @@ def alltoall_hierarchical(costs: FlowCosts, n: int, per_node: int, channels: int
     net = ps != pt
     hop1 = Aff(np.zeros(pairs.size), frac / costs.copy_bytes_per_s[ps])
     wave = costs.wave(
-        ps[net], pt[net], mult[net] * channels, load_bytes=frac * mult[net] * channels, size=1.0
-    )
+        ps[net], pt[net], mult[net] * channels, load_bytes=frac * mult[net] * channels, size=1.0,
+        point_to_point=True,
+    )  # fmt: skip
     hop1.a[net] = wave.lat_s
     hop1.b[net] = frac * wave.s_per_byte
     # hop 2: relay h of node k -> remote d, after every hop-1 transfer into h bound for d
@@ -226,7 +228,8 @@ def alltoall_hierarchical(costs: FlowCosts, n: int, per_node: int, channels: int
     relay = k_nodes * per_node + local[dests] % ksize
     w2 = np.ones_like(ksize) if channels == 1 else ksize * channels
     per_msg = np.where(channels == 1, ksize * frac, frac)
-    wave2 = costs.wave(relay, dests, w2, load_bytes=ksize * frac * channels, size=per_msg / frac)
+    wave2 = costs.wave(relay, dests, w2, load_bytes=ksize * frac * channels, size=per_msg / frac,
+                       point_to_point=True)  # fmt: skip
     hop2 = Aff(wave2.lat_s, per_msg * wave2.s_per_byte)
     index = {int(x): i for i, x in enumerate(pairs)}
     # every (node k, local l): the hop-1 pairs s -> relay for s in node k
@@ -249,7 +252,7 @@ def alltoall_hierarchical(costs: FlowCosts, n: int, per_node: int, channels: int
 def sendrecv(costs: FlowCosts, n: int, channels: int) -> Oracle:
     """Every rank sends its buffer to the next (``p2p.py``): one wave."""
     r = np.arange(n)
-    wave = costs.wave(r, (r + 1) % n, channels, load_bytes=1.0, size=1.0)
+    wave = costs.wave(r, (r + 1) % n, channels, load_bytes=1.0, size=1.0, point_to_point=True)
     cost = Aff(wave.lat_s, wave.s_per_byte / channels)
     return lambda s: cost.max(s)
 

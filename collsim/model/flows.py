@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from collsim.engine.prepare import channel_ceiling
 from collsim.model.params import ModelParams, ProtocolParams
 from collsim.protocols import step_latency_s
 
@@ -31,10 +32,16 @@ if TYPE_CHECKING:  # the engine's narrow Fabric interface; TopologyFabric implem
 
 
 def max_min_rates(
-    ptr: np.ndarray, links: np.ndarray, weight: np.ndarray, capacity: np.ndarray
+    ptr: np.ndarray,
+    links: np.ndarray,
+    weight: np.ndarray,
+    capacity: np.ndarray,
+    ceiling: np.ndarray | None = None,
 ) -> np.ndarray:
     """Max-min fair rate of each flow copy (bytes/s); flow ``f`` has ``weight[f]`` copies and
-    crosses ``links[ptr[f]:ptr[f+1]]``. Flows without links get ``inf``.
+    crosses ``links[ptr[f]:ptr[f+1]]``. Flows without links get ``inf``. ``ceiling`` (per flow,
+    per copy): a rate no copy exceeds, as a private link of that capacity per copy (the
+    engine's rule, :func:`collsim.engine.maxmin.max_min_rates`).
 
     Progressive filling: every round computes each link's fair share (remaining capacity /
     unfrozen copies on it) and freezes, at their path minimum, the flows through every link whose
@@ -56,6 +63,7 @@ def max_min_rates(
     pos = np.repeat(starts_all - np.r_[0, np.cumsum(lens)[:-1]], lens) + np.arange(lens.sum())
     loc = local[pos]
     w = weight[flows].astype(np.float64)
+    ceil = None if ceiling is None else np.asarray(ceiling, dtype=np.float64)[flows]
     while flows.size:
         w_pair = np.repeat(w, lens)
         load = np.bincount(loc, weights=w_pair, minlength=nl)
@@ -64,10 +72,16 @@ def max_min_rates(
         starts = np.r_[0, np.cumsum(lens)[:-1]]
         pair_share = share[loc]
         flow_min = np.minimum.reduceat(pair_share, starts)
+        capped = None
+        if ceil is not None:
+            capped = ceil <= flow_min * (1 + 1e-12)
+            flow_min = np.minimum(flow_min, ceil)
         pair_min = np.repeat(flow_min, lens)
         link_min = np.full(nl, np.inf)
         np.minimum.at(link_min, loc, pair_min)
         fixed = np.logical_or.reduceat(pair_share <= link_min[loc] * (1 + 1e-12), starts)
+        if capped is not None:
+            fixed |= capped
         rates[flows[fixed]] = flow_min[fixed]
         pair_fixed = np.repeat(fixed, lens)
         remaining -= np.bincount(
@@ -76,6 +90,8 @@ def max_min_rates(
         np.maximum(remaining, 0.0, out=remaining)
         keep = ~fixed
         flows, lens, w, loc = flows[keep], lens[keep], w[keep], loc[~pair_fixed]
+        if ceil is not None:
+            ceil = ceil[keep]
     return rates
     owner = np.repeat(np.arange(nf), lengths)
     uniq, local = np.unique(links, return_inverse=True)
@@ -108,6 +124,7 @@ def fluid_finish(
     weight: np.ndarray,
     size: np.ndarray,
     capacity: np.ndarray,
+    ceiling: np.ndarray | None = None,
 ) -> np.ndarray:
     """Finish time of each flow (``size[f]`` bytes, ``weight[f]`` copies, all starting at 0) when
     rates are re-shared max-min every time a flow ends -- the engine's rule, exact for flows
@@ -128,7 +145,8 @@ def fluid_finish(
         sub_ptr = np.zeros(idx.size + 1, dtype=np.int64)
         np.cumsum(sub_len, out=sub_ptr[1:])
         pos = np.repeat(starts[idx] - sub_ptr[:-1], sub_len) + np.arange(sub_ptr[-1])
-        rate = max_min_rates(sub_ptr, links[pos], weight[idx], capacity)
+        sub_ceiling = None if ceiling is None else ceiling[idx]
+        rate = max_min_rates(sub_ptr, links[pos], weight[idx], capacity, sub_ceiling)
         dt = left[idx] / rate
         step = dt.min()
         now += step
@@ -146,20 +164,23 @@ def _split_unit(
     rel: np.ndarray,
     fluid: bool,
     capacity: np.ndarray,
+    ceiling: np.ndarray | None = None,
 ) -> np.ndarray:
     """Seconds per wire byte of flows split over paths: each path a sub-flow with its share
     ``weight`` of the bytes, sharing links max-min with every other sub-flow (re-shared as they
     end where ``fluid``, else at their static shares); a flow ends with its last sub-flow, as
-    in the engine."""
+    in the engine. A flow's channel ``ceiling`` is split over its paths by their shares (one
+    channel drives all of them), as the engine splits it."""
     pair_ptr, weight, ptr, links = split
     npaths = np.diff(pair_ptr)
     sub_copies = np.repeat(copies, npaths)
+    sub_ceiling = None if ceiling is None else np.repeat(ceiling, npaths) * weight
     if fluid:
         sub_rel = np.repeat(rel, npaths) * weight
-        finish = fluid_finish(ptr, links, sub_copies, sub_rel, capacity)
+        finish = fluid_finish(ptr, links, sub_copies, sub_rel, capacity, sub_ceiling)
         last = np.maximum.reduceat(finish, pair_ptr[:-1])
         return last / np.where(rel > 0, rel, 1.0)
-    rates = max_min_rates(ptr, links, sub_copies, capacity)
+    rates = max_min_rates(ptr, links, sub_copies, capacity, sub_ceiling)
     per_byte = np.where(np.isinf(rates), 0.0, weight / np.where(rates > 0, rates, 1.0))
     return np.maximum.reduceat(per_byte, pair_ptr[:-1])
 
@@ -224,6 +245,22 @@ class FlowCosts:
         )
         self.load_s_per_byte = np.zeros(kind.shape[0])
         self.load_lat_s = np.full(kind.shape[0], np.inf)
+        self.ceiling = {p2p: channel_ceiling(fabric, protocol, {"point_to_point": p2p})
+                        for p2p in (False, True)}  # fmt: skip
+        """Wire bytes/s one channel's flow may reach per link class, for collectives and for
+        point-to-point operations (``None``: no ceiling), as the engine caps its flows."""
+        self.ceiling_lines: list[tuple[float, float]] = []
+        """Per wave, the flow whose bytes take longest at its ceiling: ``(latency, s per byte)``,
+        a bound beside the links' (one channel's flow moves at most its channel's rate)."""
+
+    def _worst(self, ptr: np.ndarray, links: np.ndarray) -> np.ndarray:
+        """The slowest link class on each route (NVLink for an empty one)."""
+        lengths = np.diff(ptr)
+        worst = np.zeros(lengths.shape[0], dtype=np.int64)
+        nonempty = lengths > 0
+        if nonempty.any():
+            worst[nonempty] = np.maximum.reduceat(self.link_kind[links], ptr[:-1][nonempty])
+        return worst
 
     def routes(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """CSR routes and step latency (max of route and protocol hop, with the parameter scales)
@@ -233,10 +270,8 @@ class FlowCosts:
         links = np.asarray(links, dtype=np.int64)
         lat = np.asarray(lat, dtype=np.float64)
         lengths = np.diff(ptr)
-        worst = np.zeros(lengths.shape[0], dtype=np.int64)
+        worst = self._worst(ptr, links)
         nonempty = lengths > 0
-        if nonempty.any():
-            worst[nonempty] = np.maximum.reduceat(self.link_kind[links], ptr[:-1][nonempty])
         scale = np.asarray(self.params.route_latency_scale)
         if np.any(scale != 1.0) and links.size:
             n = lengths.shape[0]
@@ -282,6 +317,8 @@ class FlowCosts:
         *,
         load_bytes: np.ndarray | float = 0.0,
         size: np.ndarray | float | None = None,
+        point_to_point: bool = False,
+        channels_per_transfer: float = 1.0,
     ) -> Wave:
         """Latency and seconds per payload byte of concurrent flows ``src[i] -> dst[i]``.
 
@@ -291,6 +328,9 @@ class FlowCosts:
         when the wave runs once and its flows end at different times (the shares are then
         re-computed as flows finish, :func:`fluid_finish`); ``None`` for steady waves (a ring's
         edges are busy step after step, so each keeps its max-min share throughout).
+        ``point_to_point`` / ``channels_per_transfer``: the channel ceiling each flow copy gets
+        (NCCL's point-to-point rate over the network; the channels one flow stands for), as the
+        schedule's ``meta`` tells the engine.
         """
         src = np.asarray(src, dtype=np.int64).reshape(-1)
         dst = np.asarray(dst, dtype=np.int64).reshape(-1)
@@ -298,24 +338,31 @@ class FlowCosts:
         ptr, links, lat = self.routes(src, dst)
         split = self.paths(src, dst)
         # Shares scale with a uniform weight (channels), so cache them per normalised weights;
-        # they do not depend on the protocol (its wire factor multiplies them).
+        # the protocol's wire factor multiplies them, its channel ceilings are in the key.
         scale = float(w.min()) if w.size else 1.0
         flows = src.shape[0] if split is None else int(split[0][-1])
         fluid = size is not None and flows <= (
             FLUID_MAX_FLOWS if split is None else FLUID_MAX_SPLIT
         )
         rel = np.broadcast_to(np.asarray(1.0 if size is None else size, np.float64), src.shape)
+        # A copy's ceiling in the normalised problem (rates there are `scale` times the copies').
+        by_kind = self.ceiling[bool(point_to_point)]
+        ceil = (
+            None
+            if by_kind is None
+            else by_kind[self._worst(ptr, links)] * (float(channels_per_transfer) * scale)
+        )
         key = b"".join((src.tobytes(), dst.tobytes(), (w / scale).tobytes(), rel.tobytes(),
-                        bytes([fluid])))  # fmt: skip
+                        bytes([fluid]), b"" if ceil is None else ceil.tobytes()))  # fmt: skip
         unit = self.cache.get(key)
         if unit is None:
             if split is not None:
-                unit = (_split_unit(split, w / scale, rel, fluid, self.capacity),)
+                unit = (_split_unit(split, w / scale, rel, fluid, self.capacity, ceil),)
             elif fluid:
-                finish = fluid_finish(ptr, links, w / scale, rel, self.capacity)
+                finish = fluid_finish(ptr, links, w / scale, rel, self.capacity, ceil)
                 unit = (finish / np.where(rel > 0, rel, 1.0),)
             else:
-                rates = max_min_rates(ptr, links, w / scale, self.capacity)
+                rates = max_min_rates(ptr, links, w / scale, self.capacity, ceil)
                 unit = (np.where(np.isinf(rates), 0.0, 1.0 / np.where(rates > 0, rates, 1.0)),)
             self.cache[key] = unit
         spb = self.wire * scale * unit[0]
@@ -332,9 +379,19 @@ class FlowCosts:
             np.add.at(self.load_s_per_byte, links,
                       share * load[owner] * self.wire / self.capacity[links])  # fmt: skip
             np.minimum.at(self.load_lat_s, links, lat[owner])
+            if ceil is not None:  # each copy's bytes at its own ceiling
+                per_copy = np.where(np.diff(ptr) > 0, load / w * self.wire * scale / ceil, 0.0)
+                worst = int(np.argmax(per_copy))
+                if per_copy[worst] > 0:
+                    self.ceiling_lines.append((float(lat[worst]), float(per_copy[worst])))
         return Wave(lat, spb, src, dst)
 
     def load_lines(self) -> tuple[np.ndarray, np.ndarray]:
-        """Link-load bound lines ``(a, b)``: first latency + all wire bytes / capacity."""
+        """Load bound lines ``(a, b)``: per link, first latency + all wire bytes / capacity; per
+        wave, its slowest flow's bytes at its channel's ceiling (:attr:`ceiling_lines`)."""
         used = self.load_s_per_byte > 0
-        return self.load_lat_s[used], self.load_s_per_byte[used]
+        a, b = self.load_lat_s[used], self.load_s_per_byte[used]
+        if self.ceiling_lines:
+            extra = np.array(self.ceiling_lines, dtype=np.float64)
+            a, b = np.concatenate((a, extra[:, 0])), np.concatenate((b, extra[:, 1]))
+        return a, b

@@ -99,12 +99,15 @@ def ring_phase(
     weight: int = 1,
     red_mult: int = 1,
     copy: bool = False,
+    pieces: int = 1,
 ) -> Oracle:
     """Time of one ring phase over the rings ``rings`` (K, m), all running at once.
 
     ``frac``: payload bytes per transfer per collective byte. ``weight``: identical copies of
     every ring (channels on the same order). ``red_mult``: local reductions serialised on an
     owner's GPU (one per channel). ``copy``: the owner also copies its block locally (side work).
+    ``pieces``: transfers each step's block is sent as at once (a strided block: one per node),
+    each its own flow with its channel's rate ceiling, as the engine runs them.
     """
     rings = np.atleast_2d(np.asarray(rings, dtype=np.int64))
     k, m = rings.shape
@@ -113,7 +116,8 @@ def ring_phase(
     src = rings.reshape(-1)
     dst = np.roll(rings, -1, axis=1).reshape(-1)
     steps = _STEPS[mode] * (m - 1)
-    wave = costs.wave(src, dst, weight, load_bytes=frac * steps * weight)
+    wave = costs.wave(src, dst, weight, load_bytes=frac * steps * weight,
+                      channels_per_transfer=pieces)  # fmt: skip
     lat = wave.lat_s.reshape(k, m)
     g_b = frac * wave.s_per_byte.reshape(k, m)
     red_rate = costs.reduce_bytes_per_s[dst].reshape(k, m)
@@ -260,8 +264,8 @@ def hierarchical_gather_scatter(
     big = 1.0 / (per_node * channels)  # what a node position holds after the inter phase
     if collective == "all_gather":
         inter = ring_phase(costs, groups, small, AG, weight=channels, copy=True)
-        intra = ring_phase(costs, rings, big, AG, weight=channels)
+        intra = ring_phase(costs, rings, big, AG, weight=channels, pieces=groups.shape[1])
         return chain(inter, intra)
-    intra = ring_phase(costs, rings, big, RS_INPLACE, weight=channels)
+    intra = ring_phase(costs, rings, big, RS_INPLACE, weight=channels, pieces=groups.shape[1])
     inter = ring_phase(costs, groups, small, RS_OUT, weight=channels, red_mult=channels)
     return chain(intra, inter)

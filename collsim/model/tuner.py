@@ -27,12 +27,40 @@ from collsim.model.params import under_floor
 PROTOCOL_ORDER = ("Simple", "LL128", "LL")
 CHANNEL_OPTIONS = (1, 2, 4, 8)
 """Channel counts the tuner considers over every schedule collsim knows (``tune --candidates
-all``)."""
+all``, the step model), with NCCL's own count on the system where the model knows it
+(:func:`all_channel_options`): a channel moves at most its own rate, so eight channels do not
+fill an H100's NVLink port (8 x 38.7 < 450 GB/s) where NCCL's 24 do."""
+
+
+def all_channel_options(model: Any, collective: str) -> tuple[int, ...]:
+    """:data:`CHANNEL_OPTIONS` and NCCL's count for ``collective`` (the model's
+    ``nccl_channels``) where it has one."""
+    count = getattr(model, "nccl_channels", None)
+    extra = {int(count(collective))} if count is not None else set()
+    return tuple(sorted(set(CHANNEL_OPTIONS) | extra))
+
+
 NCCL_CHANNELS = (1, 8)
-"""Channel counts an NCCL-like choice considers (``validate``, ``simulate --tuned``): one, and
-NCCL's usual eight or more on NVLink/IB systems (the model has no per-channel rate cap, so
-channels matter where they spread over more links or NICs; where more are no faster the tuner
-still takes them, as NCCL does)."""
+"""Channel counts an NCCL-like choice considers for a model that does not know NCCL's own count
+on its system (:func:`nccl_channel_options`; NCCL's model, which prices a channel count by the
+search's bandwidth, keeps these)."""
+
+
+def nccl_channel_options(model: Any, collective: str) -> tuple[int, ...]:
+    """Channel counts an NCCL-like choice considers (``validate``, ``simulate --tuned``, ``tune``):
+    the count NCCL runs ``collective`` on here (the model's ``nccl_channels``,
+    :mod:`collsim.model.nccl_channels`: 24 in one DGX H100, 16 across nodes, 2 on PCIe; the
+    per-peer count for ``sendrecv``), and fewer: 1 and 8 where NCCL's is larger. Every channel
+    has a rate ceiling, so the count decides how much of a port the collective fills; NCCL runs
+    fewer channels on small messages (``enqueue.cc``: while a channel would get under its
+    threads x ``NCCL_*_THREAD_THRESHOLD`` bytes), and collsim's pipelines keep a fixed chunk, so
+    at medium sizes a count between can be faster. :data:`NCCL_CHANNELS` for a model without
+    the count."""
+    count = getattr(model, "nccl_channels", None)
+    if count is None:
+        return NCCL_CHANNELS
+    most = int(count(collective))
+    return tuple(c for c in sorted({1, min(8, most), most}))
 
 
 @dataclass(frozen=True)
@@ -60,7 +88,8 @@ class Tuning:
     baseline_s: np.ndarray
     candidates: str = "all"
     """Which question the winners answer: ``nccl`` (what NCCL would run: NCCL's algorithms,
-    default protocols, :data:`NCCL_CHANNELS`) or ``all`` (every candidate the tuner was given)."""
+    default protocols, :func:`nccl_channel_options`) or ``all`` (every candidate the tuner was
+    given)."""
 
     def question(self) -> str:
         """What the winners are, in words, naming the candidates that were ranked."""
@@ -155,13 +184,14 @@ class Tuner:
         model: CostModel,
         *,
         protocols: tuple[str, ...] = PROTOCOL_ORDER,
-        channels: tuple[int, ...] = CHANNEL_OPTIONS,
+        channels: tuple[int, ...] | None = None,
         defaults: bool = True,
         chunk_bytes: int | None = None,
     ) -> None:
         self.model = model
         self.protocols = protocols
         self.channels = channels
+        """Channel counts to rank; ``None``: :func:`all_channel_options` per collective."""
         self.extra = {"chunk_bytes": chunk_bytes} if chunk_bytes is not None else {}
         """What else the model prices with (a pipelining chunk the user chose)."""
         self.defaults = defaults
@@ -190,6 +220,7 @@ class Tuner:
         why = getattr(self.model, "no_estimate", None)
         if not algos and why is not None and (error := why(collective)) is not None:
             raise error  # e.g. NCCL's model, which prices no all-to-all
+        chans = self.channels or all_channel_options(self.model, collective)
         choices: list[Choice] = []
         rows: list[np.ndarray] = []
         first_error: ScheduleError | None = None
@@ -199,7 +230,7 @@ class Tuner:
                 # its channels unless the size is too small to fill them, and where a model
                 # prices two counts alike (NCCL's own has no channel term for many cases) the
                 # larger is what NCCL runs, and what the engine then times.
-                for ch in sorted(self.channels, reverse=True):
+                for ch in sorted(chans, reverse=True):
                     choice = Choice(algo, proto, ch)
                     try:
                         if not self._enabled(collective, choice):
@@ -293,8 +324,9 @@ def nccl_tuning(
     """What NCCL would run per size (``simulate --tuned``, ``tune --candidates nccl``): the
     fastest of NCCL's own algorithms (:data:`collsim.collectives.registry.NCCL_ALGORITHMS`, those
     the model can run here), over the protocols NCCL enables by default and
-    :data:`NCCL_CHANNELS`, as its tuner picks. One function for both commands, so they agree."""
-    tuner = Tuner(model, protocols=PROTOCOL_ORDER, channels=NCCL_CHANNELS)
+    :func:`nccl_channel_options`, as its tuner picks. One function for both commands, so they
+    agree."""
+    tuner = Tuner(model, protocols=PROTOCOL_ORDER, channels=nccl_channel_options(model, collective))
     algos = nccl_algorithms(model, collective)
     result = tuner.tune(collective, sizes_bytes, elem_bytes=elem_bytes, algorithms=algos)
     result.candidates = "nccl"

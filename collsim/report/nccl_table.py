@@ -70,8 +70,8 @@ def bound_notes(flagged: list[tuple[str, float, float]], model: str, topology: s
         worst[label] = (max(top, busbw), bound, count + 1)
     return [
         f"# {BOUND_MARK} {model} puts {label} at up to {top:.2f} GB/s busbw "
-        f"({plural(count, 'size')}), above the {bound:.2f} GB/s its busiest link allows on "
-        f"{topology}: no run of it can reach that"
+        f"({plural(count, 'size')}), above the {bound:.2f} GB/s its busiest link or channel "
+        f"allows on {topology}: no run of it can reach that"
         for label, (top, bound, count) in worst.items()
     ]
 

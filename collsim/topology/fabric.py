@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from collsim.channel_rates import channel_payload_bytes_per_s
 from collsim.errors import ScheduleError, TopologyError
 from collsim.protocols import HW_NET, HW_NVLINK, HW_PCI
 from collsim.topology.graph import Network, Route
@@ -52,6 +53,15 @@ class TopologyFabric:
         self._reducer: dict[tuple[int, ...], int] = {}
         self.couplings = network.couplings
         """Shared capacities of cables short of full duplex: (link, direction, direction) ids."""
+
+    def channel_payload_bytes_per_s(
+        self, protocol: str, point_to_point: bool = False
+    ) -> np.ndarray | None:
+        """Payload bytes/s one NCCL channel of ``protocol`` moves per link class (nvlink, pci,
+        net) on this system's GPUs (:mod:`collsim.channel_rates`); ``None``: no ceiling."""
+        return channel_payload_bytes_per_s(
+            self.network.topology.gpu.model, protocol, point_to_point=point_to_point
+        )
 
     def route(self, src_rank: int, dst_rank: int) -> Route:
         """The route between two ranks' GPUs."""

@@ -46,9 +46,10 @@ def test_params_change_predictions():
     slow = AnalyticModel(topo, ModelParams(base_latency_s=10e-6, bandwidth_efficiency=(0.5,) * 3))
     floored = AnalyticModel(topo, ModelParams(launch_floor_s=1e-3))
     sizes = np.array([8, 1 << 20, 1 << 30])
-    t0 = base.predict("all_reduce", "ring", sizes)
-    t1 = slow.predict("all_reduce", "ring", sizes)
-    t2 = floored.predict("all_reduce", "ring", sizes)
+    # NCCL's 24 channels fill the port (one is held to its channel's rate, whatever the links)
+    t0 = base.predict("all_reduce", "ring", sizes, channels=24)
+    t1 = slow.predict("all_reduce", "ring", sizes, channels=24)
+    t2 = floored.predict("all_reduce", "ring", sizes, channels=24)
     assert t1[0] == pytest.approx(t0[0] + 10e-6, rel=1e-6)  # the base adds to every call
     assert t1[2] == pytest.approx(2 * t0[2], rel=0.01)
     # The launch floor is a floor: small calls cost it, large ones only their own time.

@@ -54,7 +54,7 @@ def test_tune_says_which_question_it_answers_and_which_model_priced_it(tmp_path)
     base = ["tune", "all_reduce", "-t", "dgx-h100", "--nodes", "16", "-b", "8", "-e", "32M"]
     out, nccl = _json(tmp_path, "n.json", base)
     assert "# candidates nccl: what NCCL would run" in out
-    assert "(ring, tree, nvls_tree)" in out and "1 or 8 channels" in out
+    assert "(ring, tree, nvls_tree)" in out and "1, 8 or 16 channels" in out  # 16: NCCL's
     assert "# priced by collsim's analytic model (--model collsim)" in out
     assert {p["algorithm"] for p in nccl["points"]} <= {"ring", "tree", "nvls_tree"}
     assert nccl["question"].startswith("what NCCL would run")
@@ -62,7 +62,7 @@ def test_tune_says_which_question_it_answers_and_which_model_priced_it(tmp_path)
 
     out, every = _json(tmp_path, "a.json", [*base, "--candidates", "all"])
     assert "# candidates all: the fastest schedule collsim knows, not what NCCL runs" in out
-    assert "1, 2, 4 or 8 channels" in out
+    assert "1, 2, 4, 8 or 16 channels" in out  # 16: NCCL's count there
     # what the issue saw: below 32 MiB collsim's fastest are schedules NCCL does not have
     assert {p["algorithm"] for p in every["points"]} & {"rhd", "hierarchical"}
     assert every["candidates"] == "all" and "not what NCCL runs" in every["question"]

@@ -20,6 +20,9 @@ from collsim.topology.spec import with_duplex
 from collsim.whatif import WhatIf
 
 GIB = 2**30
+CHANNELS = 2
+"""NCCL's two channels on these hosts (``2 coll channels`` in their bundled logs): one A100
+channel moves 24 GB/s, under the HCA's 25 (:mod:`collsim.channel_rates`)."""
 
 
 def gdr(duplex: str | None = None):
@@ -31,7 +34,8 @@ def gdr(duplex: str | None = None):
 
 
 def busbw_gbps(topo, collective, algorithm, params=DEFAULT_PARAMS):
-    t = AnalyticModel(topo, params).predict(collective, algorithm, np.array([GIB]))[0]
+    t = AnalyticModel(topo, params).predict(collective, algorithm, np.array([GIB]),
+                                            channels=CHANNELS)[0]  # fmt: skip
     factor = {"all_reduce": 2 * (topo.n_gpus - 1) / topo.n_gpus}.get(collective, 1.0)
     return GIB / t / 1e9 * factor
 
@@ -65,7 +69,8 @@ def test_two_way_traffic_shares_and_one_way_keeps_the_rate(engine):
         if engine == "analytic":
             return busbw_gbps(topo, collective, algorithm)
         w = WhatIf(topo)
-        sched = build_schedule(collective, algorithm, nranks=2, count=GIB // 4, layout=w.layout)
+        sched = build_schedule(collective, algorithm, nranks=2, count=GIB // 4, layout=w.layout,
+                               channels=CHANNELS)  # fmt: skip
         return simulate(sched, w.fabric).busbw_gbps
 
     full, coupled = gdr(), gdr("30GB/s")
@@ -125,8 +130,10 @@ def test_faults_on_a_coupled_link(fault, one_way, two_way):
     topo = apply_faults(gdr("30GB/s"), parse_cli_faults([fault]))
     w = WhatIf(topo)
     count = (64 << 20) // 4
-    bcast = build_schedule("broadcast", "chain", nranks=2, count=count, layout=w.layout, root=1)
-    ring = build_schedule("all_reduce", "ring", nranks=2, count=count, layout=w.layout)
+    bcast = build_schedule("broadcast", "chain", nranks=2, count=count, layout=w.layout, root=1,
+                           channels=CHANNELS)  # fmt: skip
+    ring = build_schedule("all_reduce", "ring", nranks=2, count=count, layout=w.layout,
+                          channels=CHANNELS)  # fmt: skip
     assert simulate(bcast, w.fabric).busbw_gbps == pytest.approx(one_way, rel=0.01)
     assert simulate(ring, w.fabric).busbw_gbps == pytest.approx(two_way, rel=0.01)
 

@@ -168,8 +168,9 @@ def test_one_slow_nic_slows_every_rank_of_a_ring(h100, slow_nic):
     healthy, _ = WhatIf(h100).run("all_reduce", "ring", BIG)
     faulty, _ = WhatIf(slow_nic).run("all_reduce", "ring", BIG)
     ratio = faulty.time_s / healthy.time_s
-    # the NIC is the ring's bottleneck (50 GB/s); at a quarter, the ring takes ~4x at large sizes
-    assert 3.6 < ratio <= 4.0
+    # one channel moves 38.7 GB/s (an H100 channel's rate), under the NIC's 50: at a quarter of
+    # the NIC (12.5 GB/s) the ring takes ~38.7 / 12.5 = 3.1x at large sizes
+    assert 2.9 < ratio <= 38.7 / 12.5
     # every rank finishes late, not only node 1's
     assert np.all(faulty.rank_finish_s > 2.0 * healthy.rank_finish_s.max())
 
@@ -179,7 +180,7 @@ def test_hierarchical_degrades_differently_from_ring_and_tree(h100, slow_nic):
         alg: _time(slow_nic, algorithm=alg).time_s / _time(h100, algorithm=alg).time_s
         for alg in ("ring", "tree", "hierarchical")
     }
-    assert all(r > 1.5 for r in ratios.values()), ratios
+    assert all(r > 1.25 for r in ratios.values()), ratios
     # hierarchical crosses the slow NIC with fewer bytes than a flat ring
     assert abs(ratios["ring"] - ratios["hierarchical"]) > 0.5, ratios
     # ring and tree are both pipelines paced by their slowest link: the slow NIC at a quarter
@@ -258,7 +259,8 @@ def test_a_slow_gpu_slows_reductions(h100):
 def test_background_traffic_on_a_link_slows_a_collective_crossing_it(h100):
     loaded = load_topology("dgx-h100", nodes=4, faults=["background:n1.nic0-leaf0:rate=37.5GB/s"])
     ratio = _time(loaded).time_s / _time(h100).time_s
-    assert 3.6 < ratio <= 4.0  # 50 GB/s - 37.5 GB/s leaves a quarter
+    # 50 GB/s - 37.5 GB/s leaves 12.5 for the ring's one channel, which moves 38.7 healthy
+    assert 2.9 < ratio <= 38.7 / 12.5
     # a link the ring does not cross: no change
     elsewhere = load_topology("dgx-h100", nodes=4, faults=["background:n1.nic5-leaf5:rate=40GB/s"])
     assert _time(elsewhere).time_s == _time(h100).time_s
@@ -338,7 +340,7 @@ def test_sweep_compares_healthy_and_faulty(tmp_path):
     from collsim.sweep.tasks import COLUMNS
 
     col = COLUMNS.index("time_us")
-    assert float(rows[1][col]) > 3.5 * float(rows[0][col])
+    assert float(rows[1][col]) > 2.9 * float(rows[0][col])  # 38.7 (one channel) vs 12.5 GB/s
     assert rows[1][COLUMNS.index("faults")] == "nic:n1.nic0:bw=0.25"
 
 
