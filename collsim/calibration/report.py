@@ -52,11 +52,12 @@ from collsim.io import atomic_write_bytes, atomic_write_text, make_folders
 from collsim.model.profile import Profile, profile_from_dict
 
 SMALL_BYTES = 64 * 1024**2
-FIT_MAX_RANKS = 128
+FIT_MAX_RANKS = 64
 """Systems fitted in modes (b)-(d) have at most this many ranks per log. A fit rebuilds its
-models at every step of the search (a few hundred times); at 1024 and 2160 ranks one build of a
-Polaris alltoall takes minutes, so those systems are fitted only where cross-scale fits them, at
-<= 8 nodes (``--fit-max-ranks`` raises it)."""
+models at every step of the search (hundreds of times): at 1024 and 2160 ranks one build of a
+Polaris alltoall takes minutes, and a fit of the 128-rank GB300 system had not finished after
+ten minutes on a loaded two-core machine; larger systems are fitted only where cross-scale fits
+them, at <= 8 nodes (``--fit-max-ranks`` raises it)."""
 
 
 def system_of(name: str) -> str:
@@ -188,6 +189,42 @@ def _fit_jobs(
     return jobs, targets
 
 
+def _applies(
+    rep: Report, targets: dict[str, list[str]], fitted: dict[str, Any], samples: Sequence[Sample]
+) -> dict[str, list[tuple[str, str]]]:
+    """Per log, the (mode, profile) pairs of the fits done so far that predict it; notes the
+    in-sample and series profiles and the fits that failed in ``rep``."""
+    applies: dict[str, list[tuple[str, str]]] = {s.name: [] for s in samples}
+    for key, logs in targets.items():
+        _, mode, group = key.split("/", 2)
+        source = fitted.get(key.replace("cross_scale_fit", "cross_scale"))
+        if source is None:
+            continue
+        text = _profile_text(source.result)
+        if text is None:
+            if mode != "cross_scale_fit":
+                rep.unfitted[f"{group} ({mode})"] = source.result.get("error", "no profile")
+            continue
+        if mode == "in_sample":
+            rep.profiles[group] = profile_from_dict(json.loads(text))
+        if mode == "cross_scale":
+            rep.series_profiles[group] = profile_from_dict(json.loads(text))
+        for n in logs:
+            applies[n].append((mode, text))
+    return applies
+
+
+def _predict_jobs(
+    samples: Sequence[Sample], applies: dict[str, list[tuple[str, str]]]
+) -> list[Job]:
+    """One prediction job per log, with the profiles that apply to it."""
+    return [
+        Job(f"predict/{s.name}", (s.name,), profiles=tuple(sorted(applies[s.name])),
+            cost=float(s.log.ranks) ** (2 if s.log.collective == "alltoall" else 1))
+        for s in samples
+    ]  # fmt: skip
+
+
 def build(
     samples: Sequence[Sample],
     exact: set[str] | None = None,
@@ -198,8 +235,8 @@ def build(
     progress: Callable[[str], None] | None = None,
     fit_max_ranks: int = FIT_MAX_RANKS,
 ) -> Report:
-    """Every mode, baseline and series over ``samples`` (dataset logs of ``data_dir``): the fits
-    first, then one prediction job per log, each cached under ``cache`` where given
+    """Every mode, baseline and series over ``samples`` (dataset logs of ``data_dir``): fits and
+    one prediction job per log, in ``workers`` processes, each cached under ``cache`` where given
     (:func:`~.report_jobs.run_jobs`); the results are assembled in ``samples``' order."""
     rep = Report(list(samples), exact=set(exact or ()), workers=workers)
     names = {s.name for s in samples}
@@ -208,45 +245,37 @@ def build(
     rep.series = series_of(entries)
     fits, targets = _fit_jobs(samples, rep.series, fit_max_ranks, rep)
     say = progress or (lambda _: None)
-    say(f"{len(fits)} fits, then {len(samples)} logs to predict")
     kw: dict[str, Any] = {"data_dir": data_dir, "cache": cache, "workers": workers,
                           "progress": progress, "stats": rep.stats}  # fmt: skip
-    fitted = run_jobs(fits, **kw)
-    applies: dict[str, list[tuple[str, str]]] = {s.name: [] for s in samples}
-    for key, logs in targets.items():
-        _, mode, group = key.split("/", 2)
-        source = fitted.get(key.replace("cross_scale_fit", "cross_scale"))
-        if source is None:
-            continue
-        text = _profile_text(source.result)
-        if text is None:
-            if mode == "cross_scale_fit":
-                continue
-            rep.unfitted[f"{group} ({mode})"] = source.result.get("error", "no profile")
-            continue
-        if mode == "in_sample":
-            rep.profiles[group] = profile_from_dict(json.loads(text))
-        if mode == "cross_scale":
-            rep.series_profiles[group] = profile_from_dict(json.loads(text))
-        for n in logs:
-            applies[n].append((mode, text))
-    preds = [
-        Job(f"predict/{s.name}", (s.name,), profiles=tuple(sorted(applies[s.name])),
-            cost=float(s.log.ranks) ** (2 if s.log.collective == "alltoall" else 1))
-        for s in samples
-    ]  # fmt: skip
-    predicted = run_jobs(preds, **kw)
+    # Three rounds, so the longest job (a 2160-rank alltoall, whose routes take minutes) starts
+    # early: the series' fits (small: <= 8 nodes); then the systems' fits beside the predictions
+    # that need no system fit (the systems above fit_max_ranks: the largest logs); then the rest.
+    series_fits = [j for j in fits if j.key.startswith("fit/cross_scale/")]
+    say(f"round 1: {len(series_fits)} cross-scale fits")
+    fitted = dict(run_jobs(series_fits, **kw))
+    early = {s.name for s in samples if system_of(s.name) in rep.not_fitted}
+    preds = _predict_jobs(samples, _applies(rep, targets, fitted, samples))
+    system_fits = [j for j in fits if j not in series_fits]
+    first = [j for j in preds if j.logs[0] in early]
+    say(f"round 2: {len(system_fits)} system fits beside {len(first)} predictions")
+    got = run_jobs(system_fits + first, **kw)
+    fitted.update({k: v for k, v in got.items() if k.startswith("fit/")})
+    preds = _predict_jobs(samples, _applies(rep, targets, fitted, samples))
+    rest = [j for j in preds if j.logs[0] not in early]
+    say(f"round 3: {len(rest)} predictions")
+    predicted = {**{k: v for k, v in got.items() if k.startswith("predict/")},
+                 **run_jobs(rest, **kw)}  # fmt: skip
     for s, job in zip(samples, preds, strict=True):
         result = predicted[job.key].result
-        for mode, got in result.items():
-            if "error" in got:
+        for mode, pred in result.items():
+            if "error" in pred:
                 continue
-            t = np.asarray(got["s"])
+            t = np.asarray(pred["s"])
             if mode == "cross_size":  # predicted for the rows above the fit's
                 keep = s.sizes > SMALL_BYTES
-                r = compare(subset(s, keep), t[keep], list(np.asarray(got["labels"])[keep]))
+                r = compare(subset(s, keep), t[keep], list(np.asarray(pred["labels"])[keep]))
             else:
-                r = compare(s, t, got["labels"])
+                r = compare(s, t, pred["labels"])
             rep.put(mode, [r])
         rep.put("alpha_beta", [compare(s, alpha_beta(s))])
     rep.seconds = rep.stats.wall_s

@@ -1,7 +1,8 @@
 """busbw against node count for one scale series (:class:`~collsim.calibration.scale_series.
 ScalePlot`): per message size a panel with the measured busbw, the uncalibrated prediction and
 the cross-scale calibrated one (fitted on the shaded node counts), node counts as plain ticks at
-the counts measured, one legend under the panels so it hides no data."""
+the counts measured (log scale), busbw on a linear scale from 0, one legend under the panels so it
+hides no data."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import matplotlib.pyplot as plt
 
 from collsim.calibration.scale_series import ScalePlot
 from collsim.io import save_figure
-from collsim.report.axes import count_axis, plain_log_axis, thin_ticks
+from collsim.report.axes import count_axis, thin_ticks
 from collsim.units import format_size
 
 
@@ -43,10 +44,9 @@ def scale_figure(plot: ScalePlot) -> Any:
               label="cross-scale calibrated")  # fmt: skip
         _line(ax, nodes, panel.measured_gbps, "o", color="k", ms=5, label="measured")
         count_axis(ax, nodes)
-        ax.set_yscale("log")
-        plain_log_axis(ax)
+        ax.set_ylim(bottom=0)  # a linear scale from 0: how far off a prediction is reads directly
         ax.set_xlabel("nodes")
-        ax.set_title(f"{format_size(panel.size_bytes)}B", fontsize=10)
+        ax.set_title(f"message size {format_size(panel.size_bytes)}", fontsize=10)
         ax.grid(True, alpha=0.3)
         if len(set(nodes)) == 1:
             ax.set_xlim(nodes[0] / 2, nodes[0] * 2)
@@ -58,7 +58,8 @@ def scale_figure(plot: ScalePlot) -> Any:
     fig.suptitle(plot.title, fontsize=11)
     handles, labels = axes[0][0].get_legend_handles_labels()
     if handles:
-        fig.legend(handles, labels, loc="outside lower center", ncol=len(handles), fontsize=8)
+        cols = len(handles) if n > 1 else 2  # one panel: two rows, no wider than the figure
+        fig.legend(handles, labels, loc="outside lower center", ncol=cols, fontsize=8)
     thin_ticks(fig)
     return fig
 
