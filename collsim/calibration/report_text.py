@@ -109,9 +109,11 @@ def series_lines(rep: Any) -> list[str]:
             notes.append(f"- {s.name}: outside the target ({s.note}).")
         if r.missing:
             missing = ", ".join(map(_bare, r.missing))
-            notes.append(f"- {s.name}: no cross-scale result for {missing} (the fit failed).")
+            why = rep.unfitted.get(f"{s.slug} (cross_scale)", "the fit failed")
+            notes.append(f"- {s.name}: no cross-scale result for {missing} ({why}).")
     lines += ["", *notes, "", "Per log:", "",
-              "| series | log | nodes | ranks | role | uncalibrated % | calibrated % |",
+              "| series | log | nodes | ranks | role | uncalibrated % | "
+              "calibrated % (fit logs: the profile on its own logs) |",
               "| --- | --- | ---: | ---: | --- | ---: | ---: |"]  # fmt: skip
     for s in rep.series:
         for g in s.logs:
@@ -124,7 +126,7 @@ def series_lines(rep: Any) -> list[str]:
 
 def busbw_lines(rep: Any) -> list[str]:
     errs = rep.multi_node_busbw_errors()
-    lines = ["| log | nodes | topology | mean busbw error % | within |",
+    lines = [f"| log | nodes | topology | mean busbw error % | within {100 * BUSBW_WITHIN:.0f}% |",
              "| --- | ---: | --- | ---: | --- |"]  # fmt: skip
     for name, e in sorted(errs.items(), key=lambda kv: kv[1]):
         match = "exact" if name in rep.exact else "approximate"

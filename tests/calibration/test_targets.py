@@ -131,6 +131,7 @@ def fake_report():
               "in_sample": {"a": 0.02}, "cross_collective": {"a": 0.2}},
         series=SERIES, nodes={e.name: e.nodes for e in ENTRIES}, exact=set(),
         validations={"uncalibrated": SimpleNamespace(logs=uncal)}, stats=RunStats(),
+        unfitted={"big-all_reduce (cross_scale)": "5 measured rows cannot determine 7"},
     )  # fmt: skip
     rep.multi_node_busbw_errors = lambda: Report.multi_node_busbw_errors(rep)
     return rep
@@ -149,6 +150,7 @@ def test_the_report_tables_print_what_the_targets_compute():
     series = "\n".join(series_lines(rep))
     assert "| sys all_reduce | polaris | 2, 8 | 256, 540 | 30.0 | 4.0 | 20 | **PASS** |" in series
     assert "| big all_reduce | nvl | 18 | 32 | 30.0 | -- | -- | -- |" in series
+    assert "no cross-scale result for big-32n-all_reduce-1 (5 measured rows cannot" in series
     busbw = "\n".join(busbw_lines(rep))
     assert "| sys-540n-all_reduce-1 | 540 | approximate | 5.0 | yes |" in busbw
     # A changed number changes the verdict: nothing is written by hand.

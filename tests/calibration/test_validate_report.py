@@ -72,9 +72,9 @@ def test_report_modes_baselines_targets_and_plots(tmp_path):
 
 def test_systems_above_the_fit_limit_are_left_to_cross_scale():
     samples = [s for s in dataset_samples() if s.name.startswith("h100-coreweave-ib-12n")]
-    assert samples[0].log.ranks <= FIT_MAX_RANKS
-    rep = build(samples, exact_logs(), fit_max_ranks=64)
-    assert rep.not_fitted == {"h100-coreweave-ib-12n": "96 ranks > 64"}
+    assert samples[0].log.ranks > FIT_MAX_RANKS
+    rep = build(samples, exact_logs())
+    assert rep.not_fitted == {"h100-coreweave-ib-12n": f"96 ranks > {FIT_MAX_RANKS}"}
     assert "in_sample" not in rep.mape and rep.mape["uncalibrated"]
 
 
