@@ -175,7 +175,8 @@ def definition_lines(rep: Any) -> list[str]:
         "- Baselines: NCCL's own tuning model (v2.19-2.21 transcription) on the same topology; a "
         "per-log in-sample fit of t = alpha + beta x bytes.",
         "- Medians and means are over logs (each log once); a series' figure is the mean over "
-        "its predicted logs.",
+        "its predicted logs. Which logs each mode scores: the per-log table below ('--' where a "
+        "mode does not score a log).",
     ]
     if rep.not_fitted:
         skipped = ", ".join(f"`{k}` ({v})" for k, v in sorted(rep.not_fitted.items()))
