@@ -10,7 +10,8 @@ collsim source it reads: an interrupted run resumes, an unchanged rerun reuses e
 rerun after a change recomputes what the change touches. ``--jobs N`` runs N worker processes
 (results are assembled in the dataset's order whatever order they finish in). ``--only PATTERN``
 keeps the logs whose file name matches the glob (or contains the text); it prints the summary and
-writes the Markdown only to an OUT given (the bundled report covers every log).
+writes the Markdown only to an OUT given (the bundled report covers every log). ``--exclude
+PATTERN`` leaves logs out, and the report says which.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("out", nargs="?", type=Path, help="Markdown to write")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     ap.add_argument("--only", help="only the logs whose name matches this glob or contains it")
+    ap.add_argument("--exclude", action="append", default=[],
+                    help="leave out the logs whose name matches this glob or contains it "
+                         "(repeatable); the report names them")  # fmt: skip
     ap.add_argument("--cache", type=Path, default=ROOT / ".cache" / "validation-report",
                     help="folder of cached job results")  # fmt: skip
     ap.add_argument("--no-cache", action="store_true", help="compute everything, store nothing")
@@ -56,12 +60,16 @@ def main(argv: list[str]) -> int:
     def progress(line: str) -> None:
         print(f"{time.perf_counter() - t0:7.0f} s  {line}", file=sys.stderr, flush=True)
 
+    def matches(name: str, pattern: str) -> bool:
+        return fnmatch.fnmatch(name, pattern) or pattern in name
+
     samples = dataset_samples()
     if args.only:
-        samples = [s for s in samples
-                   if fnmatch.fnmatch(s.name, args.only) or args.only in s.name]  # fmt: skip
+        samples = [s for s in samples if matches(s.name, args.only)]
         if not samples:
             ap.error(f"--only {args.only!r} matches no log of data/nccl-tests")
+    left_out = sorted(s.name for s in samples if any(matches(s.name, p) for p in args.exclude))
+    samples = [s for s in samples if s.name not in left_out]
     progress(f"{len(samples)} logs read")
     rep = build(
         samples,
@@ -70,6 +78,7 @@ def main(argv: list[str]) -> int:
         cache=None if args.no_cache else args.cache,
         progress=progress,
         fit_max_ranks=args.fit_max_ranks,
+        left_out=left_out,
     )
     out = args.out or (None if args.only else ROOT / "reports" / "validation.md")
     for mode in MODES:
@@ -83,7 +92,7 @@ def main(argv: list[str]) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         command = "python benchmarks/validation_report.py" + (
             f" --jobs {args.jobs}" if args.jobs > 1 else ""
-        )
+        )  # the bundled report's command: with --exclude, the left-out logs are named in it
         write(rep, out, scale_plotter=plot_scale, command=command)
         print(f"wrote {out}")
     print(f"{time.perf_counter() - t0:.0f} s wall ({rep.stats.computed} jobs computed, "

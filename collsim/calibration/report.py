@@ -38,6 +38,7 @@ from collsim.calibration.report_text import (
     TITLES,
     busbw_lines,
     definition_lines,
+    left_out_lines,
     miss_lines,
     pct,
     run_lines,
@@ -112,6 +113,7 @@ class Report:
     not_fitted: dict[str, str] = field(default_factory=dict)  # system -> why modes b-d skip it
     stats: RunStats = field(default_factory=RunStats)
     workers: int = 1
+    left_out: list[str] = field(default_factory=list)  # dataset logs this run left out
 
     def multi_node_busbw_errors(self) -> dict[str, float]:
         """Uncalibrated mean |busbw error| over rows >= 256 MiB, per log on two nodes or more
@@ -184,6 +186,8 @@ def _fit_jobs(
             add(f"fit/cross_size/{name}", [s.name for s in small], [s.name for s in large],
                 small=True)  # fmt: skip
     for ser in series:
+        if not all(n in ranks for n in ser.fit_on):  # a log it fits on is left out
+            continue
         add(f"fit/cross_scale/{ser.slug}", list(ser.fit_on), list(ser.predict))
         targets[f"fit/cross_scale_fit/{ser.slug}"] = list(ser.fit_on)  # the plots' fit scales
     return jobs, targets
@@ -210,7 +214,8 @@ def _applies(
         if mode == "cross_scale":
             rep.series_profiles[group] = profile_from_dict(json.loads(text))
         for n in logs:
-            applies[n].append((mode, text))
+            if n in applies:  # not a log left out
+                applies[n].append((mode, text))
     return applies
 
 
@@ -234,15 +239,20 @@ def build(
     cache: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
     fit_max_ranks: int = FIT_MAX_RANKS,
+    left_out: Sequence[str] = (),
 ) -> Report:
     """Every mode, baseline and series over ``samples`` (dataset logs of ``data_dir``): fits and
     one prediction job per log, in ``workers`` processes, each cached under ``cache`` where given
-    (:func:`~.report_jobs.run_jobs`); the results are assembled in ``samples``' order."""
-    rep = Report(list(samples), exact=set(exact or ()), workers=workers)
+    (:func:`~.report_jobs.run_jobs`); the results are assembled in ``samples``' order.
+    ``left_out``: dataset logs deliberately not run (named in the report; the series still
+    count them, so a target cannot pass without them)."""
+    rep = Report(list(samples), exact=set(exact or ()), workers=workers,
+                 left_out=sorted(left_out))  # fmt: skip
     names = {s.name for s in samples}
     entries: list[DatasetEntry] = [e for e in load_index(data_dir) if e.name in names]
     rep.nodes = {e.name: e.nodes for e in entries}
-    rep.series = series_of(entries)
+    # Series over the logs left out too: a target series missing one is a MISS, not a pass.
+    rep.series = series_of([e for e in load_index(data_dir) if e.name in names | set(left_out)])
     fits, targets = _fit_jobs(samples, rep.series, fit_max_ranks, rep)
     say = progress or (lambda _: None)
     kw: dict[str, Any] = {"data_dir": data_dir, "cache": cache, "workers": workers,
@@ -296,6 +306,7 @@ def markdown(rep: Report, plots: dict[str, str], *, command: str = "") -> str:
         "",
         *run_lines(rep),
         "",
+        *left_out_lines(rep),
         "MAPE = mean over a log's out-of-place rows (0-byte rows excluded) of |predicted - "
         "measured| / measured, on time. Predictions take the tuner's choice among NCCL's "
         "algorithms, protocols and channels per size, honouring NCCL_ALGO/NCCL_PROTO/"

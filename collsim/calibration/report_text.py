@@ -79,6 +79,16 @@ def run_lines(rep: Any) -> list[str]:
     return out
 
 
+def left_out_lines(rep: Any) -> list[str]:
+    """The dataset logs this run left out (``--exclude``): every table and target below is
+    without them, and a target series missing one of its logs is a MISS."""
+    if not rep.left_out:
+        return []
+    return [f"**Left out of this run** (`--exclude`): {', '.join(map(_bare, rep.left_out))}. "
+            "Every table and target below is computed without them; a series in the target "
+            "that misses one of its logs counts as a MISS.", ""]  # fmt: skip
+
+
 def target_lines(rep: Any) -> list[str]:
     lines = ["| target | over | value | limit | verdict |", "| --- | ---: | ---: | ---: | --- |"]
     for t in targets_of(rep):
@@ -109,8 +119,22 @@ def series_lines(rep: Any) -> list[str]:
             notes.append(f"- {s.name}: outside the target ({s.note}).")
         if r.missing:
             missing = ", ".join(map(_bare, r.missing))
-            why = rep.unfitted.get(f"{s.slug} (cross_scale)", "the fit failed")
+            gone = [n for n in r.missing if n in rep.left_out]
+            why = "left out of this run" if gone else "the fit failed"
+            why = rep.unfitted.get(f"{s.slug} (cross_scale)", why)
             notes.append(f"- {s.name}: no cross-scale result for {missing} ({why}).")
+    same = [
+        r.series.name
+        for r in series_rows(rep.series, unc, cal)
+        if r.series.predict
+        and all(n in cal and abs(cal[n] - unc.get(n, -1.0)) < 5e-4 for n in r.series.predict)
+    ]
+    if same:
+        notes.append(
+            f"- {', '.join(same)}: the cross-scale profile changes no predicted log by "
+            "0.05 point or more: at those scales it keeps the prior (the uncalibrated "
+            "model) for what the fit could not see there (`Profile.params`)."
+        )
     lines += ["", *notes, "", "Per log:", "",
               "| series | log | nodes | ranks | role | uncalibrated % | "
               "calibrated % (fit logs: the profile on its own logs) |",
@@ -192,7 +216,13 @@ def miss_lines(rep: Any) -> list[str]:
     for t in rows.values():
         if t.passed:
             continue
-        if t.name.startswith("cross-scale"):
+        if t.name.startswith("cross-scale worst"):
+            rows_ = series_rows(rep.series, rep.mape.get("uncalibrated", {}),
+                                rep.mape.get("cross_scale", {}))  # fmt: skip
+            worst = sorted(((r.series.name, r.calibrated) for r in rows_
+                            if r.series.in_target and r.calibrated is not None),
+                           key=lambda kv: -kv[1])[:6]  # fmt: skip
+        elif t.name.startswith("cross-scale"):
             worst = sorted(((n, v) for s in rep.series if s.in_target for n in s.predict
                             if (v := rep.mape.get("cross_scale", {}).get(n)) is not None),
                            key=lambda kv: -kv[1])[:6]  # fmt: skip

@@ -132,6 +132,7 @@ def fake_report():
         series=SERIES, nodes={e.name: e.nodes for e in ENTRIES}, exact=set(),
         validations={"uncalibrated": SimpleNamespace(logs=uncal)}, stats=RunStats(),
         unfitted={"big-all_reduce (cross_scale)": "5 measured rows cannot determine 7"},
+        left_out=[],
     )  # fmt: skip
     rep.multi_node_busbw_errors = lambda: Report.multi_node_busbw_errors(rep)
     return rep

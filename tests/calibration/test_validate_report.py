@@ -87,3 +87,14 @@ def test_alpha_beta_baseline_recovers_a_line():
 def test_system_names():
     assert system_of("h100-snellius-ib-2n-all_reduce-1.txt") == "h100-snellius-ib-2n"
     assert system_of("a100pcie-ib-2n1g-gdr-reduce_scatter-1.txt") == "a100pcie-ib-2n1g-gdr"
+
+
+def test_a_log_left_out_is_named_and_its_series_cannot_pass_without_it(tmp_path):
+    gone = "rtx4090-kalavai-4gpu-all_reduce-2.txt"
+    samples = [s for s in dataset_samples() if s.name.startswith("rtx4090-kalavai-")]
+    rep = build([s for s in samples if s.name != gone], exact_logs(), left_out=[gone])
+    (series,) = rep.series
+    assert gone in series.predict and gone not in rep.mape["uncalibrated"]
+    text = write(rep, tmp_path / "v.md").read_text()
+    assert "**Left out of this run** (`--exclude`): rtx4090-kalavai-4gpu-all_reduce-2." in text
+    assert "no cross-scale result for rtx4090-kalavai-4gpu-all_reduce-2 (left out of this run)" in text
