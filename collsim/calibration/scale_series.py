@@ -129,9 +129,13 @@ class ScalePanel:
 
 @dataclass(frozen=True)
 class ScalePlot:
+    """Panels against nodes -- or against ranks (``axis``) where every log ran on as many
+    nodes (GPUs of one machine) -- with the fit's values of that axis."""
+
     title: str
     fit_nodes: tuple[int, ...]
     panels: tuple[ScalePanel, ...]
+    axis: str = "nodes"
 
 
 def _busbw_at(result: Any, size: int, measured: bool = False) -> float | None:
@@ -145,6 +149,8 @@ def scale_plot(series: Series, results: Mapping[str, Mapping[str, Any]]) -> Scal
     """The data of a series' busbw-vs-nodes plot: ``results`` mode -> log -> LogResult
     (``uncalibrated``; ``cross_scale`` for the predicted logs, ``cross_scale_fit`` for those
     fitted on)."""
+    by_ranks = len({g.nodes for g in series.logs}) == 1
+    scale = {g.name: g.ranks if by_ranks else g.nodes for g in series.logs}
     unc = results.get("uncalibrated", {})
     sizes_of = [{p.bytes for p in unc[g.name].points} for g in series.logs if g.name in unc]
     large = sorted({b for s in sizes_of for b in s if b >= LARGE_PANEL_BYTES},
@@ -157,9 +163,10 @@ def scale_plot(series: Series, results: Mapping[str, Mapping[str, Any]]) -> Scal
             if measured is None:
                 continue
             mode = "cross_scale_fit" if g.name in series.fit_on else "cross_scale"
-            rows.append((g.nodes, measured, _busbw_at(unc.get(g.name), size),
+            rows.append((scale[g.name], measured, _busbw_at(unc.get(g.name), size),
                          _busbw_at(results.get(mode, {}).get(g.name), size)))  # fmt: skip
         if rows:
             cols = list(zip(*rows, strict=True))
             panels.append(ScalePanel(size, *map(tuple, cols)))  # type: ignore[arg-type]
-    return ScalePlot(series.name, tuple(series.nodes_of(series.fit_on)), tuple(panels))
+    fit = sorted({scale[n] for n in series.fit_on})
+    return ScalePlot(series.name, tuple(fit), tuple(panels), "ranks" if by_ranks else "nodes")

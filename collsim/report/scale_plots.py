@@ -45,7 +45,7 @@ def scale_figure(plot: ScalePlot) -> Any:
         _line(ax, nodes, panel.measured_gbps, "o", color="k", ms=5, label="measured")
         count_axis(ax, nodes)
         ax.set_ylim(bottom=0)  # a linear scale from 0: how far off a prediction is reads directly
-        ax.set_xlabel("nodes")
+        ax.set_xlabel(plot.axis)
         ax.set_title(f"message size {format_size(panel.size_bytes)}", fontsize=10)
         ax.grid(True, alpha=0.3)
         if len(set(nodes)) == 1:

@@ -4,10 +4,13 @@ cut off, the legend clear of the panels, a log without a prediction drawn withou
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import matplotlib.pyplot as plt
 import pytest
 
-from collsim.calibration.scale_series import ScalePanel, ScalePlot
+from collsim.calibration.dataset import load_index
+from collsim.calibration.scale_series import ScalePanel, ScalePlot, scale_plot, series_of
 from collsim.report.scale_plots import plot_scale, scale_figure
 from tests.report.figure_checks import overlapping_tick_labels, texts_outside_figure
 
@@ -61,3 +64,20 @@ def test_crowded_counts_are_thinned_and_one_panel_keeps_its_legend_inside(tmp_pa
     assert texts_outside_figure(fig) == []
     path = plot_scale(PLOT, tmp_path / "s.png")
     assert path.stat().st_size > 1000
+
+
+def test_a_series_on_one_node_is_drawn_against_ranks():
+    """Two and four GPUs of one machine: against nodes every point would sit at x = 1."""
+    (series,) = [s for s in series_of(load_index()) if s.name == "rtx4090-kalavai all_reduce"]
+
+    def result(busbw):
+        point = SimpleNamespace(bytes=1 << 20, measured_busbw_gbps=busbw,
+                                predicted_busbw_gbps=2 * busbw)  # fmt: skip
+        return SimpleNamespace(points=[point])
+
+    unc = {g.name: result(float(g.ranks)) for g in series.logs}
+    plot = scale_plot(series, {"uncalibrated": unc})
+    assert plot.axis == "ranks" and plot.fit_nodes == (2,)
+    (panel,) = plot.panels
+    assert panel.nodes == (2, 2, 4, 4) and panel.uncalibrated_gbps == (4.0, 4.0, 8.0, 8.0)
+    assert scale_figure(plot).axes[0].get_xlabel() == "ranks"
