@@ -70,8 +70,9 @@ def run_lines(rep: Any) -> list[str]:
         f"Machine: {platform.machine()}, {platform.system()} {platform.release()}, "
         f"{os.cpu_count()} cores, Python {platform.python_version()}; {rep.workers} worker "
         f"process(es); load average at the end {load} (1/5/15 min; the machine is shared). "
-        f"This run: {rep.seconds:.0f} s wall, {st.computed} of {len(st.outcomes)} jobs computed, "
-        f"the rest reused from the cache; the jobs' own times sum to {total:.0f} s.",
+        f"This run's jobs: {rep.seconds:.0f} s wall, {st.computed} of {len(st.outcomes)} "
+        f"computed, the rest reused from the cache; the jobs' own times (each as computed) sum "
+        f"to {total:.0f} s.",
     ]
     if slow:
         out += ["", "Slowest jobs (seconds when computed): " + ", ".join(
