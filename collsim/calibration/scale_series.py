@@ -12,6 +12,7 @@ not in it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -139,10 +140,14 @@ class ScalePlot:
 
 
 def _busbw_at(result: Any, size: int, measured: bool = False) -> float | None:
-    for p in result.points if result is not None else ():
-        if p.bytes == size:
-            return p.measured_busbw_gbps if measured else p.predicted_busbw_gbps
-    return None
+    """busbw at the log's row nearest ``size`` within a factor sqrt(2) (a log whose sizes are
+    multiples of its rank count, 8640 x 2^k on 2160 ranks, has no row at exactly 1 MiB)."""
+    rows = [p for p in (result.points if result is not None else ())
+            if abs(math.log2(p.bytes / size)) <= 0.5]  # fmt: skip
+    if not rows:
+        return None
+    p = min(rows, key=lambda q: abs(math.log2(q.bytes / size)))
+    return p.measured_busbw_gbps if measured else p.predicted_busbw_gbps
 
 
 def scale_plot(series: Series, results: Mapping[str, Mapping[str, Any]]) -> ScalePlot:

@@ -46,7 +46,7 @@ def scale_figure(plot: ScalePlot) -> Any:
         count_axis(ax, nodes)
         ax.set_ylim(bottom=0)  # a linear scale from 0: how far off a prediction is reads directly
         ax.set_xlabel(plot.axis)
-        ax.set_title(f"message size {format_size(panel.size_bytes)}", fontsize=10)
+        ax.set_title(f"message size {format_size(panel.size_bytes)}", fontsize=10)  # or nearest
         ax.grid(True, alpha=0.3)
         if len(set(nodes)) == 1:
             ax.set_xlim(nodes[0] / 2, nodes[0] * 2)

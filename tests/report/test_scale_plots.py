@@ -81,3 +81,22 @@ def test_a_series_on_one_node_is_drawn_against_ranks():
     (panel,) = plot.panels
     assert panel.nodes == (2, 2, 4, 4) and panel.uncalibrated_gbps == (4.0, 4.0, 8.0, 8.0)
     assert scale_figure(plot).axes[0].get_xlabel() == "ranks"
+
+
+def test_a_log_without_the_exact_size_is_drawn_at_its_nearest_row():
+    """2160 ranks: sizes are 8640 x 2^k, so 1045440 bytes stands for 1 MiB (within sqrt 2)."""
+    (series,) = [s for s in series_of(load_index()) if s.name == "a100-polaris-slingshot alltoall"]
+    rows = {"a100-polaris-slingshot-540n-alltoall-1.txt": 1045440}
+
+    def result(name):
+        pts = [
+            SimpleNamespace(
+                bytes=rows.get(name, 1 << 20), measured_busbw_gbps=1.0, predicted_busbw_gbps=2.0
+            ),
+            SimpleNamespace(bytes=3 << 20, measured_busbw_gbps=9.0, predicted_busbw_gbps=9.0),
+        ]
+        return SimpleNamespace(points=pts)  # fmt: skip
+
+    plot = scale_plot(series, {"uncalibrated": {g.name: result(g.name) for g in series.logs}})
+    assert plot.panels[0].nodes == (2, 8, 256, 540)
+    assert plot.panels[0].measured_gbps == (1.0,) * 4  # not the 3 MiB row: beyond sqrt 2
