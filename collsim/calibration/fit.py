@@ -67,6 +67,7 @@ from collsim.model.profile import (
     Provenance,
     TopologyRef,
 )
+from collsim.model.system import System
 from collsim.tables import plural
 from collsim.topology.spec import Topology
 from collsim.whatif import WhatIf
@@ -106,10 +107,21 @@ def check_log(log: NcclTestsLog, *, allow_anomalies: bool = False, action: str =
         )
 
 
-def classes_used(topology: Topology) -> list[int]:
+def classes_used(system: System) -> list[int]:
     """Link classes (0 nvlink, 1 pci, 2 net) on the routes between the system's GPUs
-    (:meth:`~collsim.model.system.System.link_classes_used`)."""
-    return WhatIf(topology).link_classes_used()
+    (:meth:`~collsim.model.system.System.link_classes_used`). It takes the system the caller's
+    predictions run on, so that its routes are built once (they take minutes at thousands of
+    GPUs), not again for this question."""
+    return system.link_classes_used()
+
+
+def _systems(samples: Sequence[Sample]) -> dict[int, WhatIf]:
+    """One :class:`WhatIf` per distinct topology object of ``samples`` (keyed by its id): the
+    routes every model the fit builds on it share."""
+    out: dict[int, WhatIf] = {}
+    for s in samples:
+        out.setdefault(id(s.topology), WhatIf(s.topology))
+    return out
 
 
 def fit_samples(
@@ -126,8 +138,9 @@ def fit_samples(
             "logs of one fit must be on one topology", field="--topology", value=sorted(names)
         )
     samples = sorted(samples, key=lambda s: (-s.topology.n_gpus, s.name))
-    classes = sorted({k for s in samples for k in classes_used(s.topology)})
-    prob = Problem(samples, classes, base)
+    systems = _systems(samples)
+    classes = sorted({k for s in systems.values() for k in classes_used(s)})
+    prob = Problem(samples, classes, base, systems=[systems[id(s.topology)] for s in samples])
     rows = sum(int(s.sizes.size) for s in samples)
     # Each class's own factors have a prior that holds them where the rows cannot: what the rows
     # must determine are the others (efficiency, latency, base, floor, size factors, duplex).
@@ -202,7 +215,7 @@ def fit_samples(
     x = prob.x_of(phys)
     exact = Profile(_doc(prob, x)).params(base)  # the error reported is the profile's own
     preds = [
-        Predictor(s.topology, exact).predict(
+        Predictor(systems[id(s.topology)], exact).predict(
             s.log.collective,
             s.sizes,
             env=s.env,

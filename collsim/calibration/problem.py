@@ -105,8 +105,17 @@ def duplex_identifiable(samples: Sequence[Any]) -> bool:
 class Problem:
     """The residual function over one system's samples, with the model cache (module docstring)."""
 
-    def __init__(self, samples: Sequence[Any], classes: list[int], base: ModelParams) -> None:
+    def __init__(
+        self,
+        samples: Sequence[Any],
+        classes: list[int],
+        base: ModelParams,
+        systems: Sequence[Any] | None = None,
+    ) -> None:
         self.samples = samples
+        # Each sample's system (a WhatIf), or its topology: every model rebuilt for a new
+        # structural parameter shares the system's routes instead of routing again.
+        self.systems = list(systems) if systems is not None else [s.topology for s in samples]
         self.classes = classes
         # The fit owns the host's floor (x[3] per launch, HOST_P2P_OP_S per operation): a base
         # that carries one already (an uncalibrated or fitted profile) would count it twice.
@@ -231,7 +240,7 @@ class Problem:
                     for q in self.base.protocols
                 ),
             )
-            self._models[key] = [Predictor(s.topology, params).model for s in self.samples]
+            self._models[key] = [Predictor(system, params).model for system in self.systems]
         return self._models[key]
 
     def scale(self, x: np.ndarray) -> Scale:
