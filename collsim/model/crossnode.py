@@ -20,6 +20,12 @@ As for the trees (:mod:`collsim.model.trees`), ``T = fill(chunk) + (K - 1) step(
 
 Channels' slices take the same routes, so they are one flow of weight ``C``. The link-load
 bound adds every flow's bytes per collective byte on its links.
+
+Each point-to-point flow copy (one channel's transfer) runs at most at its channel's rate
+ceiling (:attr:`FlowCosts.ceiling`, :mod:`collsim.channel_rates`), as the engine caps a
+transfer's flow: in the fill (max-min shares with the ceiling), the steady state (a round lasts
+at least as long as the copy needs at its ceiling) and the load bound (a line per stage for its
+slowest copy at its ceiling). In-network reductions have no ceiling, in either engine.
 """
 
 from __future__ import annotations
@@ -47,7 +53,8 @@ from collsim.protocols import step_latency_s
 @dataclass
 class _Flows:
     """The flows of one stage: routes, per-flow latency, payload bytes per chunk byte, the GPU
-    that reduces what the flow delivers (-1: none), the op each flow belongs to, its weight."""
+    that reduces what the flow delivers (-1: none), the op each flow belongs to, its weight and
+    each copy's rate ceiling."""
 
     links: list[np.ndarray]
     lat_s: list[float]
@@ -56,14 +63,18 @@ class _Flows:
     op: list[int]
     weight: list[float]
     """Channels running the flow's slice (same routes: one flow of that weight)."""
+    ceil: list[float]
+    """Wire bytes/s each copy may reach (its channel's, as the engine caps a transfer); ``inf``:
+    none (in-network reductions, fabrics without channels)."""
 
     @classmethod
     def empty(cls) -> _Flows:
-        return cls([], [], [], [], [], [])
+        return cls([], [], [], [], [], [], [])
 
     def add(self, links: np.ndarray, lat: float, traffic: float, reducer: int, op: int,
-            weight: float = 1.0) -> None:  # fmt: skip
+            weight: float = 1.0, ceil: float = np.inf) -> None:  # fmt: skip
         self.weight.append(float(weight))
+        self.ceil.append(float(ceil))
         self.links.append(np.asarray(links, dtype=np.int64))
         self.lat_s.append(float(lat))
         self.traffic.append(float(traffic))
@@ -73,11 +84,16 @@ class _Flows:
 
 def _add_p2p(costs: FlowCosts, flows: _Flows, src: list[int], dst: list[int], fused: bool,
              op0: int, weight: float) -> int:  # fmt: skip
-    """Point-to-point flows ``src[i] -> dst[i]``, each its own op from ``op0``."""
+    """Point-to-point flows ``src[i] -> dst[i]``, each its own op from ``op0``, each copy at
+    most at its channel's ceiling for the slowest link class on its route (the engine's
+    ``route_ceiling``: a collective's transfer stands for one channel)."""
     ptr, links, lat = costs.routes(np.asarray(src), np.asarray(dst))
+    by_kind = costs.ceiling[False]
+    worst = costs.route_kinds(ptr, links)
     for i in range(len(src)):
         red = dst[i] if fused else -1
-        flows.add(links[ptr[i] : ptr[i + 1]], lat[i], 1.0, red, op0 + i, weight)
+        ceil = np.inf if by_kind is None else float(by_kind[worst[i]])
+        flows.add(links[ptr[i] : ptr[i + 1]], lat[i], 1.0, red, op0 + i, weight, ceil)
     return op0 + len(src)
 
 
@@ -142,14 +158,18 @@ def _stages(
 
 
 def _rates(costs: FlowCosts, parts: list[_Flows]) -> list[np.ndarray]:
-    """Max-min rates of the flows of ``parts`` running together (each its weight's copies)."""
+    """Max-min rates of the flows of ``parts`` running together (each its weight's copies,
+    each copy at most at its ceiling)."""
     links = [x for p in parts for x in p.links]
     weight = np.array([w for p in parts for w in p.weight], dtype=np.float64)
+    ceil = np.array([c for p in parts for c in p.ceil], dtype=np.float64)
     lengths = np.array([x.size for x in links], dtype=np.int64)
     ptr = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=ptr[1:])
     flat = np.concatenate(links) if links else np.zeros(0, dtype=np.int64)
-    rates = max_min_rates(ptr, flat, weight, costs.capacity)
+    rates = max_min_rates(
+        ptr, flat, weight, costs.capacity, ceil if np.isfinite(ceil).any() else None
+    )
     out, lo = [], 0
     for p in parts:
         out.append(rates[lo : lo + len(p.links)])
@@ -185,11 +205,14 @@ def cross_node(costs: FlowCosts, algorithm: str, layout: RankLayout, channels: i
     # Steady state: a chunk round puts every flow's bytes on its links and every fused
     # reduction's on its GPU; the round lasts as long as the busiest of them needs (max-min
     # sharing re-shares as flows finish, so no link idles while it has bytes to carry).
+    # A copy at its channel's ceiling needs its own bytes' time however idle its links are.
     round_s = np.zeros(costs.capacity.shape[0])
     reduce_s = np.zeros(costs.reduce_bytes_per_s.shape[0])
+    capped_s = 0.0
     for f in stages:
-        for links, traffic, lat, red, w in zip(
-            f.links, f.traffic, f.lat_s, f.reducer, f.weight, strict=True
+        slowest: tuple[float, float] | None = None  # the stage's slowest copy at its ceiling
+        for links, traffic, lat, red, w, ceil in zip(
+            f.links, f.traffic, f.lat_s, f.reducer, f.weight, f.ceil, strict=True
         ):
             wire = w * per_byte * traffic * costs.wire / costs.capacity[links]
             np.add.at(round_s, links, wire)
@@ -197,7 +220,14 @@ def cross_node(costs: FlowCosts, algorithm: str, layout: RankLayout, channels: i
             np.minimum.at(costs.load_lat_s, links, lat)
             if red >= 0:
                 reduce_s[red] += w * per_byte / costs.reduce_bytes_per_s[red]
-    every_b = float(max(round_s.max(initial=0.0), reduce_s.max(initial=0.0)))
+            if links.size and np.isfinite(ceil):
+                own = per_byte * traffic * costs.wire / ceil
+                capped_s = max(capped_s, own)
+                if slowest is None or own > slowest[1]:
+                    slowest = (float(lat), own)
+        if slowest is not None:  # the load bound's line for this stage's slowest copy
+            costs.ceiling_lines.append(slowest)
+    every_b = float(max(round_s.max(initial=0.0), reduce_s.max(initial=0.0), capped_s))
     repeat = [1, depth, depth, 1] if algorithm == "nvls_tree" else [1, 1, 1]
 
     def fill(s: float) -> Aff:

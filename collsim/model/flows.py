@@ -253,7 +253,7 @@ class FlowCosts:
         """Per wave, the flow whose bytes take longest at its ceiling: ``(latency, s per byte)``,
         a bound beside the links' (one channel's flow moves at most its channel's rate)."""
 
-    def _worst(self, ptr: np.ndarray, links: np.ndarray) -> np.ndarray:
+    def route_kinds(self, ptr: np.ndarray, links: np.ndarray) -> np.ndarray:
         """The slowest link class on each route (NVLink for an empty one)."""
         lengths = np.diff(ptr)
         worst = np.zeros(lengths.shape[0], dtype=np.int64)
@@ -270,7 +270,7 @@ class FlowCosts:
         links = np.asarray(links, dtype=np.int64)
         lat = np.asarray(lat, dtype=np.float64)
         lengths = np.diff(ptr)
-        worst = self._worst(ptr, links)
+        worst = self.route_kinds(ptr, links)
         nonempty = lengths > 0
         scale = np.asarray(self.params.route_latency_scale)
         if np.any(scale != 1.0) and links.size:
@@ -350,7 +350,7 @@ class FlowCosts:
         ceil = (
             None
             if by_kind is None
-            else by_kind[self._worst(ptr, links)] * (float(channels_per_transfer) * scale)
+            else by_kind[self.route_kinds(ptr, links)] * (float(channels_per_transfer) * scale)
         )
         key = b"".join((src.tobytes(), dst.tobytes(), (w / scale).tobytes(), rel.tobytes(),
                         bytes([fluid]), b"" if ceil is None else ceil.tobytes()))  # fmt: skip
