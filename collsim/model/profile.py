@@ -207,7 +207,17 @@ class Profile:
             classes is not None
             and fitted < set(classes)
             and (seen is None or seen.status == "constrained")
+            and (not name.endswith(".latency_scale") or self.saw_several_step_counts())
         )
+
+    def saw_several_step_counts(self) -> bool:
+        """Whether the fit's logs ran at more than one rank count. A link class's per-step
+        latency and the per-call base latency trade off on logs of one rank count (each
+        algorithm's step count is fixed there, so ``steps x latency + base`` moves as one):
+        only logs at several counts tell them apart, and only then does a latency scale
+        describe the link rather than that scale's calls (a one-node Snellius all_gather fit
+        put 2.5x on NVLink's step latency and made two nodes worse)."""
+        return len(set(self.doc.provenance.ranks)) > 1
 
     def params(
         self,
