@@ -30,6 +30,7 @@ from collsim.engine.fabric import Fabric
 from collsim.engine.skew import check_rank_slowdown, check_rank_start, op_release_s, slow_local
 from collsim.errors import ScheduleError
 from collsim.protocols import Protocol, step_latency_s
+from collsim.transports import PROTOCOL_INDEX, route_overhead_s
 
 # Operation classes, as the replay dispatches them.
 NET, COPY, LOCAL_REDUCE, IN_NETWORK = 0, 1, 2, 3
@@ -153,6 +154,18 @@ def _route_kind(link_kind: np.ndarray, ptr: np.ndarray, links: np.ndarray) -> np
     return kinds
 
 
+def _transport_overhead(
+    fabric: Fabric, protocol: Protocol, ptr: np.ndarray, links: np.ndarray
+) -> np.ndarray | float:
+    """Per route, the net transport's per-step overhead for ``protocol`` (the fabric's
+    ``transport_overhead_s``, where it has one: :class:`collsim.topology.fabric.TopologyFabric`)."""
+    table = getattr(fabric, "transport_overhead_s", None)
+    row = PROTOCOL_INDEX.get(protocol.name.lower())
+    if table is None or row is None:
+        return 0.0
+    return route_overhead_s(np.asarray(table[row], dtype=np.float64), ptr, links)
+
+
 def prepare(
     schedule: Schedule,
     fabric: Fabric,
@@ -242,7 +255,8 @@ def _routes(prep: Prepared, schedule: Schedule, fabric: Fabric, protocol: Protoc
         prep.route_ptr = np.asarray(route_ptr, dtype=np.int64)
         prep.route_links = np.asarray(route_links, dtype=np.int64)
         hop = protocol.hop_latency(_route_kind(link_kind, prep.route_ptr, prep.route_links))
-        prep.route_latency_s = step_latency_s(route_lat, hop)
+        transport = _transport_overhead(fabric, protocol, prep.route_ptr, prep.route_links)
+        prep.route_latency_s = step_latency_s(route_lat, hop, transport)
         prep.route = prep.route.astype(int_dtype(-1, keys.size, np.int32))
         for part in parts:
             net, pair = pair_keys(part)

@@ -25,6 +25,7 @@ import numpy as np
 
 from collsim.model.params import ModelParams, ProtocolParams
 from collsim.protocols import step_latency_s
+from collsim.transports import PROTOCOL_INDEX, route_overhead_s
 
 if TYPE_CHECKING:  # the engine's narrow Fabric interface; TopologyFabric implements it
     from collsim.engine.fabric import Fabric
@@ -182,6 +183,14 @@ class FlowCosts:
             else np.zeros(kind.shape[0])
         )
         self.hop_s = np.asarray(protocol.hop_latency_s, dtype=np.float64)
+        # The net transport's per-step overhead per link for this protocol (transports.py).
+        table = getattr(fabric, "transport_overhead_s", None)
+        row = PROTOCOL_INDEX.get(protocol.name.lower())
+        self.transport_s = (
+            np.asarray(table[row], dtype=np.float64)
+            if table is not None and row is not None
+            else np.zeros(kind.shape[0])
+        )
         self.wire = 1.0 / protocol.bandwidth_fraction
         self.reduce_bytes_per_s = (
             np.asarray(fabric.reduce_bytes_per_s, dtype=np.float64) * params.reduce_efficiency
@@ -215,7 +224,8 @@ class FlowCosts:
             lat = (
                 lat + np.bincount(owner, weights=extra, minlength=n) + (scale[worst] - 1.0) * device
             )
-        lat = np.where(nonempty, step_latency_s(lat, self.hop_s[worst]), 0.0)
+        transport = route_overhead_s(self.transport_s, ptr, links)
+        lat = np.where(nonempty, step_latency_s(lat, self.hop_s[worst], transport), 0.0)
         return ptr, links, lat
 
     def wave(
