@@ -87,7 +87,8 @@ TRANSPORTS: dict[str, Transport] = {
             "NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS streams): reports latency 0 to the "
             "tuner. Fitted on the one socket log, aws-eks-2n1g-socket (2 ranks): 30 and 40 us per "
             "network step give 10.1% and 10.5% MAPE (grid 0-60 by 10); busbw at >= 256 MiB 0.32 "
-            "of the 50 Gb/s port",
+            "of the 50 Gb/s port (2.0 GB/s), near the 0.36-0.42 of a 100 GbE port published in "
+            "NVIDIA/nccl#450 (all_reduce busbw 4.5-5.2 GB/s with NCCL_SOCKET_NTHREADS=2)",
         ),
         Transport(
             "efa",
