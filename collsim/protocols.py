@@ -91,16 +91,20 @@ class Protocol:
 
 
 def step_latency_s(
-    route_latency_s: np.ndarray | float, hop_latency_s: np.ndarray | float
+    route_latency_s: np.ndarray | float,
+    hop_latency_s: np.ndarray | float,
+    transport_s: np.ndarray | float = 0.0,
 ) -> np.ndarray:
     """Latency of one step over a route: the larger of the route's datasheet latency (links and
     forwarding devices) and the protocol's per-hop latency for its class (NCCL ``hwLat``), which
-    already includes a typical route's wire time (module docstring). The engine
-    (:mod:`collsim.engine.prepare`) and the analytic model (:mod:`collsim.model.flows`) both
-    charge this, so they agree."""
+    already includes a typical route's wire time (module docstring), plus ``transport_s``, the
+    per-step overhead of the net transport whose NIC the route crosses (0 for IB/RoCE verbs;
+    :mod:`collsim.transports`), which NCCL too adds on top of ``hwLat`` (its plugin latency).
+    The engine (:mod:`collsim.engine.prepare`) and the analytic model
+    (:mod:`collsim.model.flows`) both charge this, so they agree."""
     return np.maximum(
         np.asarray(route_latency_s, dtype=np.float64), np.asarray(hop_latency_s, dtype=np.float64)
-    )
+    ) + np.asarray(transport_s, dtype=np.float64)
 
 
 LL = Protocol("LL", 0.5, (0.6 * _US, 1.0 * _US, 2.7 * _US))

@@ -30,6 +30,7 @@ from collsim.engine.fabric import Fabric
 from collsim.engine.skew import check_rank_slowdown, check_rank_start, op_release_s, slow_local
 from collsim.errors import ScheduleError
 from collsim.protocols import Protocol, step_latency_s
+from collsim.transports import PROTOCOL_INDEX, route_overhead_s
 
 # Operation classes, as the replay dispatches them.
 NET, COPY, LOCAL_REDUCE, IN_NETWORK = 0, 1, 2, 3
@@ -184,6 +185,18 @@ def _route_kind(link_kind: np.ndarray, ptr: np.ndarray, links: np.ndarray) -> np
     return kinds
 
 
+def _transport_overhead(
+    fabric: Fabric, protocol: Protocol, ptr: np.ndarray, links: np.ndarray
+) -> np.ndarray | float:
+    """Per route, the net transport's per-step overhead for ``protocol`` (the fabric's
+    ``transport_overhead_s``, where it has one: :class:`collsim.topology.fabric.TopologyFabric`)."""
+    table = getattr(fabric, "transport_overhead_s", None)
+    row = PROTOCOL_INDEX.get(protocol.name.lower())
+    if table is None or row is None:
+        return 0.0
+    return route_overhead_s(np.asarray(table[row], dtype=np.float64), ptr, links)
+
+
 def prepare(
     schedule: Schedule,
     fabric: Fabric,
@@ -276,7 +289,8 @@ def _routes(prep: Prepared, schedule: Schedule, fabric: Fabric, protocol: Protoc
         prep.route_ptr = np.asarray(route_ptr, dtype=np.int64)
         prep.route_links = np.asarray(route_links, dtype=np.int64)
         kinds = _route_kind(link_kind, prep.route_ptr, prep.route_links)
-        prep.route_latency_s = step_latency_s(route_lat, protocol.hop_latency(kinds))
+        transport = _transport_overhead(fabric, protocol, prep.route_ptr, prep.route_links)
+        prep.route_latency_s = step_latency_s(route_lat, protocol.hop_latency(kinds), transport)
         ceiling = channel_ceiling(fabric, protocol, schedule.meta)
         if ceiling is not None:
             prep.route_ceiling = ceiling[kinds]

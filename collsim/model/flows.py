@@ -26,6 +26,7 @@ import numpy as np
 from collsim.engine.prepare import channel_ceiling
 from collsim.model.params import ModelParams, ProtocolParams
 from collsim.protocols import step_latency_s
+from collsim.transports import PROTOCOL_INDEX, route_overhead_s
 
 if TYPE_CHECKING:  # the engine's narrow Fabric interface; TopologyFabric implements it
     from collsim.engine.fabric import Fabric
@@ -236,6 +237,14 @@ class FlowCosts:
             else np.zeros(kind.shape[0])
         )
         self.hop_s = np.asarray(protocol.hop_latency_s, dtype=np.float64)
+        # The net transport's per-step overhead per link for this protocol (transports.py).
+        table = getattr(fabric, "transport_overhead_s", None)
+        row = PROTOCOL_INDEX.get(protocol.name.lower())
+        self.transport_s = (
+            np.asarray(table[row], dtype=np.float64)
+            if table is not None and row is not None
+            else np.zeros(kind.shape[0])
+        )
         self.wire = 1.0 / protocol.bandwidth_fraction
         self.reduce_bytes_per_s = (
             np.asarray(fabric.reduce_bytes_per_s, dtype=np.float64) * params.reduce_efficiency
@@ -291,7 +300,9 @@ class FlowCosts:
             if has.any():
                 per_path[has] = np.maximum.reduceat(self.link_kind[p_links], p_ptr[:-1][has])
             worst = np.maximum(worst, np.maximum.reduceat(per_path, pair_ptr[:-1]))
-        lat = np.where(nonempty, step_latency_s(lat, self.hop_s[worst]), 0.0)
+        # a transport's overhead sits on its NIC cables, which every path of a pair shares
+        transport = route_overhead_s(self.transport_s, ptr, links)
+        lat = np.where(nonempty, step_latency_s(lat, self.hop_s[worst], transport), 0.0)
         return ptr, links, lat
 
     def paths(

@@ -12,6 +12,7 @@ from collsim.topology.graph import Network, count_by_kind
 from collsim.topology.loader import catalog_names, load_topology
 from collsim.topology.routing import BALANCED_KINDS
 from collsim.topology.spec import INTRA_NODE_LINK_KINDS, Topology
+from collsim.transports import transport_for
 
 
 def catalog_rows() -> list[dict[str, Any]]:
@@ -92,6 +93,7 @@ def describe(topo: Topology) -> dict[str, Any]:
         "bisection_bandwidth_gbps": units.to_gbps(net.bisection_bandwidth_bytes_per_s()),
         "diameter_hops": net.diameter_hops(),
         "in_network_reduction": reducing,
+        **({"transports": _transports(topo)} if _transports(topo) else {}),
         "gpu_nic_affinity": affinity,
         **({"faults": list(topo.faults)} if topo.faults else {}),
     }
@@ -116,6 +118,25 @@ def routing_words(topo: Topology) -> str:
         return "none (no scale-out links)"
     by_kind = ", ".join(f"{k} {'dmodk' if k in BALANCED_KINDS else 'ecmp'}" for k in kinds)
     return f"not given: by link kind ({by_kind})"
+
+
+def _transports(topo: Topology) -> list[dict[str, Any]]:
+    """The net transport of each kind of NIC cable (collsim/transports.py): its per-step
+    overhead (LL/LL128, Simple) and the fraction of the line rate it attains."""
+    nics = {d.name for d in topo.devices if d.kind == "nic"}
+    kinds = sorted({lk.kind for lk in topo.links if lk.a in nics or lk.b in nics})
+    out = []
+    for kind in kinds:
+        transport = transport_for(kind, topo.transport)
+        if transport is not None:
+            ll, _, simple = transport.step_overhead_s
+            out.append({
+                "link_kind": kind,
+                "transport": transport.name,
+                "step_overhead_us": {"LL": units.to_us(ll), "Simple": units.to_us(simple)},
+                "bandwidth_fraction": transport.bandwidth_fraction,
+            })  # fmt: skip
+    return out
 
 
 def _domain(topo: Topology, net: Network) -> dict[str, Any]:
@@ -185,6 +206,13 @@ def describe_text(info: dict[str, Any]) -> str:
         f"bisection {info['bisection_bandwidth_gbps']:.6g} GB/s",
         f"  diameter:    {info['diameter_hops']} hops (GPU to GPU)",
         "  in-network reduction: " + (", ".join(info["in_network_reduction"]) or "none"),
+        *(
+            f"  transport:   {t['link_kind']} NICs via {t['transport']}: "
+            f"+{t['step_overhead_us']['LL']:g} us per network step "
+            f"(Simple +{t['step_overhead_us']['Simple']:g} us), "
+            f"{t['bandwidth_fraction']:g} of line rate"
+            for t in info.get("transports", [])
+        ),
     ]
     if info.get("faults"):
         lines.append("  faults:      " + "; ".join(info["faults"]))

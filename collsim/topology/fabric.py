@@ -15,6 +15,7 @@ from collsim.channel_rates import channel_payload_bytes_per_s
 from collsim.errors import ScheduleError, TopologyError
 from collsim.protocols import HW_NET, HW_NVLINK, HW_PCI
 from collsim.topology.graph import Network, Route
+from collsim.transports import transport_for
 
 _HW_CLASS = {
     "nvlink": HW_NVLINK,
@@ -26,6 +27,25 @@ _HW_CLASS = {
     "upi": HW_PCI,
 }
 """NCCL's latency classes: GPU-to-GPU fabrics count as NVLink, host links as PCI, the rest NET."""
+
+
+def _transport_costs(network: Network) -> tuple[np.ndarray, np.ndarray]:
+    """Capacity per link with each cable at a NIC scaled by its transport's attainable
+    fraction, and the (3, links) per-step transport overhead of cables at a NIC (0 elsewhere:
+    a route crosses a NIC's cable wherever it leaves or enters a node over the network)."""
+    capacity = np.array(network.capacity_bytes_per_s, dtype=np.float64)
+    overhead = np.zeros((3, capacity.shape[0]))
+    override = network.topology.transport
+    kinds = [d.kind for d in network.devices]
+    for k in range(network.n_directed_links):
+        if kinds[network.link_src[k]] != "nic" and kinds[network.link_dst[k]] != "nic":
+            continue
+        transport = transport_for(network.link_kind[k], override)
+        if transport is None:
+            continue
+        capacity[k] *= transport.bandwidth_fraction
+        overhead[:, k] = transport.step_overhead_s
+    return capacity, overhead
 
 
 class TopologyFabric:
@@ -40,10 +60,14 @@ class TopologyFabric:
         self.nranks = len(self.gpus)
         self._gpu_index = np.array([network.index[g] for g in self.gpus], dtype=np.int64)
         self.link_names = network.link_names
-        self.capacity_bytes_per_s = network.capacity_bytes_per_s
         self.link_kind = np.array(
             [_HW_CLASS.get(kind, HW_NET) for kind in network.link_kind], dtype=np.int64
         )
+        self.capacity_bytes_per_s, self.transport_overhead_s = _transport_costs(network)
+        """Capacities with each NIC cable at its transport's attainable fraction; and per
+        protocol (LL, LL128, Simple) and link, the transport's per-step overhead (s), which
+        both engines add to the step latency of a route crossing that NIC
+        (:mod:`collsim.transports`)."""
         # Per-GPU speed (a slow GPU of a what-if fault) scales its memory rates.
         speed = np.array([network.devices[i].speed for i in self._gpu_index], dtype=np.float64)
         memory = network.topology.gpu.memory_bandwidth_bytes_per_s * speed

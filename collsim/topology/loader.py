@@ -287,6 +287,7 @@ def _from_template(
         devices=tuple(parts.devices),
         links=tuple(parts.links),
         shared=tuple(parts.shared),
+        transport=(nic.transport or "") if nic is not None else "",
         nodes=n_nodes,
         gpus_per_node=gpus,
         description=spec.description,

@@ -24,6 +24,7 @@ from pydantic import (
 from collsim import units
 from collsim.errors import UnitError
 from collsim.topology.spec import DEVICE_KINDS, LINK_KINDS
+from collsim.transports import DEFAULT_TRANSPORT, TRANSPORTS
 
 
 def _unit(parse):  # type: ignore[no-untyped-def]
@@ -39,6 +40,12 @@ def _unit(parse):  # type: ignore[no-untyped-def]
 def _link_kind(value: str) -> str:
     if value not in LINK_KINDS:
         raise ValueError(f"unknown link kind {value!r}; known kinds: {', '.join(LINK_KINDS)}")
+    return value
+
+
+def _transport(value: str) -> str:
+    if value not in TRANSPORTS:
+        raise ValueError(f"unknown transport {value!r}; known transports: {', '.join(TRANSPORTS)}")
     return value
 
 
@@ -230,12 +237,20 @@ class NicsIn(Strict):
     per_gpu: Annotated[float, Field(gt=0, le=64)] | None = None
     link: LinkClassIn
     attach: Literal["pcie", "integrated"] = "pcie"
+    transport: Annotated[str, AfterValidator(_transport)] | None = None
+    """The net transport NCCL drives these NICs with (:mod:`collsim.transports`); default: the
+    usual one for the link kind (verbs on IB/RoCE, aws-ofi-nccl on EFA/Slingshot, sockets)."""
     source: Source = None
 
     @model_validator(mode="after")
     def _one_count(self) -> NicsIn:
         if (self.count is None) == (self.per_gpu is None):
             raise ValueError("give the NICs as either count or per_gpu (one of the two)")
+        if self.transport is not None and self.link.kind not in DEFAULT_TRANSPORT:
+            raise ValueError(
+                f"transport {self.transport!r} needs a network link kind "
+                f"({', '.join(DEFAULT_TRANSPORT)}), not {self.link.kind!r}"
+            )
         return self
 
     def count_for(self, gpus: int) -> int | None:

@@ -191,6 +191,9 @@ class Topology:
     nvlink_domain_nodes: int = 1
     """Nodes per multi-node NVLink domain (18 trays of a GB200 NVL72 rack), filled in order, the
     last one possibly partial; 1: each node is its own NVLink (or PCIe) domain."""
+    transport: str = ""
+    """The scale-out NICs' net transport (``node.nics.transport``, a key of
+    :data:`collsim.transports.TRANSPORTS`); empty: the default for the NICs' link kind."""
 
     @property
     def nvlink_domain_gpus(self) -> int:

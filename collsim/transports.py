@@ -1,0 +1,168 @@
+"""NCCL's network transports as data: the per-step overhead each adds and the fraction of a NIC's
+line rate it attains.
+
+NCCL reaches a NIC through a *net plugin*: ``net_ib`` (verbs, for InfiniBand and RoCE, GPUDirect
+RDMA: the NIC reads and writes GPU memory and a CUDA kernel polls a flag), ``net_socket`` (kernel
+TCP: a proxy thread on the host copies every chunk through the socket), or an external plugin
+(aws-ofi-nccl over libfabric for EFA's SRD and for HPE Slingshot's CXI provider; Google's
+GPUDirect-TCPX/TCPXO plugins). NCCL's tuner knows each only by the ``latency`` property the plugin
+reports, which ``ncclTopoTuneModel`` adds to its inter-node step latency, twice for Simple (the
+receive's flush), in NVIDIA/nccl ``src/graph/tuning.cc``::
+
+    float interLat = hwLat[NCCL_HW_NET][algo][proto];
+    interLat += graphs[a]->latencyInter;                  // search.cc: = the plugin's latency
+    if (p == NCCL_PROTO_SIMPLE) interLat += graphs[a]->latencyInter;
+
+``net_ib`` and ``net_socket`` report 0 (``src/transport/net_ib.cc``, ``net_socket.cc``):
+NCCL's ``hwLat`` network row (2.7 / 4.0 / 14 us for LL / LL128 / Simple) was measured on IB
+verbs with GPUDirect RDMA, where the proxy only posts work requests and the NIC moves the data.
+A host-driven transport pays more per step: the proxy thread posts each send, polls a completion
+queue (libfabric's ``fi_cq_read`` for EFA and CXI) or copies through the kernel (sockets), and
+only then flags the GPU. collsim charges that as :attr:`Transport.step_overhead_s`: added to the
+step latency (``max(route, hwLat)``, :func:`collsim.protocols.step_latency_s`) of every transfer
+whose route crosses a NIC of that transport, Simple twice as NCCL's rule has it. The figures are
+*not* the plugins' reported latencies, which are tuning knobs (aws-ofi-nccl reports 75 us on
+p4d/p5 and 150 us on p3dn, ``src/platform-aws.cpp``, to push NCCL's tuner towards rings), but
+measured minus predicted step time in the bundled logs, one constant per transport fitted across
+every system of that transport (docs/architecture.md lists the fit and its leave-one-system-out
+error).
+
+:attr:`Transport.bandwidth_fraction` scales the capacity of the cables at a NIC of that
+transport (the endpoint's attainable rate; switch-to-switch cables keep their line rate): 1.0 for
+verbs, whose GPUDirect RDMA writes reach line rate; below it where the data logs show a
+transport tops out (each figure says which logs).
+
+The transport of a NIC is its ``node.nics.transport`` in the topology file, else the default for
+its link kind (:data:`DEFAULT_TRANSPORT`). Intra-node link kinds have none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_US = 1e-6
+
+PROTOCOL_INDEX = {"ll": 0, "ll128": 1, "simple": 2}
+"""Row of :attr:`Transport.step_overhead_s` for each protocol name (lower case)."""
+
+
+@dataclass(frozen=True)
+class Transport:
+    """One net transport: its per-step overhead and attainable fraction of the NIC's rate.
+
+    ``latency_us`` is the per-network-step overhead for LL and LL128; Simple pays it twice
+    (NCCL's tuning.cc rule for the plugin latency, the receive's flush). ``source`` says where
+    each figure comes from."""
+
+    name: str
+    latency_us: float
+    bandwidth_fraction: float
+    source: str
+
+    @property
+    def step_overhead_s(self) -> tuple[float, float, float]:
+        """Overhead per network step for (LL, LL128, Simple), seconds."""
+        lat = self.latency_us * _US
+        return (lat, lat, 2.0 * lat)
+
+
+TRANSPORTS: dict[str, Transport] = {
+    t.name: t
+    for t in (
+        Transport(
+            "ib_verbs",
+            0.0,
+            1.0,
+            "NCCL net_ib (InfiniBand and RoCE verbs, GPUDirect RDMA): reports latency 0 "
+            "(src/transport/net_ib.cc); NCCL's hwLat network row was measured on it. IB and RoCE "
+            "logs land at 0.81-1.04x measured at small sizes without any extra",
+        ),
+        Transport(
+            "socket",
+            35.0,
+            0.32,
+            "NCCL net_socket (kernel TCP; a proxy thread copies each chunk through the socket, "
+            "NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS streams): reports latency 0 to the "
+            "tuner. Fitted on the one socket log, aws-eks-2n1g-socket (2 ranks): 30 and 40 us per "
+            "network step give 10.1% and 10.5% MAPE (grid 0-60 by 10); busbw at >= 256 MiB 0.32 "
+            "of the 50 Gb/s port (2.0 GB/s), near the 0.36-0.42 of a 100 GbE port published in "
+            "NVIDIA/nccl#450 (all_reduce busbw 4.5-5.2 GB/s with NCCL_SOCKET_NTHREADS=2)",
+        ),
+        Transport(
+            "efa",
+            20.0,
+            1.0,
+            "aws-ofi-nccl over libfabric's efa provider (SRD; the proxy posts sends and polls the "
+            "completion queue). One constant fitted across the p4d (x2), p4de, p3dn (x2) and g4dn "
+            "logs on the mean error at <= 1 MiB: 20 us (grid 0-70 by 10). The systems disagree: "
+            "p4d/p4de (NCCL 2.9, GDR) alone would take 50-60 us, p3dn and g4dn (host bounce) "
+            "10-20 us; leave-one-system-out errors in docs/architecture.md. Bandwidth left at the "
+            "line rate: the large-size misses are the tree's 2-node bound and g4dn's host bounce, "
+            "not SRD's rate",
+        ),
+        Transport(
+            "cxi",
+            20.0,
+            0.73,
+            "HPE Slingshot 11 (Cassini) through aws-ofi-nccl over libfabric's cxi provider. "
+            "Fitted on ALCF Polaris 2 and 8 nodes, all_reduce, all_gather and alltoall, on the "
+            "mean error at <= 1 MiB: 20 us (grid 0-30 by 5); the tree's all_reduce alone would "
+            "take ~10 us, the ring's all_gather ~25 us, the same at 2 and 8 nodes. Busbw tops out "
+            "at 36.5 GB/s = 0.73 of two 200 Gb/s NICs for all_reduce and all_gather at 2, 8, 256 "
+            "and 540 nodes",
+        ),
+        Transport(
+            "tcpxo",
+            40.0,
+            0.85,
+            "GCP GPUDirect-TCPXO plugin (A3 Mega: NIC-offloaded transport, a receive-side "
+            "host-driven datapath). Fitted on h100-a3mega-tcpxo-2n all_reduce: 40 us per network "
+            "step (grid 0-60 by 10, MAPE 36.6% -> 12.2%); bandwidth 0.85 of 8 x 200 Gb/s from "
+            "the a3-mega all_reduce and all_gather at >= 256 MiB",
+        ),
+        Transport(
+            "tcpx",
+            40.0,
+            0.5,
+            "GCP GPUDirect-TCPX plugin (A3 High: kernel TCP with GPU-memory receive, 4 x 200 Gb/s)"
+            ". "
+            "Per-step overhead assumed as TCPXO's (no small-size log); bandwidth 0.5 of the NICs "
+            "from h100-gcp-a3high-tcpx-2n all_gather at >= 256 MiB",
+        ),
+    )
+}
+"""Every transport collsim knows, by the name a topology's ``node.nics.transport`` gives."""
+
+DEFAULT_TRANSPORT: dict[str, str] = {
+    "infiniband": "ib_verbs",
+    "roce": "ib_verbs",
+    "efa": "efa",
+    "slingshot": "cxi",
+    "ethernet": "socket",
+}
+"""The transport NCCL uses on a NIC of each scale-out link kind unless the topology says another:
+verbs on IB and RoCE, aws-ofi-nccl on EFA and Slingshot, kernel sockets on plain Ethernet."""
+
+
+def transport_for(link_kind: str, override: str = "") -> Transport | None:
+    """The transport of a NIC whose cable is ``link_kind`` (``override`` wins where given); None
+    for intra-node kinds."""
+    if override and link_kind in DEFAULT_TRANSPORT:
+        return TRANSPORTS[override]
+    name = DEFAULT_TRANSPORT.get(link_kind)
+    return TRANSPORTS[name] if name is not None else None
+
+
+def route_overhead_s(per_link_s: np.ndarray, ptr: np.ndarray, links: np.ndarray) -> np.ndarray:
+    """Each CSR route's transport overhead: the largest of its links' (a route crosses one
+    transport's NICs; 0 for empty routes)."""
+    lengths = np.diff(np.asarray(ptr, dtype=np.int64))
+    out = np.zeros(lengths.shape[0])
+    nonempty = lengths > 0
+    if nonempty.any() and per_link_s.size:
+        out[nonempty] = np.maximum.reduceat(
+            per_link_s[np.asarray(links, dtype=np.int64)], np.asarray(ptr)[:-1][nonempty]
+        )
+    return out
