@@ -44,27 +44,7 @@ def layout_for(topology: Topology) -> RankLayout:
 def _reach(topology: Topology, kinds: frozenset[str] | None) -> list[set[str]]:
     """Per switch that reduces in the network (of ``kinds``, or any), the GPUs it reaches over
     forwarding devices (GPUs do not forward)."""
-    nbrs: dict[str, list[str]] = {}
-    for link in topology.links:
-        nbrs.setdefault(link.a, []).append(link.b)
-        nbrs.setdefault(link.b, []).append(link.a)
-    by_name = {d.name: d for d in topology.devices}
-    out = []
-    for start in topology.devices:
-        if not start.in_network_reduction or (kinds is not None and start.kind not in kinds):
-            continue
-        seen, todo, gpus = {start.name}, [start.name], set()
-        while todo:
-            for nxt in nbrs.get(todo.pop(), ()):
-                if nxt not in seen:
-                    seen.add(nxt)
-                    dev = by_name[nxt]
-                    if dev.kind == "gpu":
-                        gpus.add(nxt)
-                    elif dev.forwards:
-                        todo.append(nxt)
-        out.append(gpus)
-    return out
+    return list(topology.reduction_reach(kinds))
 
 
 def why_not(

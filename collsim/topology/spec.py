@@ -7,7 +7,7 @@ this. Bandwidths are bytes per second *per direction*; latencies are seconds.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 LINK_KINDS: tuple[str, ...] = (
@@ -231,14 +231,22 @@ class Topology:
         """Whether some switch that reduces in the network (NVLS, SHARP) reaches each of
         ``gpus`` (default: every GPU) over forwarding devices (a node's NVSwitch reaches only
         that node's GPUs: GPUs do not forward)."""
+        wanted = {d.name for d in self.devices if d.kind == "gpu"} if gpus is None else set(gpus)
+        return any(wanted <= reached for reached in self.reduction_reach())
+
+    def reduction_reach(self, kinds: frozenset[str] | None = None) -> Iterator[set[str]]:
+        """Per switch that reduces in the network (of device ``kinds``, or any), in file order,
+        the GPUs it reaches over forwarding devices (GPUs do not forward); lazily, so a caller
+        that looks for one such switch stops at it."""
         nbrs: dict[str, list[str]] = {}
         for link in self.links:
             nbrs.setdefault(link.a, []).append(link.b)
             nbrs.setdefault(link.b, []).append(link.a)
         by_name = {d.name: d for d in self.devices}
-        wanted = {d.name for d in self.devices if d.kind == "gpu"} if gpus is None else set(gpus)
-        for start in (d.name for d in self.devices if d.in_network_reduction):
-            seen, todo, reached = {start}, [start], set()
+        for start in self.devices:
+            if not start.in_network_reduction or (kinds is not None and start.kind not in kinds):
+                continue
+            seen, todo, reached = {start.name}, [start.name], set()
             while todo:
                 for nxt in nbrs.get(todo.pop(), ()):
                     if nxt in seen:
@@ -249,9 +257,7 @@ class Topology:
                         reached.add(nxt)
                     elif dev.forwards:
                         todo.append(nxt)
-            if wanted <= reached:
-                return True
-        return False
+            yield reached
 
 
 def with_duplex(topology: Topology, efficiency: dict[str, float]) -> Topology:
