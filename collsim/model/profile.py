@@ -39,7 +39,7 @@ from collsim.io import atomic_write_text, yaml_load
 from collsim.model.params import DEFAULT_PARAMS, HOST_P2P_OP_S, ModelParams, ProtocolParams
 from collsim.tables import plural
 from collsim.topology.fabric import _HW_CLASS
-from collsim.topology.loader import _one_line
+from collsim.topology.input_errors import one_line
 from collsim.topology.spec import Topology, with_duplex
 
 CLASSES = ("nvlink", "pci", "net")
@@ -417,7 +417,7 @@ def profile_from_dict(data: Any, file: str | None = None) -> Profile:
     try:
         doc = ProfileDoc.model_validate(data)
     except ValidationError as exc:
-        err = _one_line(exc, ProfileDoc)
+        err = one_line(exc, ProfileDoc)
         raise CalibrationError(
             err.message, file=file, field=err.field, value=err.value, has_value=err.has_value
         ) from None

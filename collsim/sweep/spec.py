@@ -47,7 +47,8 @@ from collsim.errors import CollsimError
 from collsim.io import beside
 from collsim.metrics import canonical_collective
 from collsim.protocols import get_protocol
-from collsim.topology.loader import _one_line, load_topology, read_yaml, resolve
+from collsim.topology.input_errors import one_line
+from collsim.topology.loader import load_topology, read_yaml, resolve
 from collsim.topology.schema import Strict
 from collsim.training.workload import load_workload
 from collsim.training.workload import resolve as resolve_workload
@@ -249,7 +250,7 @@ def spec_from_dict(data: Any, *, file: str | None = None, base: Path | None = No
     try:
         spec = SweepIn.model_validate(data)
     except ValidationError as exc:
-        err = _one_line(exc, SweepIn)
+        err = one_line(exc, SweepIn)
         raise SweepError(
             err.message, file=file, field=err.field, value=err.value, has_value=err.has_value
         ) from None

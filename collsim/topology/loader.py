@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
-import types
-import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +21,7 @@ from collsim.io import yaml_load
 from collsim.topology.builders import Parts, build_fabric, build_node, fabric_shape
 from collsim.topology.domains import build_nvlink_domains, check_nvlink_domain
 from collsim.topology.faults import apply_faults, faults_from_file, parse_cli_faults
+from collsim.topology.input_errors import one_line
 from collsim.topology.reach import check_connected
 from collsim.topology.schema import ExplicitIn, FabricIn, GpuIn, TemplateIn
 from collsim.topology.spec import Device, GpuModel, Link, SharedCapacity, Topology
@@ -140,7 +138,7 @@ def topology_from_dict(
     try:
         spec = model.model_validate(data)
     except ValidationError as exc:
-        raise _one_line(exc, model) from None
+        raise one_line(exc, model) from None
     for flag, value in (("--nodes", nodes), ("--gpus-per-node", gpus_per_node)):
         if value is not None and value < 1:
             raise TopologyError("must be at least 1", field=flag, value=value)
@@ -431,72 +429,6 @@ def _explicit_shared(
             SharedCapacity(sh.name, sh.kind, sh.bandwidth, tuple((a, b) for a, b in sh.directions))
         )
     return tuple(shared)
-
-
-# -- pydantic errors -> one line -----------------------------------------------------------------
-
-
-_UNION_TAG = re.compile(r"^[a-z][a-z-]*\[.*\]$|^constrained-[a-z]+$")
-"""How pydantic names a union member in an error's path (``list[constrained-int]``)."""
-
-
-def _one_line(exc: ValidationError, model: type[BaseModel]) -> TopologyError:
-    errors = exc.errors()
-    # an unknown key first: a misspelt key also makes the key it was meant to be "missing"
-    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-    # union members name themselves in the path ('list[constrained-int]', 'literal['auto']'):
-    # they are pydantic's, not the file's
-    kind = err["type"]
-    parts = [str(p) for p in err["loc"]]
-    keep_last = kind == "extra_forbidden"  # the file's own (unknown) key, whatever it looks like
-    loc = [p for i, p in enumerate(parts)
-           if (keep_last and i == len(parts) - 1) or not _UNION_TAG.match(p)]  # fmt: skip
-    field = ".".join(loc)
-    value = err.get("input")
-    if kind == "extra_forbidden":
-        known = _fields_at(model, err["loc"][:-1])
-        hint = difflib.get_close_matches(loc[-1], known, n=1)
-        extra = f"; did you mean {hint[0]!r}?" if hint else f"; expected one of: {', '.join(known)}"
-        return TopologyError(f"unknown key{extra}", field=field)
-    if kind == "missing":
-        return TopologyError("required field is missing", field=field)
-    message = err["msg"].removeprefix("Value error, ")
-    return TopologyError(message, field=field, value=value, has_value=True)
-
-
-def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    """Field names of the (nested) model found at ``loc``, for "did you mean" hints."""
-    current: Any = model
-    keyed = False  # the field before was a mapping: this part is one of its keys
-    for part in loc:
-        if isinstance(part, int) or keyed:
-            keyed = False
-            continue
-        field = current.model_fields.get(part) if isinstance(current, type) else None
-        if field is None:
-            return []
-        keyed = _is_mapping(field.annotation)
-        current = _model_in(field.annotation)
-    return list(current.model_fields) if isinstance(current, type) else []
-
-
-def _is_mapping(annotation: Any) -> bool:
-    """A ``dict[...]`` annotation (or an optional one)."""
-    if typing.get_origin(annotation) is dict:
-        return True
-    return any(typing.get_origin(a) is dict for a in typing.get_args(annotation))
-
-
-def _model_in(annotation: Any) -> Any:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    if isinstance(annotation, types.UnionType):
-        return None
-    return None
 
 
 SHARP_LINK_KINDS = ("infiniband", "nvlink")

@@ -36,6 +36,7 @@ from collsim.errors import CollsimError
 from collsim.io import beside
 from collsim.model.profile import load_profile
 from collsim.topology import loader as _topo_loader
+from collsim.topology.input_errors import one_line
 from collsim.topology.loader import load_topology
 from collsim.topology.schema import Strict
 from collsim.training.comm import make_timer
@@ -141,7 +142,7 @@ def load_candidates(path: str | os.PathLike[str]) -> CandidatesIn:
     try:
         cand = CandidatesIn.model_validate(data)
     except ValidationError as exc:
-        err = _topo_loader._one_line(exc, CandidatesIn)
+        err = one_line(exc, CandidatesIn)
         raise WorkloadError(
             err.message, file=str(p), field=err.field, value=err.value, has_value=err.has_value
         ) from None

@@ -26,6 +26,7 @@ from pydantic import (
 
 from collsim.errors import CollsimError
 from collsim.topology import loader as _topo_loader
+from collsim.topology.input_errors import one_line
 from collsim.topology.schema import Strict
 from collsim.training.workload_sections import (
     MAX_STRAGGLER_SAMPLES as MAX_STRAGGLER_SAMPLES,  # re-exported: the CLI's --samples bound
@@ -173,7 +174,7 @@ def _model_section(data: dict[str, Any]) -> dict[str, Any]:
     try:
         checked = cls.model_validate({**model, "kind": kind})
     except ValidationError as exc:
-        raise _as_workload_error(_topo_loader._one_line(exc, cls)).located(field="model") from None
+        raise _as_workload_error(one_line(exc, cls)).located(field="model") from None
     return {**data, "model": checked}
 
 
@@ -208,7 +209,7 @@ def workload_from_dict(data: Any, *, file: str | None = None) -> WorkloadIn:
         data = _model_section(data)
         return WorkloadIn.model_validate(data)
     except ValidationError as exc:
-        err = _as_workload_error(_topo_loader._one_line(exc, WorkloadIn))
+        err = _as_workload_error(one_line(exc, WorkloadIn))
         raise err.located(file=file) from None
     except WorkloadError as exc:
         raise exc.located(file=file) from None
