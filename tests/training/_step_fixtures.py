@@ -39,12 +39,7 @@ def generic(**changes: Any) -> dict[str, Any]:
         "training": {"optimizer": "none", "dp_overlap": False, "algorithm": "ring"},
         "compute": {"efficiency": 0.5, "memory_reserve": 0},
     }
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(data.get(key), dict):
-            data[key] = {**data[key], **value}
-        else:
-            data[key] = value
-    return data
+    return _with(data, changes)
 
 
 def gpt(**changes: Any) -> dict[str, Any]:
@@ -55,12 +50,7 @@ def gpt(**changes: Any) -> dict[str, Any]:
         "micro_batch": 2,
         "parallel": {"tp": 1, "pp": 1},
     }
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(data.get(key), dict):
-            data[key] = {**data[key], **value}
-        else:
-            data[key] = value
-    return data
+    return _with(data, changes)
 
 
 MOE = {"layers": 4, "hidden": 1024, "heads": 16, "vocab": 32000, "seq_len": 1024,
@@ -75,3 +65,13 @@ def evaluate(topo: Any, data: dict[str, Any], n: int | None = None) -> Any:
     from collsim.training.workload import workload_from_dict
 
     return StepModel(topo, make_timer("analytic", topo)).evaluate(workload_from_dict(data), n)
+
+
+def _with(data: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with ``changes``: a mapping merges one level into the section it names."""
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return data
