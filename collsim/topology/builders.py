@@ -92,6 +92,7 @@ def build_node(parts: Parts, n: int, node: NodeIn, gpus: int, gpu_forwards: bool
         pcie_home = _pcie_tree(parts, n, node, gpu_names)
 
     if node.nics is None:
+        _host_p2p(parts, n, node)
         return []
     nics = node.nics
     count = nics.count_for(gpus)
@@ -110,6 +111,8 @@ def build_node(parts: Parts, n: int, node: NodeIn, gpus: int, gpu_forwards: bool
     nic_names = [parts.device(f"n{n}.nic{j}", "nic", node=n, index=j) for j in range(count)]
     groups = min(count, gpus)
     hubs: list[str] = []
+    cpus = [d.name for d in parts.devices if d.kind == "cpu" and d.node == n]
+    phb = nics.gpu_path == "phb"
     for grp in range(groups):
         group_gpus = range(grp * gpus // groups, (grp + 1) * gpus // groups)
         group_nics = nic_names[grp * count // groups : (grp + 1) * count // groups]
@@ -121,22 +124,88 @@ def build_node(parts: Parts, n: int, node: NodeIn, gpus: int, gpu_forwards: bool
         pcie = _require_pcie(node)
         if intra.kind == "pcie":
             hub = pcie_home[group_gpus[0]]
-        elif len(group_gpus) == 1 and len(group_nics) == 1:
+        elif len(group_gpus) == 1 and (len(group_nics) == 1 or phb):
             hub = gpu_names[group_gpus[0]]
         else:
             hub = parts.device(f"n{n}.pcie{grp}", "pcie_switch", node=n, index=grp)
             hubs.append(hub)
             for g in group_gpus:
                 parts.link(gpu_names[g], hub, pcie)
+        if phb:
+            # The NICs sit on root ports of their own: GPU-NIC traffic crosses the CPU's root
+            # complex (NCCL's PATH_PHB). A GPU without a PCIe home gets its own root port.
+            cpus = cpus or _sockets(parts, n, intra)
+            cpu = _cpu_above(parts, hub) or cpus[grp * len(cpus) // groups]
+            if hub == gpu_names[group_gpus[0]] and intra.kind != "pcie":
+                parts.link(hub, cpu, pcie)
+            hub = cpu
         for nic in group_nics:
             parts.link(hub, nic, pcie)
     if hubs:
         # The PCIe switches hang off the host's CPU sockets, which also join GPUs that share
         # no NVLink (e.g. GPU 0 and GPU 5 of a DGX-1).
-        cpus = _sockets(parts, n, intra)
+        cpus = cpus or _sockets(parts, n, intra)
         for k, hub in enumerate(hubs):
             parts.link(hub, cpus[k * len(cpus) // len(hubs)], _require_pcie(node))
+    _host_p2p(parts, n, node)
     return nic_names
+
+
+def _cpu_above(parts: Parts, home: str) -> str | None:
+    """The CPU a PCIe home (a switch, or a CPU itself) hangs off; None for a fresh NIC switch."""
+    kinds = {d.name: d.kind for d in parts.devices}
+    if kinds[home] == "cpu":
+        return home
+    for lk in parts.links:
+        if home in (lk.a, lk.b):
+            other = lk.b if lk.a == home else lk.a
+            if kinds[other] == "cpu":
+                return other
+    return None
+
+
+ROOT_PORT_KINDS = frozenset({"gpu", "nic", "pcie_switch"})
+"""Devices that meet a CPU on one of its PCIe root ports (a socket link is not one)."""
+
+
+def _host_p2p(parts: Parts, n: int, node: NodeIn) -> None:
+    """``intra.host_p2p_bandwidth``: each CPU of node ``n`` forwards peer-to-peer traffic
+    between its root ports through one capacity both directions share. A byte forwarded from
+    one root port to another (or to the other socket) enters the CPU once, from a root port, so
+    the capacity is over the directions into the CPU from its GPUs, NICs and PCIe switches:
+    GPUDirect RDMA sends (GPU to NIC) and receives (NIC to GPU) through one CPU load it alike."""
+    rate = node.intra.host_p2p_bandwidth
+    if rate is None:
+        return
+    field = "node.intra.host_p2p_bandwidth"
+    if node.intra.kind == "pcie" and not node.intra.p2p:
+        raise TopologyError(
+            "p2p: false stages GPU traffic in host memory, so no CPU forwards it peer-to-peer",
+            field=field,
+            value=f"{rate / 1e9:g}GB/s",
+        )
+    kinds = {d.name: d.kind for d in parts.devices}
+    cpus = [d.name for d in parts.devices if d.kind == "cpu" and d.node == n]
+    if not cpus:
+        raise TopologyError(
+            "this node builds no CPU (its NICs join the GPUs directly or on their PCIe switch, "
+            "and it has no PCIe tree): give node.nics.gpu_path: phb where GPU-NIC traffic "
+            "crosses the CPU, or leave the field out",
+            field=field,
+            value=f"{rate / 1e9:g}GB/s",
+        )
+    for cpu in cpus:
+        into = [
+            (other, cpu)
+            for lk in parts.links
+            if cpu in (lk.a, lk.b)
+            for other in [lk.b if lk.a == cpu else lk.a]
+            if kinds[other] in ROOT_PORT_KINDS
+        ]
+        if into:
+            parts.shared.append(
+                SharedCapacity(f"{cpu} peer-to-peer forwarding", "pcie", rate, tuple(into))
+            )
 
 
 def _sockets(parts: Parts, n: int, intra: IntraIn) -> list[str]:
