@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from collsim.errors import TopologyError
+from collsim.topology.host_p2p import cpu_above, forwarding_capacities
 from collsim.topology.schema import FabricIn, IntraIn, LinkClassIn, NodeIn
 from collsim.topology.spec import Device, Link, SharedCapacity
 
@@ -92,7 +93,7 @@ def build_node(parts: Parts, n: int, node: NodeIn, gpus: int, gpu_forwards: bool
         pcie_home = _pcie_tree(parts, n, node, gpu_names)
 
     if node.nics is None:
-        _host_p2p(parts, n, node)
+        parts.shared += forwarding_capacities(parts.devices, parts.links, n, node.intra)
         return []
     nics = node.nics
     count = nics.count_for(gpus)
@@ -135,7 +136,7 @@ def build_node(parts: Parts, n: int, node: NodeIn, gpus: int, gpu_forwards: bool
             # The NICs sit on root ports of their own: GPU-NIC traffic crosses the CPU's root
             # complex (NCCL's PATH_PHB). A GPU without a PCIe home gets its own root port.
             cpus = cpus or _sockets(parts, n, intra)
-            cpu = _cpu_above(parts, hub) or cpus[grp * len(cpus) // groups]
+            cpu = cpu_above(parts.devices, parts.links, hub) or cpus[grp * len(cpus) // groups]
             if hub == gpu_names[group_gpus[0]] and intra.kind != "pcie":
                 parts.link(hub, cpu, pcie)
             hub = cpu
@@ -147,65 +148,8 @@ def build_node(parts: Parts, n: int, node: NodeIn, gpus: int, gpu_forwards: bool
         cpus = cpus or _sockets(parts, n, intra)
         for k, hub in enumerate(hubs):
             parts.link(hub, cpus[k * len(cpus) // len(hubs)], _require_pcie(node))
-    _host_p2p(parts, n, node)
+    parts.shared += forwarding_capacities(parts.devices, parts.links, n, node.intra)
     return nic_names
-
-
-def _cpu_above(parts: Parts, home: str) -> str | None:
-    """The CPU a PCIe home (a switch, or a CPU itself) hangs off; None for a fresh NIC switch."""
-    kinds = {d.name: d.kind for d in parts.devices}
-    if kinds[home] == "cpu":
-        return home
-    for lk in parts.links:
-        if home in (lk.a, lk.b):
-            other = lk.b if lk.a == home else lk.a
-            if kinds[other] == "cpu":
-                return other
-    return None
-
-
-ROOT_PORT_KINDS = frozenset({"gpu", "nic", "pcie_switch"})
-"""Devices that meet a CPU on one of its PCIe root ports (a socket link is not one)."""
-
-
-def _host_p2p(parts: Parts, n: int, node: NodeIn) -> None:
-    """``intra.host_p2p_bandwidth``: each CPU of node ``n`` forwards peer-to-peer traffic
-    between its root ports through one capacity both directions share. A byte forwarded from
-    one root port to another (or to the other socket) enters the CPU once, from a root port, so
-    the capacity is over the directions into the CPU from its GPUs, NICs and PCIe switches:
-    GPUDirect RDMA sends (GPU to NIC) and receives (NIC to GPU) through one CPU load it alike."""
-    rate = node.intra.host_p2p_bandwidth
-    if rate is None:
-        return
-    field = "node.intra.host_p2p_bandwidth"
-    if node.intra.kind == "pcie" and not node.intra.p2p:
-        raise TopologyError(
-            "p2p: false stages GPU traffic in host memory, so no CPU forwards it peer-to-peer",
-            field=field,
-            value=f"{rate / 1e9:g}GB/s",
-        )
-    kinds = {d.name: d.kind for d in parts.devices}
-    cpus = [d.name for d in parts.devices if d.kind == "cpu" and d.node == n]
-    if not cpus:
-        raise TopologyError(
-            "this node builds no CPU (its NICs join the GPUs directly or on their PCIe switch, "
-            "and it has no PCIe tree): give node.nics.gpu_path: phb where GPU-NIC traffic "
-            "crosses the CPU, or leave the field out",
-            field=field,
-            value=f"{rate / 1e9:g}GB/s",
-        )
-    for cpu in cpus:
-        into = [
-            (other, cpu)
-            for lk in parts.links
-            if cpu in (lk.a, lk.b)
-            for other in [lk.b if lk.a == cpu else lk.a]
-            if kinds[other] in ROOT_PORT_KINDS
-        ]
-        if into:
-            parts.shared.append(
-                SharedCapacity(f"{cpu} peer-to-peer forwarding", "pcie", rate, tuple(into))
-            )
 
 
 def _sockets(parts: Parts, n: int, intra: IntraIn) -> list[str]:
