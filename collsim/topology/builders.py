@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from collsim.errors import TopologyError
+from collsim.topology.host_p2p import cpu_above, forwarding_capacities
 from collsim.topology.schema import FabricIn, IntraIn, LinkClassIn, NodeIn
 from collsim.topology.spec import Device, Link, SharedCapacity
 
@@ -92,6 +93,7 @@ def build_node(parts: Parts, n: int, node: NodeIn, gpus: int, gpu_forwards: bool
         pcie_home = _pcie_tree(parts, n, node, gpu_names)
 
     if node.nics is None:
+        parts.shared += forwarding_capacities(parts.devices, parts.links, n, node.intra)
         return []
     nics = node.nics
     count = nics.count_for(gpus)
@@ -110,6 +112,8 @@ def build_node(parts: Parts, n: int, node: NodeIn, gpus: int, gpu_forwards: bool
     nic_names = [parts.device(f"n{n}.nic{j}", "nic", node=n, index=j) for j in range(count)]
     groups = min(count, gpus)
     hubs: list[str] = []
+    cpus = [d.name for d in parts.devices if d.kind == "cpu" and d.node == n]
+    phb = nics.gpu_path == "phb"
     for grp in range(groups):
         group_gpus = range(grp * gpus // groups, (grp + 1) * gpus // groups)
         group_nics = nic_names[grp * count // groups : (grp + 1) * count // groups]
@@ -121,21 +125,30 @@ def build_node(parts: Parts, n: int, node: NodeIn, gpus: int, gpu_forwards: bool
         pcie = _require_pcie(node)
         if intra.kind == "pcie":
             hub = pcie_home[group_gpus[0]]
-        elif len(group_gpus) == 1 and len(group_nics) == 1:
+        elif len(group_gpus) == 1 and (len(group_nics) == 1 or phb):
             hub = gpu_names[group_gpus[0]]
         else:
             hub = parts.device(f"n{n}.pcie{grp}", "pcie_switch", node=n, index=grp)
             hubs.append(hub)
             for g in group_gpus:
                 parts.link(gpu_names[g], hub, pcie)
+        if phb:
+            # The NICs sit on root ports of their own: GPU-NIC traffic crosses the CPU's root
+            # complex (NCCL's PATH_PHB). A GPU without a PCIe home gets its own root port.
+            cpus = cpus or _sockets(parts, n, intra)
+            cpu = cpu_above(parts.devices, parts.links, hub) or cpus[grp * len(cpus) // groups]
+            if hub == gpu_names[group_gpus[0]] and intra.kind != "pcie":
+                parts.link(hub, cpu, pcie)
+            hub = cpu
         for nic in group_nics:
             parts.link(hub, nic, pcie)
     if hubs:
         # The PCIe switches hang off the host's CPU sockets, which also join GPUs that share
         # no NVLink (e.g. GPU 0 and GPU 5 of a DGX-1).
-        cpus = _sockets(parts, n, intra)
+        cpus = cpus or _sockets(parts, n, intra)
         for k, hub in enumerate(hubs):
             parts.link(hub, cpus[k * len(cpus) // len(hubs)], _require_pcie(node))
+    parts.shared += forwarding_capacities(parts.devices, parts.links, n, node.intra)
     return nic_names
 
 

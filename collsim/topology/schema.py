@@ -225,6 +225,10 @@ class IntraIn(Strict):
     sockets: Annotated[int, Field(ge=1)] = 1
     cpu_link: LinkClassIn | None = None
     host_latency: Time = 0.0
+    host_p2p_bandwidth: DuplexRate | None = None
+    """What each CPU's root complex forwards peer-to-peer between its root ports, both directions
+    together (GPUDirect RDMA to a NIC on another root port, GPU to GPU across root ports): a
+    shared capacity over the directions entering a CPU from its PCIe links. None: unlimited."""
     source: Source = None
 
 
@@ -237,6 +241,9 @@ class NicsIn(Strict):
     per_gpu: Annotated[float, Field(gt=0, le=64)] | None = None
     link: LinkClassIn
     attach: Literal["pcie", "integrated"] = "pcie"
+    gpu_path: Literal["pix", "phb"] = "pix"
+    """How a GPU reaches its NICs, in NCCL's terms: ``pix`` through one PCIe switch (or a direct
+    link), ``phb`` through the CPU's root complex (GPU and NIC on different root ports)."""
     transport: Annotated[str, AfterValidator(_transport)] | None = None
     """The net transport NCCL drives these NICs with (:mod:`collsim.transports`); default: the
     usual one for the link kind (verbs on IB/RoCE, aws-ofi-nccl on EFA/Slingshot, sockets)."""
@@ -246,6 +253,11 @@ class NicsIn(Strict):
     def _one_count(self) -> NicsIn:
         if (self.count is None) == (self.per_gpu is None):
             raise ValueError("give the NICs as either count or per_gpu (one of the two)")
+        if self.gpu_path == "phb" and self.attach == "integrated":
+            raise ValueError(
+                "gpu_path 'phb' puts the NICs on the CPU's PCIe root ports; an integrated NIC is "
+                "on the accelerator (attach: pcie, or leave gpu_path out)"
+            )
         if self.transport is not None and self.link.kind not in DEFAULT_TRANSPORT:
             raise ValueError(
                 f"transport {self.transport!r} needs a network link kind "

@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from collsim.calibration.dataset import DATA_DIR
@@ -27,6 +28,7 @@ from collsim.errors import CalibrationError
 from collsim.model.analytic import AnalyticModel
 from collsim.model.params import DEFAULT_PARAMS, HOST_LAUNCH_S, HOST_P2P_OP_S, p2p_ops
 from collsim.model.profile import load_profile
+from collsim.topology.loader import CATALOG_DIR, topology_from_dict
 from tests.calibration.conftest import ROWS, alpha_beta_rows, standard_log
 
 LOGS = DATA_DIR / "logs"
@@ -268,11 +270,21 @@ def test_sample_rejects_log_without_data_rows(write):
 
 def test_duplex_is_fitted_only_where_one_way_and_two_way_logs_tell_it(tmp_path):
     """GPUDirect RDMA over one HDR HCA: broadcast reaches 24 GB/s, sendrecv 14.6 GB/s each way.
-    With both, the fit finds the two directions sharing ~29 GB/s (duplex well below 1) and fits
-    both; with sendrecv alone it cannot tell, and keeps full duplex."""
+    With both, on a topology that joins GPU and HCA directly, the fit finds the two directions
+    sharing ~29 GB/s (duplex well below 1) and fits both; with sendrecv alone it cannot tell,
+    and keeps full duplex. The catalog's topology routes the pair through the CPU's shared
+    forwarding capacity (node.intra.host_p2p_bandwidth), which leaves no shortfall to fit."""
     from collsim.calibration.fit import duplex_identifiable
 
-    gdr = [s for s in dataset_samples() if s.name.startswith("a100pcie-ib-2n1g-gdr-")]
+    catalog = [s for s in dataset_samples() if s.name.startswith("a100pcie-ib-2n1g-gdr-")
+               and s.log.collective in ("broadcast", "sendrecv")]  # fmt: skip
+    fitted = {c.duplex_efficiency for c in fit_samples(catalog).doc.link_classes.values()}
+    assert all(d is None or d > 0.95 for d in fitted)
+    doc = yaml.safe_load((CATALOG_DIR / "a100-pcie-ib-2node.yaml").read_text())
+    doc["node"]["intra"].pop("host_p2p_bandwidth")
+    doc["node"]["nics"].pop("gpu_path")
+    direct = topology_from_dict(doc)
+    gdr = [Sample(s.log, direct, env=s.env, name=s.name) for s in catalog]
     both = [s for s in gdr if s.log.collective in ("broadcast", "sendrecv")]
     two_way = [s for s in gdr if s.log.collective == "sendrecv"]
     assert duplex_identifiable(both) and not duplex_identifiable(two_way)

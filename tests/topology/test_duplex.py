@@ -26,8 +26,12 @@ channel moves 24 GB/s, under the HCA's 25 (:mod:`collsim.channel_rates`)."""
 
 
 def gdr(duplex: str | None = None):
-    """Two hosts, one A100 PCIe and one HDR HCA each (25 GB/s per direction on the wire)."""
+    """Two hosts, one A100 PCIe and one HDR HCA each (25 GB/s per direction on the wire), the
+    GPU and HCA joined directly: the catalog's path through the CPU and its shared forwarding
+    capacity (tests/topology/test_host_p2p.py) are left out, so only the cable couples."""
     doc = yaml.safe_load((CATALOG_DIR / "a100-pcie-ib-2node.yaml").read_text())
+    doc["node"]["intra"].pop("host_p2p_bandwidth")
+    doc["node"]["nics"].pop("gpu_path")
     if duplex:
         doc["node"]["nics"]["link"]["duplex_bandwidth"] = duplex
     return topology_from_dict(doc)
