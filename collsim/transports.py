@@ -60,6 +60,12 @@ class Transport:
     latency_us: float
     bandwidth_fraction: float
     source: str
+    connection_fraction: float = 1.0
+    """The fraction of the NIC's line rate one NCCL connection (one channel's sends to one peer)
+    attains on its own; 1: one connection fills the NIC. Where it is below 1 a NIC direction
+    needs several connections at once to fill; what that costs NCCL's tree all-reduce, whose
+    releases differ in how many they run at once, is
+    :func:`collsim.model.nccl_release.tree_nic_share`."""
 
     @property
     def step_overhead_s(self) -> tuple[float, float, float]:
@@ -103,9 +109,15 @@ TRANSPORTS: dict[str, Transport] = {
             "60 us (mean error at <= 1 MiB 51.3% at 20, 24.9% at 50, 16.7% at 60, 22.6% at "
             "80 us), but at 60 us the engine/model gap of the partly filled tree pipeline on p4d "
             "(tests/model/agreement_exceptions.json, recorded at 20 us) grows from 7.8% to 15% "
-            "at 4 MiB: left for a regeneration of those exceptions. Bandwidth at the line rate: "
-            "p4de's tree reaches 0.84 of its bound; the p4d logs' tree (NCCL 2.8/2.9) 0.35-0.47, "
-            "not explained here (collsim/model/nccl_release.py)",
+            "at 4 MiB: left for a regeneration of those exceptions. Bandwidth at the line rate. "
+            "One connection (one channel's sends to one peer: an aws-ofi-nccl send comm on the "
+            "process's one endpoint per NIC, v1.1.x src/nccl_ofi_net.c) attains 0.5 of it: "
+            "first-generation EFA, one libfabric RDM endpoint pair, fi_rdm_tagged_bw 6.9 GB/s = "
+            "0.55 of 100 Gb/s, two endpoint pairs the line rate (c5n, ofiwg/libfabric#5694, "
+            "amzn/amzn-drivers#124, 2020); p4d's NCCL 2.9.9 tree, one connection per NIC "
+            "direction at a time, 0.47 (a100-p4d-efa-2n-all_reduce-1, 4 GiB). Two connections "
+            "fill a NIC, as rings and NCCL >= 2.10 trees run on p4d/p4de (8 channels, 4 NICs)",
+            connection_fraction=0.5,
         ),
         Transport(
             "efa_host",

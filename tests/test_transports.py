@@ -166,3 +166,14 @@ def test_topo_show_prints_the_transport():
     )
     result = runner.invoke(cli, ["topo", "show", "dgx-h100"])
     assert "infiniband NICs via ib_verbs: +0 us per network step" in result.output
+
+
+def test_one_efa_connection_attains_half_the_line_rate_and_topo_show_says_so():
+    # one GPUDirect EFA connection: 0.5 of 100 Gb/s (fi_rdm_tagged_bw one endpoint pair 0.55;
+    # p4d's NCCL 2.9 tree 0.47); every other transport's connection fills its NIC
+    assert TRANSPORTS["efa"].connection_fraction == 0.5
+    assert all(t.connection_fraction == 1.0 for n, t in TRANSPORTS.items() if n != "efa")
+    result = CliRunner().invoke(cli, ["topo", "show", "p4d"])
+    assert result.exit_code == 0, result.output
+    assert "1 of line rate, one connection 0.5 of it" in result.output
+    assert "one connection" not in CliRunner().invoke(cli, ["topo", "show", "dgx-h100"]).output

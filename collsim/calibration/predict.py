@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from collsim.calibration.nccltests import NcclTestsLog
+from collsim.channel_rates import nvidia_compute_capability
 from collsim.collectives.registry import NCCL_ALGORITHMS
 from collsim.dtypes import dtype_bytes
 from collsim.errors import CalibrationError, CollsimError
@@ -36,7 +37,9 @@ from collsim.model.nccl_release import (
     NcclVersion,
     effective_version,
     parse_nccl_version,
+    tree_nic_share,
     tree_threshold_bytes,
+    with_nic_share,
 )
 from collsim.model.params import (
     DEFAULT_PARAMS,
@@ -483,16 +486,46 @@ class Predictor:
         if threshold is None:
             result = tuner.tune(collective, sizes, elem_bytes=elem, algorithms=algos)
             labels = [result.choice_at(i).label() for i in range(len(sizes))]
-            return result.best_s, labels
-        # NCCL 2.4: tree up to the threshold (the whole buffer's bytes), ring above
-        tree = tuner.tune(collective, sizes, elem_bytes=elem, algorithms=["tree"])
-        ring = tuner.tune(collective, sizes, elem_bytes=elem, algorithms=["ring"])
-        use_tree = sizes <= threshold
-        best = np.where(use_tree, tree.best_s, ring.best_s)
-        labels = [
-            (tree if t else ring).choice_at(i).label() for i, t in enumerate(use_tree.tolist())
-        ]
-        return best, labels
+            best = result.best_s
+        else:  # NCCL 2.4: tree up to the threshold (the whole buffer's bytes), ring above
+            tree = tuner.tune(collective, sizes, elem_bytes=elem, algorithms=["tree"])
+            ring = tuner.tune(collective, sizes, elem_bytes=elem, algorithms=["ring"])
+            use_tree = sizes <= threshold
+            best = np.where(use_tree, tree.best_s, ring.best_s)
+            labels = [(tree if t else ring).choice_at(i).label() for i, t in enumerate(use_tree)]
+        return self._up_then_down(collective, sizes, best, labels, release, elem,
+                                  gpus_per_thread), labels  # fmt: skip
+
+    def _up_then_down(
+        self, collective: str, sizes: np.ndarray, best: np.ndarray, labels: list[str],
+        release: NcclVersion, elem: int, gpus_per_thread: int,
+    ) -> np.ndarray:  # fmt: skip
+        """``best`` with each Simple tree all-reduce re-timed where ``release`` runs its reduce,
+        then its broadcast (:meth:`NcclVersion.tree_up_then_down`) and so drives each NIC
+        direction with fewer connections than fill it (:func:`tree_nic_share`): on NICs at that
+        share of their rate. NCCL's own model knows nothing of it, so the choice stays."""
+        topology = self.whatif.topology if self.whatif is not None else None
+        if collective != "all_reduce" or topology is None or self.model_name != "collsim":
+            return best
+        if not release.tree_up_then_down(nvidia_compute_capability(topology.gpu.model)):
+            return best
+        out = np.array(best, dtype=np.float64)
+        for label in sorted(set(labels)):
+            algorithm, protocol, count = label.split("/")
+            channels = int(count.removesuffix("ch"))
+            share = tree_nic_share(topology, channels, up_then_down=True)
+            if (algorithm, protocol) != ("tree", "Simple") or share >= 1.0:
+                continue
+            scaled = self.model if isinstance(self.model, ScaledModel) else None
+            base = scaled.model if scaled is not None else self.model
+            model: Any = AnalyticModel(WhatIf(with_nic_share(topology, share)), base.params)
+            model = ScaledModel(model, scaled.scale) if scaled is not None else model
+            model = model if gpus_per_thread == 1 else HostThread(model, gpus_per_thread)
+            rows = np.flatnonzero([x == label for x in labels])
+            tuner = Tuner(model, protocols=("Simple",), channels=(channels,), defaults=False)
+            timed = tuner.tune(collective, sizes[rows], elem_bytes=elem, algorithms=["tree"])
+            out[rows] = timed.best_s
+        return out
 
     def _tree_threshold(
         self, collective: str, algos: list[str], env: dict[str, str]

@@ -25,6 +25,23 @@ tree on ``bwIntra``). So the p4d logs (NCCL 2.8.3 / 2.9.9), whose busbw stays be
 NIC bound, ran a tree that reached 0.35-0.47 of its bound, not a ring; a version-keyed switch to
 the ring would contradict NCCL's source.
 
+* **The Simple tree all-reduce runs its reduce, then its broadcast, through 2.9 -- and later
+  where NCCL was built with CUDA 11.2 or 11.3 for an Ampere or newer GPU.** ``v2.8.3-1`` and
+  ``v2.9.9-1`` ``src/collectives/device/all_reduce.h`` (lines 114-149, ``#if 1``): every
+  thread first runs the up loop over the whole buffer (``recvReduceSend`` towards the root), then
+  the down loop (``directRecvCopySend``); the split version, half the threads on each phase at
+  once, sits in the ``#else``. From ``v2.10.3-1`` (line 268, unchanged through ``v2.26.2-1``
+  ``src/device/all_reduce.h`` line 243) ``runTreeSplit`` is the rule and ``runTreeUpDown`` the
+  exception ``CUDART_VERSION >= 11020 && CUDART_VERSION < 11040 && __CUDA_ARCH__ >= 800``. The
+  log's ``NCCL version 2.9.9+cuda11.2`` line names the CUDA release NCCL was built with. Where
+  the phases run in turn, a channel's network hop carries one direction's data at a time: each
+  NIC direction serves half the connections it would with the phases overlapped (on two p4d
+  nodes, 8 tree channels over 4 NICs, one instead of two; the log's ``Channel 00 : 8[101c0] ->
+  0[101c0] [receive] via NET/AWS Libfabric/1/GDRDMA`` lines pin each channel pair to one NIC).
+  That costs nothing where one connection fills a NIC, and half the NIC where it cannot: see
+  :attr:`collsim.transports.Transport.connection_fraction` and
+  :func:`tree_connections_per_nic`.
+
 A log that does not say its release is predicted with the newest behaviour, except that a setting
 only NCCL < 2.5 reads (``NCCL_TREE_THRESHOLD``) is taken as that release's: whoever set it ran a
 release that reads it.
@@ -34,11 +51,14 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from collsim.errors import CalibrationError
+from collsim.topology.spec import Topology
+from collsim.transports import transport_for
 
 _VERSION = re.compile(r"^\s*v?(\d+)\.(\d+)\.(\d+)")
+_CUDA = re.compile(r"\+cuda(\d+)\.(\d+)")
 _CODE = re.compile(r"^\s*(\d{4,6})\s*$")
 
 
@@ -49,9 +69,13 @@ class NcclVersion:
     major: int
     minor: int
     patch: int
+    cuda: tuple[int, int] | None = field(default=None, compare=False)
+    """The CUDA release NCCL was built with (``+cuda11.2`` in its version line); None: unknown.
+    Not part of the ordering: it is the build's, not the release's."""
 
     def __str__(self) -> str:
-        return f"{self.major}.{self.minor}.{self.patch}"
+        build = f"+cuda{self.cuda[0]}.{self.cuda[1]}" if self.cuda else ""
+        return f"{self.major}.{self.minor}.{self.patch}{build}"
 
     @property
     def has_ll128(self) -> bool:
@@ -63,6 +87,18 @@ class NcclVersion:
         """The all-reduce's tree/ring choice is a size threshold (``NCCL_TREE_THRESHOLD`` or
         ``ncclTreeThreshold``), as before 2.5 (``v2.4.6-1`` ``src/init.cc``, ``enqueue.cc``)."""
         return self < NcclVersion(2, 5, 0)
+
+    def tree_up_then_down(self, compute_capability: int | None) -> bool:
+        """The Simple tree all-reduce runs its reduce over the whole buffer, then its broadcast
+        (``runTreeUpDown``), on a GPU of ``compute_capability`` (None: not an NVIDIA GPU, no
+        rule): always before 2.10 (``v2.9.9-1`` ``all_reduce.h`` ``#if 1``); from 2.10 only when
+        built with CUDA 11.2 or 11.3 for compute capability 8.0 or above (``v2.10.3-1``
+        ``all_reduce.h`` line 268). An unknown build counts as not 11.2/11.3."""
+        if compute_capability is None:
+            return False
+        if self < NcclVersion(2, 10, 0):
+            return True
+        return self.cuda is not None and (11, 2) <= self.cuda < (11, 4) and compute_capability >= 80
 
 
 NEWEST = NcclVersion(2, 30, 7)
@@ -83,7 +119,9 @@ def parse_nccl_version(text: str | None, *, field: str = "nccl_version",
     s = str(text)
     found = _VERSION.match(s)
     if found:
-        return NcclVersion(*(int(g) for g in found.groups()))
+        cuda = _CUDA.search(s)
+        build = (int(cuda.group(1)), int(cuda.group(2))) if cuda else None
+        return NcclVersion(*(int(g) for g in found.groups()), cuda=build)
     code = _CODE.match(s)
     if code:
         n = int(code.group(1))
@@ -137,11 +175,60 @@ def tree_threshold_bytes(
     return float(int(ringbw * treebw / (ringbw - treebw) * (ringlat - treelat)))
 
 
+def _nic_cables(topology: Topology) -> list[int]:
+    """Indices of ``topology``'s links between a NIC and the network (a scale-out link kind)."""
+    kinds = {d.name: d.kind for d in topology.devices}
+    return [
+        i
+        for i, link in enumerate(topology.links)
+        if "nic" in (kinds.get(link.a), kinds.get(link.b))
+        and transport_for(link.kind, topology.transport) is not None
+    ]
+
+
+def tree_connections_per_nic(topology: Topology, channels: int, up_then_down: bool) -> int:
+    """NCCL connections that drive one direction of one NIC at once in a tree all-reduce on
+    ``channels`` channels: each channel's network hop is one connection per direction and the
+    channels leave a node by its NICs in turn, ``channels / NICs`` of them per NIC; with the
+    reduce and the broadcast in turn (:meth:`NcclVersion.tree_up_then_down`) a direction carries
+    one phase's connection of the channel's pair, half as many (at least one)."""
+    nics = sum(1 for d in topology.devices if d.kind == "nic") // max(topology.nodes, 1)
+    per_nic = max(1, channels // max(nics, 1))
+    return max(1, per_nic // 2) if up_then_down else per_nic
+
+
+def tree_nic_share(topology: Topology, channels: int, up_then_down: bool) -> float:
+    """The fraction of its modelled rate a NIC reaches in ``topology``'s tree all-reduce: its
+    connections at once times what one connection attains
+    (:attr:`~collsim.transports.Transport.connection_fraction`), at most 1. 1 off the network."""
+    cables = _nic_cables(topology)
+    if topology.nodes < 2 or not cables:
+        return 1.0
+    link = topology.links[cables[0]]
+    transport = transport_for(link.kind, topology.transport)
+    fraction = transport.connection_fraction if transport is not None else 1.0
+    k = tree_connections_per_nic(topology, channels, up_then_down)
+    return min(1.0, k * fraction)
+
+
+def with_nic_share(topology: Topology, share: float) -> Topology:
+    """``topology`` with every NIC's network cable delivering ``share`` of its rate each way
+    (the what-if fault mechanism, :attr:`~collsim.topology.spec.Link.bandwidth_factor`)."""
+    links = list(topology.links)
+    for i in _nic_cables(topology):
+        a, b = links[i].bandwidth_factor
+        links[i] = replace(links[i], bandwidth_factor=(a * share, b * share))
+    return replace(topology, links=tuple(links))
+
+
 __all__ = [
     "NEWEST",
     "OLD_ONLY_ENV",
     "NcclVersion",
     "effective_version",
     "parse_nccl_version",
+    "tree_connections_per_nic",
+    "tree_nic_share",
     "tree_threshold_bytes",
+    "with_nic_share",
 ]

@@ -19,7 +19,10 @@ from collsim.model.nccl_release import (
     NcclVersion,
     effective_version,
     parse_nccl_version,
+    tree_connections_per_nic,
+    tree_nic_share,
     tree_threshold_bytes,
+    with_nic_share,
 )
 from collsim.topology.loader import load_topology
 
@@ -125,3 +128,84 @@ def test_validate_refuses_a_version_that_is_not_one():
     assert result.exit_code == 2
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and "--nccl-version" in lines[0] and "banana" in lines[0]
+
+
+# --- the tree's reduce and broadcast in turn (NCCL <= 2.9; CUDA 11.2/11.3 builds for sm >= 80) ---
+
+
+def test_the_cuda_build_is_read_from_the_version_line_and_does_not_order():
+    v = parse_nccl_version("2.9.9+cuda11.2")
+    assert v.cuda == (11, 2) and str(v) == "2.9.9+cuda11.2"
+    assert v == NcclVersion(2, 9, 9)  # the build is not part of the release's identity
+    assert parse_nccl_version("2.26.2 (nccl-headers=22602 nccl-library=22602)").cuda is None
+
+
+@pytest.mark.parametrize(
+    ("text", "cc", "want"),
+    [
+        ("2.8.3+cuda11.2", 80, True),  # all_reduce.h v2.8.3-1: `#if 1` up then down
+        ("2.9.9", 70, True),  # every GPU before 2.10
+        ("2.10.3+cuda11.2", 80, True),  # CUDART 11020..11039 on sm_80+
+        ("2.10.3+cuda11.3", 90, True),
+        ("2.10.3+cuda11.4", 80, False),  # split from 11.4
+        ("2.10.3+cuda11.2", 70, False),  # Volta: split
+        ("2.18.3", 80, False),  # build unknown: split
+    ],
+)
+def test_which_builds_run_the_tree_up_then_down(text, cc, want):
+    assert parse_nccl_version(text).tree_up_then_down(cc) is want
+    assert not parse_nccl_version(text).tree_up_then_down(None)  # not an NVIDIA GPU
+
+
+def test_up_then_down_halves_the_connections_per_nic_on_p4d():
+    # p4d: 8 tree channels over 4 EFA NICs (the log's `via NET/AWS Libfabric/<nic>` lines): two
+    # connections per NIC direction with the phases overlapped, one when they run in turn
+    p4d = load_topology("p4d", nodes=2)
+    assert tree_connections_per_nic(p4d, 8, up_then_down=False) == 2
+    assert tree_connections_per_nic(p4d, 8, up_then_down=True) == 1
+    # one EFA connection attains half the line rate: two fill the NIC, one does not
+    assert tree_nic_share(p4d, 8, up_then_down=False) == 1.0
+    assert tree_nic_share(p4d, 8, up_then_down=True) == 0.5
+    # verbs connections fill a NIC alone; one node has no NIC to share
+    assert tree_nic_share(load_topology("dgx-a100", nodes=2), 8, up_then_down=True) == 1.0
+    assert tree_nic_share(load_topology("p4d", nodes=1), 8, up_then_down=True) == 1.0
+
+
+def test_with_nic_share_scales_only_the_network_cables():
+    p4d = load_topology("p4d", nodes=2)
+    half = with_nic_share(p4d, 0.5)
+    kinds = {d.name: d.kind for d in p4d.devices}
+    for before, after in zip(p4d.links, half.links, strict=True):
+        cable = "nic" in (kinds[before.a], kinds[before.b]) and before.kind == "efa"
+        assert after.bandwidth_factor == ((0.5, 0.5) if cable else before.bandwidth_factor)
+
+
+P4D_LOG = "data/nccl-tests/logs/a100-p4d-efa-2n-all_reduce-1.txt"  # NCCL 2.9.9+cuda11.2
+
+
+def test_p4d_tree_under_nccl_2_9_runs_its_nics_at_half_rate():
+    predictor = Predictor(load_topology("p4d", nodes=2), uncalibrated_params())
+    sizes = np.array([1 << 30, 4 << 30])
+    env = {"NCCL_PROTO": "Simple"}
+    old, labels = predictor.predict("all_reduce", sizes, env=env, nccl_version="2.9.9+cuda11.2")
+    new, new_labels = predictor.predict("all_reduce", sizes, env=env, nccl_version="2.22.3")
+    assert labels == new_labels == ["tree/Simple/8ch"] * 2  # NCCL's choice does not change
+    # the NIC-bound tree takes about twice as long with one connection per NIC direction
+    assert old / new == pytest.approx([2.0, 2.0], rel=0.05)
+    # a CUDA 12 build of a later release splits the phases again
+    split, _ = predictor.predict("all_reduce", sizes, env=env, nccl_version="2.18.3+cuda12.2")
+    assert split == pytest.approx(new)
+
+
+def test_validate_predicts_the_p4d_logs_largest_rows_from_its_release(tmp_path):
+    # the log's header says NCCL 2.9.9+cuda11.2: its Simple tree reaches half the tree bound
+    # (measured 43.8 GB/s busbw at 4 GiB; at line rate collsim predicted 94, +115%)
+    out = tmp_path / "p4d.json"
+    args = ["validate", P4D_LOG, "-t", "p4d", "--json", str(out), "--nccl-env", "NCCL_PROTO=Simple"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    points = json.loads(out.read_text())["logs"][0]["points"]
+    big = [p for p in points if p["bytes"] >= 1 << 30]
+    assert big and all(abs(p["measured_us"] / p["predicted_us"] - 1) < 0.12 for p in big), [
+        (p["measured_us"], p["predicted_us"]) for p in big
+    ]
