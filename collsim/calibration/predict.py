@@ -516,16 +516,24 @@ class Predictor:
             share = tree_nic_share(topology, channels, up_then_down=True)
             if (algorithm, protocol) != ("tree", "Simple") or share >= 1.0:
                 continue
-            scaled = self.model if isinstance(self.model, ScaledModel) else None
-            base = scaled.model if scaled is not None else self.model
-            model: Any = AnalyticModel(WhatIf(with_nic_share(topology, share)), base.params)
-            model = ScaledModel(model, scaled.scale) if scaled is not None else model
+            model = self._at_nic_share(topology, share)
             model = model if gpus_per_thread == 1 else HostThread(model, gpus_per_thread)
             rows = np.flatnonzero([x == label for x in labels])
             tuner = Tuner(model, protocols=("Simple",), channels=(channels,), defaults=False)
             timed = tuner.tune(collective, sizes[rows], elem_bytes=elem, algorithms=["tree"])
             out[rows] = timed.best_s
         return out
+
+    def _at_nic_share(self, topology: Topology, share: float) -> Any:
+        """This predictor's model (its parameters and scale) on ``topology`` with its NICs at
+        ``share`` of their rate; built once per share."""
+        cache = self.__dict__.setdefault("_nic_share_models", {})
+        if share not in cache:
+            scaled = self.model if isinstance(self.model, ScaledModel) else None
+            base = scaled.model if scaled is not None else self.model
+            model: Any = AnalyticModel(WhatIf(with_nic_share(topology, share)), base.params)
+            cache[share] = ScaledModel(model, scaled.scale) if scaled is not None else model
+        return cache[share]
 
     def _tree_threshold(
         self, collective: str, algos: list[str], env: dict[str, str]
