@@ -500,26 +500,27 @@ class Predictor:
         self, collective: str, sizes: np.ndarray, best: np.ndarray, labels: list[str],
         release: NcclVersion, elem: int, gpus_per_thread: int,
     ) -> np.ndarray:  # fmt: skip
-        """``best`` with each Simple tree all-reduce re-timed where ``release`` runs its reduce,
-        then its broadcast (:meth:`NcclVersion.tree_up_then_down`) and so drives each NIC
+        """``best`` with each tree all-reduce re-timed where ``release`` runs its reduce, then its
+        broadcast (:meth:`NcclVersion.tree_up_then_down`) and so drives each NIC
         direction with fewer connections than fill it (:func:`tree_nic_share`): on NICs at that
         share of their rate. NCCL's own model knows nothing of it, so the choice stays."""
         topology = self.whatif.topology if self.whatif is not None else None
         if collective != "all_reduce" or topology is None or self.model_name != "collsim":
             return best
-        if not release.tree_up_then_down(nvidia_compute_capability(topology.gpu.model)):
-            return best
+        cc = nvidia_compute_capability(topology.gpu.model)
         out = np.array(best, dtype=np.float64)
         for label in sorted(set(labels)):
             algorithm, protocol, count = label.split("/")
+            if algorithm != "tree" or not release.tree_up_then_down(cc, protocol):
+                continue
             channels = int(count.removesuffix("ch"))
             share = tree_nic_share(topology, channels, up_then_down=True)
-            if (algorithm, protocol) != ("tree", "Simple") or share >= 1.0:
+            if share >= 1.0:
                 continue
             model = self._at_nic_share(topology, share)
             model = model if gpus_per_thread == 1 else HostThread(model, gpus_per_thread)
             rows = np.flatnonzero([x == label for x in labels])
-            tuner = Tuner(model, protocols=("Simple",), channels=(channels,), defaults=False)
+            tuner = Tuner(model, protocols=(protocol,), channels=(channels,), defaults=False)
             timed = tuner.tune(collective, sizes[rows], elem_bytes=elem, algorithms=["tree"])
             out[rows] = timed.best_s
         return out

@@ -88,17 +88,25 @@ class NcclVersion:
         ``ncclTreeThreshold``), as before 2.5 (``v2.4.6-1`` ``src/init.cc``, ``enqueue.cc``)."""
         return self < NcclVersion(2, 5, 0)
 
-    def tree_up_then_down(self, compute_capability: int | None) -> bool:
-        """The Simple tree all-reduce runs its reduce over the whole buffer, then its broadcast
-        (``runTreeUpDown``), on a GPU of ``compute_capability`` (None: not an NVIDIA GPU, no
-        rule): always before 2.10 (``v2.9.9-1`` ``all_reduce.h`` ``#if 1``); from 2.10 only when
-        built with CUDA 11.2 or 11.3 for compute capability 8.0 or above (``v2.10.3-1``
-        ``all_reduce.h`` line 268). An unknown build counts as not 11.2/11.3."""
-        if compute_capability is None:
+    def tree_up_then_down(self, compute_capability: int | None, protocol: str = "Simple") -> bool:
+        """The tree all-reduce of ``protocol`` runs its reduce over the whole buffer, then its
+        broadcast, on a GPU of ``compute_capability`` (None: not an NVIDIA GPU, no rule). Before
+        2.10, Simple and LL (``v2.9.9-1`` ``all_reduce.h``: ``#if 1`` at line 114, the LL tree's
+        up and down loops at 383-401); LL128 splits its threads in every release
+        (``NCCL_LL128_SPLIT``, line 515). From 2.10 only Simple, and only when built with CUDA
+        11.2 or 11.3 for compute capability 8.0 or above (``v2.10.3-1`` ``all_reduce.h`` line
+        268); an unknown build counts as another."""
+        name = protocol.lower()
+        if compute_capability is None or name == "ll128":
             return False
         if self < NcclVersion(2, 10, 0):
             return True
-        return self.cuda is not None and (11, 2) <= self.cuda < (11, 4) and compute_capability >= 80
+        return (
+            name == "simple"
+            and self.cuda is not None
+            and (11, 2) <= self.cuda < (11, 4)
+            and compute_capability >= 80
+        )
 
 
 NEWEST = NcclVersion(2, 30, 7)

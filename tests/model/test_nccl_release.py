@@ -155,6 +155,13 @@ def test_the_cuda_build_is_read_from_the_version_line_and_does_not_order():
 def test_which_builds_run_the_tree_up_then_down(text, cc, want):
     assert parse_nccl_version(text).tree_up_then_down(cc) is want
     assert not parse_nccl_version(text).tree_up_then_down(None)  # not an NVIDIA GPU
+    assert not parse_nccl_version(text).tree_up_then_down(cc, "LL128")  # NCCL_LL128_SPLIT
+
+
+def test_the_ll_tree_runs_up_then_down_before_2_10_only():
+    # v2.9.9-1 all_reduce.h: the LL tree's up loop, then its down loop; 2.10: runTreeSplit
+    assert parse_nccl_version("2.9.9+cuda11.2").tree_up_then_down(80, "LL")
+    assert not parse_nccl_version("2.10.3+cuda11.2").tree_up_then_down(80, "LL")
 
 
 def test_up_then_down_halves_the_connections_per_nic_on_p4d():
