@@ -57,7 +57,21 @@ def test_catalog_transports_from_the_topology_files():
     assert load_topology("a3-mega").transport == "tcpxo"
     assert load_topology("a3-high").transport == "tcpx"
     assert load_topology("g4dn-socket").transport == "socket"
-    assert load_topology("g4dn-efa").transport == ""
+    assert load_topology("g4dn-efa").transport == "efa_host"
+    assert load_topology("p3dn").transport == "efa_host"
+    assert load_topology("p4d").transport == ""  # GPUDirect EFA: the efa default
+
+
+def test_efa_splits_by_datapath():
+    # GPUDirect EFA (p4d/p4de): the NIC moves GPU memory, the proxy posts and polls (60 us per
+    # step, line rate: the three GPUDirect EFA logs); host-staged EFA (p3dn, g4dn: no RDMA, no
+    # GPUDirect): 15 us, and every chunk staged in host memory and reassembled from ~8 KiB SRD
+    # packets (0.5 of line rate)
+    gdr, host = TRANSPORTS["efa"], TRANSPORTS["efa_host"]
+    assert gdr.step_overhead_s == pytest.approx((60e-6, 60e-6, 120e-6))
+    assert gdr.bandwidth_fraction == 1.0
+    assert host.step_overhead_s == pytest.approx((15e-6, 15e-6, 30e-6))
+    assert host.bandwidth_fraction == 0.5
 
 
 def test_nic_cables_run_at_the_transport_fraction_and_carry_its_overhead():
@@ -75,10 +89,10 @@ def test_nic_cables_run_at_the_transport_fraction_and_carry_its_overhead():
     assert sock.transport_overhead_s[:, nic] == pytest.approx(
         np.array([[35e-6], [35e-6], [70e-6]]) * np.ones(len(nic))
     )
-    # the same machines driven by aws-ofi-nccl: line rate, 20 us
+    # the same machines driven by aws-ofi-nccl, host-staged: half the line rate, 15 us
     efa = _fabric("g4dn-efa")
-    assert efa.capacity_bytes_per_s[nic] == pytest.approx(6.25e9)
-    assert efa.transport_overhead_s[2, nic] == pytest.approx(40e-6)
+    assert efa.capacity_bytes_per_s[nic] == pytest.approx(3.125e9)
+    assert efa.transport_overhead_s[2, nic] == pytest.approx(30e-6)
     # the PCIe link GPU -> NIC is no transport's
     others = np.setdiff1d(np.arange(net.n_directed_links), nic)
     assert not sock.transport_overhead_s[:, others].any()
@@ -116,10 +130,10 @@ def test_infiniband_is_unchanged():
 @pytest.mark.parametrize("protocol", ["LL", "Simple"])
 def test_engine_and_model_charge_the_transport_overhead(protocol):
     # Two g4dn nodes, one T4 each: a ring all-reduce of 2 ranks is 2 network steps. Sockets and
-    # aws-ofi-nccl differ only in the per-step overhead (35 vs 20 us, Simple twice) at 8 bytes
-    # (the bandwidth term is nanoseconds): the socket run takes 2 x 15 us longer (LL), 2 x 30 us
-    # (Simple), in the engine and in the analytic model alike.
-    extra = {"LL": 15e-6, "Simple": 30e-6}[protocol]
+    # host-staged aws-ofi-nccl differ only in the per-step overhead (35 vs 15 us, Simple twice)
+    # at 8 bytes (the bandwidth term is nanoseconds): the socket run takes 2 x 20 us longer
+    # (LL), 2 x 40 us (Simple), in the engine and in the analytic model alike.
+    extra = {"LL": 20e-6, "Simple": 40e-6}[protocol]
     times = {}
     for name in ("g4dn-socket", "g4dn-efa"):
         whatif = WhatIf(load_topology(name))
@@ -153,3 +167,14 @@ def test_topo_show_prints_the_transport():
     )
     result = runner.invoke(cli, ["topo", "show", "dgx-h100"])
     assert "infiniband NICs via ib_verbs: +0 us per network step" in result.output
+
+
+def test_one_efa_connection_attains_half_the_line_rate_and_topo_show_says_so():
+    # one GPUDirect EFA connection: 0.5 of 100 Gb/s (fi_rdm_tagged_bw one endpoint pair 0.55;
+    # p4d's NCCL 2.9 tree 0.47); every other transport's connection fills its NIC
+    assert TRANSPORTS["efa"].connection_fraction == 0.5
+    assert all(t.connection_fraction == 1.0 for n, t in TRANSPORTS.items() if n != "efa")
+    result = CliRunner().invoke(cli, ["topo", "show", "p4d"])
+    assert result.exit_code == 0, result.output
+    assert "1 of line rate, one connection 0.5 of it" in result.output
+    assert "one connection" not in CliRunner().invoke(cli, ["topo", "show", "dgx-h100"]).output

@@ -27,10 +27,20 @@ from typing import Any
 import numpy as np
 
 from collsim.calibration.nccltests import NcclTestsLog
+from collsim.channel_rates import nvidia_compute_capability
 from collsim.collectives.registry import NCCL_ALGORITHMS
 from collsim.dtypes import dtype_bytes
 from collsim.errors import CalibrationError, CollsimError
 from collsim.model.analytic import AnalyticModel, effective_bytes
+from collsim.model.mapping import intra_inter_bandwidth
+from collsim.model.nccl_release import (
+    NcclVersion,
+    effective_version,
+    parse_nccl_version,
+    tree_nic_share,
+    tree_threshold_bytes,
+    with_nic_share,
+)
 from collsim.model.params import (
     DEFAULT_PARAMS,
     HOST_LAUNCH_S,
@@ -444,23 +454,103 @@ class Predictor:
         env: dict[str, str] | None = None,
         elem: int = 4,
         gpus_per_thread: int = 1,
+        nccl_version: NcclVersion | str | None = None,
     ) -> tuple[np.ndarray, list[str]]:
         """(predicted seconds, chosen 'algorithm/protocol/Nch' label) per size, with one host
-        thread issuing each call to ``gpus_per_thread`` GPUs (:class:`HostThread`)."""
-        cons = constraints(env or {}, collective, nccl_channel_options(self.model, collective))
-        channels = cons.channels  # NCCL's per-channel caps need its channel count too
-        # NCCL_PROTO naming LL128 enables it wherever it can run, past NCCL's defaults.
-        forced = self.model_name == "collsim" and _asked_for_ll128(env or {})
-        model = self.model if gpus_per_thread == 1 else HostThread(self.model, gpus_per_thread)
-        tuner = Tuner(model, protocols=cons.protocols, channels=channels, defaults=not forced)
-        result = tuner.tune(
-            collective,
-            np.asarray(sizes_bytes, dtype=np.int64),
-            elem_bytes=elem,
-            algorithms=self.algorithms(collective, cons.algorithms),
+        thread issuing each call to ``gpus_per_thread`` GPUs (:class:`HostThread`), as the NCCL
+        release ``nccl_version`` would choose (:mod:`collsim.model.nccl_release`: no LL128
+        before 2.5; 2.4's tree threshold; None: the newest behaviour)."""
+        env = dict(env or {})
+        version = (
+            nccl_version
+            if isinstance(nccl_version, NcclVersion)
+            else parse_nccl_version(nccl_version, field="--nccl-version")
         )
-        labels = [result.choice_at(i).label() for i in range(len(sizes_bytes))]
-        return result.best_s, labels
+        release = effective_version(version, env)
+        if not release.tree_by_threshold:
+            env.pop("NCCL_TREE_THRESHOLD", None)  # gone from 2.5: NCCL ignores it
+        cons = constraints(env, collective, nccl_channel_options(self.model, collective))
+        channels = cons.channels  # NCCL's per-channel caps need its channel count too
+        protocols = cons.protocols
+        if not release.has_ll128:
+            protocols = tuple(p for p in protocols if p != "LL128") or ("Simple",)
+        # NCCL_PROTO naming LL128 enables it wherever it can run, past NCCL's defaults.
+        forced = self.model_name == "collsim" and _asked_for_ll128(env) and release.has_ll128
+        model = self.model if gpus_per_thread == 1 else HostThread(self.model, gpus_per_thread)
+        tuner = Tuner(model, protocols=protocols, channels=channels, defaults=not forced)
+        sizes = np.asarray(sizes_bytes, dtype=np.int64)
+        algos = self.algorithms(collective, cons.algorithms)
+        threshold = (
+            self._tree_threshold(collective, algos, env) if release.tree_by_threshold else None
+        )
+        if threshold is None:
+            result = tuner.tune(collective, sizes, elem_bytes=elem, algorithms=algos)
+            labels = [result.choice_at(i).label() for i in range(len(sizes))]
+            best = result.best_s
+        else:  # NCCL 2.4: tree up to the threshold (the whole buffer's bytes), ring above
+            tree = tuner.tune(collective, sizes, elem_bytes=elem, algorithms=["tree"])
+            ring = tuner.tune(collective, sizes, elem_bytes=elem, algorithms=["ring"])
+            use_tree = sizes <= threshold
+            best = np.where(use_tree, tree.best_s, ring.best_s)
+            labels = [(tree if t else ring).choice_at(i).label() for i, t in enumerate(use_tree)]
+        return self._up_then_down(collective, sizes, best, labels, release, elem,
+                                  gpus_per_thread), labels  # fmt: skip
+
+    def _up_then_down(
+        self, collective: str, sizes: np.ndarray, best: np.ndarray, labels: list[str],
+        release: NcclVersion, elem: int, gpus_per_thread: int,
+    ) -> np.ndarray:  # fmt: skip
+        """``best`` with each tree all-reduce re-timed where ``release`` runs its reduce, then its
+        broadcast (:meth:`NcclVersion.tree_up_then_down`) and so drives each NIC
+        direction with fewer connections than fill it (:func:`tree_nic_share`): on NICs at that
+        share of their rate. NCCL's own model knows nothing of it, so the choice stays."""
+        topology = self.whatif.topology if self.whatif is not None else None
+        if collective != "all_reduce" or topology is None or self.model_name != "collsim":
+            return best
+        cc = nvidia_compute_capability(topology.gpu.model)
+        out = np.array(best, dtype=np.float64)
+        for label in sorted(set(labels)):
+            algorithm, protocol, count = label.split("/")
+            if algorithm != "tree" or not release.tree_up_then_down(cc, protocol):
+                continue
+            channels = int(count.removesuffix("ch"))
+            share = tree_nic_share(topology, channels, up_then_down=True)
+            if share >= 1.0:
+                continue
+            model = self._at_nic_share(topology, share)
+            model = model if gpus_per_thread == 1 else HostThread(model, gpus_per_thread)
+            rows = np.flatnonzero([x == label for x in labels])
+            tuner = Tuner(model, protocols=(protocol,), channels=(channels,), defaults=False)
+            timed = tuner.tune(collective, sizes[rows], elem_bytes=elem, algorithms=["tree"])
+            out[rows] = timed.best_s
+        return out
+
+    def _at_nic_share(self, topology: Topology, share: float) -> Any:
+        """This predictor's model (its parameters and scale) on ``topology`` with its NICs at
+        ``share`` of their rate; built once per share."""
+        cache = self.__dict__.setdefault("_nic_share_models", {})
+        if share not in cache:
+            scaled = self.model if isinstance(self.model, ScaledModel) else None
+            base = scaled.model if scaled is not None else self.model
+            model: Any = AnalyticModel(WhatIf(with_nic_share(topology, share)), base.params)
+            cache[share] = ScaledModel(model, scaled.scale) if scaled is not None else model
+        return cache[share]
+
+    def _tree_threshold(
+        self, collective: str, algos: list[str], env: dict[str, str]
+    ) -> float | None:
+        """NCCL 2.4's tree threshold on this system (bytes), or None where it decides nothing:
+        not an all-reduce, or the tree or the ring not both allowed and runnable here."""
+        if collective != "all_reduce" or not {"tree", "ring"} <= set(algos):
+            return None
+        topology = self.whatif.topology if self.whatif is not None else None
+        topology = topology or getattr(getattr(self.model, "model", self.model), "topology", None)
+        if topology is None:
+            return None
+        nvlink = intra_inter_bandwidth(topology)[2]
+        counter = getattr(self.model, "nccl_channels", None)
+        channels = int(counter(collective)) if counter is not None else 1
+        return tree_threshold_bytes(topology.nvlink_domains, topology.n_gpus, channels, nvlink, env)
 
     def predict_log(
         self, log: NcclTestsLog, env: dict[str, str] | None = None
@@ -473,5 +563,6 @@ class Predictor:
             env=log_env(log, env),
             elem=elem_bytes(log),
             gpus_per_thread=log.gpus_per_thread,
+            nccl_version=log.nccl_version,
         )
         return sizes, measured, pred, labels

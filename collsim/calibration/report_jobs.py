@@ -162,6 +162,8 @@ def run_job(job: Job, data_dir: str) -> dict[str, Any]:
     (s,) = samples
     system = WhatIf(s.topology)  # one system: every model below shares its routes
     out: dict[str, Any] = {}
+    # the release the log names, else the index's (collsim.model.nccl_release)
+    version = s.log.nccl_version or _entries(data_dir)[s.name].nccl_version
 
     def predict(mode: str, params: Any = None, model: str = "collsim") -> None:
         try:
@@ -169,7 +171,8 @@ def run_job(job: Job, data_dir: str) -> dict[str, Any]:
                              model=model)  # fmt: skip
             t, labels = pred.predict(s.log.collective, s.sizes, env=s.env,
                                      elem=elem_bytes(s.log),
-                                     gpus_per_thread=s.log.gpus_per_thread)  # fmt: skip
+                                     gpus_per_thread=s.log.gpus_per_thread,
+                                     nccl_version=version)  # fmt: skip
             out[mode] = {"s": [float(x) for x in np.asarray(t)], "labels": list(labels)}
         except CollsimError as exc:  # NCCL's model has no alltoall / sendrecv
             out[mode] = {"error": exc.message}

@@ -148,10 +148,13 @@ def validate_samples(
     *,
     model: str = "collsim",
     progress: Callable[[int, int], None] | None = None,
+    nccl_version: str | None = None,
 ) -> Validation:
     """Predict every sample on its system under ``params`` (a profile: on each system as
     :func:`profile_params` gives it) or NCCL's model, and compare; ``progress(done, total)`` is
-    called before the first log and after each one."""
+    called before the first log and after each one. Each log is predicted as its NCCL release
+    would choose (:mod:`collsim.model.nccl_release`): the release the log names, else
+    ``nccl_version``, else the newest."""
     predictors: dict[int, Predictor] = {}
     results = []
     for done, s in enumerate(samples):
@@ -168,6 +171,7 @@ def validate_samples(
             env=s.env,
             elem=elem_bytes(s.log),
             gpus_per_thread=s.log.gpus_per_thread,
+            nccl_version=s.log.nccl_version or nccl_version,
         )
         results.append(compare(s, pred, labels))
     if progress is not None:

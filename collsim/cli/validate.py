@@ -47,6 +47,13 @@ from collsim.tables import plural
 )
 @nccl_env_option
 @click.option(
+    "--nccl-version",
+    default=None,
+    metavar="X.Y.Z",
+    help="NCCL release the runs used, where a log does not say (e.g. 2.9.9); its choices are "
+    "predicted (no LL128 before 2.5; 2.4's tree threshold). Default: the newest behaviour.",
+)
+@click.option(
     "--allow-anomalies",
     is_flag=True,
     help="Compare logs with anomalies (#wrong > 0, times that disagree with the bandwidths).",
@@ -79,6 +86,7 @@ def validate(
     ranks: int | None,
     gpus_per_thread: int | None,
     nccl_env_items: tuple[str, ...],
+    nccl_version: str | None,
     allow_anomalies: bool,
     cross_scale: bool,
     fit_on: int | None,
@@ -102,6 +110,9 @@ def validate(
     from collsim.io import atomic_write_text, figure_format
 
     refuse_overwriting_inputs([*logs, topology, profile], json=json_file, plot=plot_file)
+    from collsim.model.nccl_release import parse_nccl_version
+
+    parse_nccl_version(nccl_version, field="--nccl-version")  # a bad value: one line, now
     if plot_file:
         figure_format(plot_file)
     samples = load_samples(
@@ -140,7 +151,9 @@ def validate(
             notes += [n for n in prof.check_topology(s.topology) if n not in notes]
         params = prof
     with progress_bar("log", "validate") as bar:
-        result = validate_samples(samples, params, model=model, progress=bar)
+        result = validate_samples(
+            samples, params, model=model, progress=bar, nccl_version=nccl_version
+        )
     notes += [f"{s.name}: {n}" for s in samples for n in s.log.incomplete_notes]
     notes += [n for s in samples if (n := gpu_mismatch(s.log, s.topology))]
     notes += [

@@ -122,7 +122,8 @@ def routing_words(topo: Topology) -> str:
 
 def _transports(topo: Topology) -> list[dict[str, Any]]:
     """The net transport of each kind of NIC cable (collsim/transports.py): its per-step
-    overhead (LL/LL128, Simple) and the fraction of the line rate it attains."""
+    overhead (LL/LL128, Simple), the fraction of the line rate it attains and the fraction one
+    connection attains on its own."""
     nics = {d.name for d in topo.devices if d.kind == "nic"}
     kinds = sorted({lk.kind for lk in topo.links if lk.a in nics or lk.b in nics})
     out = []
@@ -135,6 +136,7 @@ def _transports(topo: Topology) -> list[dict[str, Any]]:
                 "transport": transport.name,
                 "step_overhead_us": {"LL": units.to_us(ll), "Simple": units.to_us(simple)},
                 "bandwidth_fraction": transport.bandwidth_fraction,
+                "connection_fraction": transport.connection_fraction,
             })  # fmt: skip
     return out
 
@@ -211,6 +213,11 @@ def describe_text(info: dict[str, Any]) -> str:
             f"+{t['step_overhead_us']['LL']:g} us per network step "
             f"(Simple +{t['step_overhead_us']['Simple']:g} us), "
             f"{t['bandwidth_fraction']:g} of line rate"
+            + (
+                f", one connection {t['connection_fraction']:g} of it"
+                if t.get("connection_fraction", 1.0) < 1.0
+                else ""
+            )
             for t in info.get("transports", [])
         ),
     ]
