@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from collsim.calibration.predict import Predictor, uncalibrated_params
+from collsim.calibration.predict import Predictor, Scale, uncalibrated_params
 from collsim.cli import cli
 from collsim.model.nccl import tree_correction, tree_efficiency
+from collsim.model.nccl_release import parse_nccl_version
 from collsim.model.params import ModelParams
 from collsim.topology.loader import load_topology
 
@@ -99,3 +100,16 @@ def test_validate_runs_the_p4d_logs_256_mib_row_as_its_release_would(tmp_path):
     row = next(p for p in json.loads(out.read_text())["logs"][0]["points"]
                if p["bytes"] == 256 * MB)  # fmt: skip
     assert abs(row["rel_err"]) < 0.1, row
+
+
+def test_a_scaled_model_follows_the_release_too():
+    """A profile's view (ScaledModel, as the report predicts with a fit) picks by the release's
+    table as the plain model does, and keeps its scale."""
+    scale = Scale(bandwidth=0.9)
+    predictor = Predictor(load_topology("p4d", nodes=2), uncalibrated_params(), scale=scale)
+    sizes = np.array([256 * MB])
+    _, old = predictor.predict("all_reduce", sizes, nccl_version="2.9.9+cuda11.2")
+    _, new = predictor.predict("all_reduce", sizes, nccl_version="2.22.3")
+    assert (old, new) == (["tree/Simple/8ch"], ["tree/LL128/8ch"])
+    view = predictor._of_release(parse_nccl_version("2.9.9"))
+    assert view.scale is scale and view.model.params.nccl_release == (2, 9, 9)
