@@ -19,8 +19,9 @@ reports first).
 from __future__ import annotations
 
 import contextlib
+import copy
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -412,6 +413,11 @@ class HostThread:
         return under_floor(t, self.floor_s(collective)) if floor else t
 
 
+def _release_key(release: NcclVersion) -> tuple[int, int, int]:
+    """``release`` as :attr:`ModelParams.nccl_release` takes it."""
+    return (release.major, release.minor, release.patch)
+
+
 class Predictor:
     """Per-row predictions of logs on one system under one parameter set (or NCCL's model)."""
 
@@ -476,7 +482,8 @@ class Predictor:
             protocols = tuple(p for p in protocols if p != "LL128") or ("Simple",)
         # NCCL_PROTO naming LL128 enables it wherever it can run, past NCCL's defaults.
         forced = self.model_name == "collsim" and _asked_for_ll128(env) and release.has_ll128
-        model = self.model if gpus_per_thread == 1 else HostThread(self.model, gpus_per_thread)
+        base = self._of_release(release)
+        model = base if gpus_per_thread == 1 else HostThread(base, gpus_per_thread)
         tuner = Tuner(model, protocols=protocols, channels=channels, defaults=not forced)
         sizes = np.asarray(sizes_bytes, dtype=np.int64)
         algos = self.algorithms(collective, cons.algorithms)
@@ -517,7 +524,7 @@ class Predictor:
             share = tree_nic_share(topology, channels, up_then_down=True)
             if share >= 1.0:
                 continue
-            model = self._at_nic_share(topology, share)
+            model = self._at_nic_share(topology, share, release)
             model = model if gpus_per_thread == 1 else HostThread(model, gpus_per_thread)
             rows = np.flatnonzero([x == label for x in labels])
             tuner = Tuner(model, protocols=(protocol,), channels=(channels,), defaults=False)
@@ -525,16 +532,38 @@ class Predictor:
             out[rows] = timed.best_s
         return out
 
-    def _at_nic_share(self, topology: Topology, share: float) -> Any:
-        """This predictor's model (its parameters and scale) on ``topology`` with its NICs at
-        ``share`` of their rate; built once per share."""
+    def _at_nic_share(self, topology: Topology, share: float, release: NcclVersion) -> Any:
+        """This predictor's model (its parameters and scale, following ``release``) on
+        ``topology`` with its NICs at ``share`` of their rate; built once per share and
+        release."""
         cache = self.__dict__.setdefault("_nic_share_models", {})
-        if share not in cache:
+        key = (share, _release_key(release))
+        if key not in cache:
             scaled = self.model if isinstance(self.model, ScaledModel) else None
             base = scaled.model if scaled is not None else self.model
-            model: Any = AnalyticModel(WhatIf(with_nic_share(topology, share)), base.params)
-            cache[share] = ScaledModel(model, scaled.scale) if scaled is not None else model
-        return cache[share]
+            params = replace(base.params, nccl_release=_release_key(release))
+            model: Any = AnalyticModel(WhatIf(with_nic_share(topology, share)), params)
+            cache[key] = ScaledModel(model, scaled.scale) if scaled is not None else model
+        return cache[key]
+
+    def _of_release(self, release: NcclVersion) -> Any:
+        """This predictor's model with its parameters following NCCL ``release`` (the tree's
+        efficiency and correction table by release, :attr:`ModelParams.nccl_release`): a view
+        that shares the model's cached structures, which the release does not change. NCCL's own
+        model, and a model this predictor only wraps, as they are."""
+        scaled = self.model if isinstance(self.model, ScaledModel) else None
+        base = scaled.model if scaled is not None else self.model
+        if self.model_name != "collsim" or not isinstance(base, AnalyticModel):
+            return self.model
+        key = _release_key(release)
+        if base.params.nccl_release == key:
+            return self.model
+        cache = self.__dict__.setdefault("_release_models", {})
+        if key not in cache:
+            view = copy.copy(base)  # shares the structure cache: the release is not in it
+            view.params = replace(base.params, nccl_release=key)
+            cache[key] = ScaledModel(view, scaled.scale) if scaled is not None else view
+        return cache[key]
 
     def _tree_threshold(
         self, collective: str, algos: list[str], env: dict[str, str]

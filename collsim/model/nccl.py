@@ -71,21 +71,88 @@ TREE_CORRECTION = (
      1.0, 1.0),
     (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
 )  # fmt: skip
-"""``treeCorrectionFactor[proto][log2(nBytes >> 6)]``, 64 B to 256 MB."""
+"""``treeCorrectionFactor[proto][log2(nBytes >> 6)]``, 64 B to 256 MB (from ``v2.10.3-1`` on;
+``v2.29.2-1`` adds a 24th column that only NVLS-Tree reads)."""
+
+TREE_CORRECTION_BY_RELEASE: tuple[tuple[tuple[int, int, int], tuple | None], ...] = (
+    ((0, 0, 0), None),
+    ((2, 6, 0), (
+        (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .5, .5, .6, .7, .8, .9, .9, 1.0,
+         1.0, 1.0),
+        (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .8, .7, .7, .7, .6, .6, .7, .7, .8, .8, .9, .9,
+         1.0),
+        (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .5, .5, .6, .6, .7, .8, .9),
+    )),
+    ((2, 7, 0), (
+        (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0,
+         1.0, 1.0),
+        (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .5, .6, .6, .7, .7, .8, .9, .9,
+         1.0),
+        (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .5, .5, .6, .6, .7, .8, .9),
+    )),
+    ((2, 8, 0), (
+        TREE_CORRECTION[0],
+        (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .5, .6, .6, .7, .7, .8, .9, .9,
+         .92, .92),
+        TREE_CORRECTION[2],
+    )),
+    ((2, 10, 0), TREE_CORRECTION),
+)  # fmt: skip
+"""``treeCorrectionFactor`` by the first release that carries each table (``git show
+<tag>:src/graph/tuning.cc`` over every tag of the mirror; rows LL, LL128, Simple): none before
+``v2.6.4-1`` (``v2.5.6-1`` has no such table); 22 columns (64 B to 128 MB) in ``v2.6.4-1`` and
+``v2.7.3-1``-``v2.7.8-1``; from ``v2.8.3-1`` through ``v2.9.9-1`` 23 columns whose LL128 row ends
+``.92, .92`` at 128 and 256 MB, where ``v2.10.3-1`` and later have ``1.0, 1.0`` -- so those
+releases price the LL128 tree below the Simple tree at 256 MB (``0.915 x .92`` against ``.9``)
+and switch to Simple there, where the later table keeps LL128."""
+
+TREE_EFFICIENCY_BY_RELEASE: tuple[tuple[tuple[int, int, int], float], ...] = (
+    ((0, 0, 0), 1.0),
+    ((2, 5, 0), 0.9),
+    ((2, 8, 0), 0.92),
+)
+"""The fraction of its graph bandwidth NCCL's tuner gives its tree at every size and protocol
+(``ncclTopoTuneModel``: ``busBw = min(busBw * .92, nChannels * perChMaxTreeBw)``, ``v2.8.3-1``
+line 127, ``v2.9.9-1`` 129, ``v2.22.3-1`` 180, ``v2.30.7-1`` 331; ``busBw * .9`` in ``v2.5.6-1``
+line 109 and ``v2.7.8-1`` 118), by the first release that carries it. NCCL 2.4 has no tuning
+model (``src/init.cc``'s tree threshold): 1."""
 
 
-def tree_correction(proto: str, n_bytes: np.ndarray) -> np.ndarray:
+def _by_release(table: tuple, release: tuple[int, int, int] | None) -> object:
+    """The entry of a ``(first release, value)`` table that ``release`` (None: the newest)
+    follows."""
+    if release is None:
+        return table[-1][1]
+    found = table[0][1]
+    for first, value in table:
+        if tuple(release[:3]) >= first:
+            found = value
+    return found
+
+
+def tree_efficiency(release: tuple[int, int, int] | None = None) -> float:
+    """NCCL's tree efficiency for ``release`` (:data:`TREE_EFFICIENCY_BY_RELEASE`; None: the
+    newest, 0.92)."""
+    return float(_by_release(TREE_EFFICIENCY_BY_RELEASE, release))  # type: ignore[arg-type]
+
+
+def tree_correction(
+    proto: str, n_bytes: np.ndarray, release: tuple[int, int, int] | None = None
+) -> np.ndarray:
     """NCCL's measured shortfall of its tree all-reduce from its own bandwidth model, per size
     (``treeCorrectionFactor``: "Trees are not perfectly sticking to the model for medium sizes",
-    ``tuning.cc``): the factor that multiplies the tree's bandwidth, 1 from 512 MiB on.
+    ``tuning.cc``): the factor that multiplies the tree's bandwidth, 1 from 512 MiB on, in the
+    table of NCCL ``release`` (major, minor, patch; None: the newest;
+    :data:`TREE_CORRECTION_BY_RELEASE`: none before 2.6, 1 past 128 MB before 2.8).
     ``proto``: LL, LL128 or Simple (any case, or a :class:`collsim.protocols.Protocol`); another
     protocol has no NCCL figure, so no correction."""
     names = {p.lower(): i for i, p in enumerate(PROTOS)}
     row = names.get(str(getattr(proto, "name", proto)).lower())
     nb = np.asarray(n_bytes, dtype=np.int64)
-    if row is None:
+    rows = _by_release(TREE_CORRECTION_BY_RELEASE, release)
+    if row is None or rows is None:
         return np.ones(nb.shape)
-    table = np.asarray(TREE_CORRECTION[row])
+    table = np.asarray(rows[row])  # type: ignore[index]
     log = np.array([_log2i(int(x) >> 6) for x in nb.reshape(-1)], dtype=np.int64).reshape(nb.shape)
     return np.where(log < len(table), table[np.minimum(log, len(table) - 1)], 1.0)
 

@@ -31,9 +31,11 @@ an all-to-all posts a send and a receive per rank, :func:`p2p_ops`), reduction a
 efficiencies, and ``size_factors``: (size_bytes, factor) points, interpolated in log2(size), that
 scale the bandwidth term (``time = latency + bytes / (bandwidth * factor(size))``), so
 size-dependent effects (protocol warm-up, small-message inefficiency) are data, not code; and
-``tree_correction``: whether a tree all-reduce runs at NCCL's measured fraction of its modelled
-bandwidth at medium sizes (``treeCorrectionFactor``, :func:`collsim.model.nccl.tree_correction`:
-0.4-0.9, which sizes depending on the protocol; 1 from 512 MiB on), as NCCL's tuner assumes.
+``tree_correction``: whether a tree all-reduce runs at NCCL's measured fractions of its
+modelled bandwidth, as NCCL's tuner assumes: 0.92 at every size (``busBw * .92``,
+:func:`collsim.model.nccl.tree_efficiency`) times 0.4-1 at medium sizes
+(``treeCorrectionFactor``, :func:`collsim.model.nccl.tree_correction`: which sizes depending on
+the protocol; 1 from 512 MiB on), both as the release in ``nccl_release`` has them.
 Off in the datasheet defaults (the discrete-event engine has no such factor); on in the
 uncalibrated model and in fitted profiles.
 """
@@ -47,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from collsim.errors import CalibrationError, ScheduleError
-from collsim.model.nccl import tree_correction
+from collsim.model.nccl import tree_correction, tree_efficiency
 from collsim.protocols import PROTOCOLS, Protocol
 from collsim.topology.fabric import _HW_CLASS
 from collsim.topology.spec import LINK_KINDS
@@ -125,6 +127,11 @@ class ModelParams:
     size_factors: tuple[tuple[float, float], ...] = ()
     tree_correction: bool = False
     source: str = "datasheet defaults (what the discrete-event engine assumes)"
+    nccl_release: tuple[int, int, int] | None = None
+    """The NCCL release (major, minor, patch) whose tree figures ``tree_correction`` follows
+    (None: the newest). Not a calibrated knob: the release a log ran
+    (:class:`collsim.calibration.predict.Predictor` sets it per prediction), so neither
+    :meth:`to_dict` nor a profile stores it."""
 
     def __post_init__(self) -> None:
         for name in ("route_latency_scale", "bandwidth_efficiency"):
@@ -203,7 +210,7 @@ class ModelParams:
     ) -> np.ndarray | float:
         """What each size's bytes are multiplied by in the bandwidth term: 1 / (the size
         factors -- these, or ``factors`` where given: a calibration's -- x NCCL's tree
-        correction where on)."""
+        efficiency and tree correction where on, of :attr:`nccl_release`)."""
         pts = self.size_factors if factors is None else factors
         tree = self.tree_correction and algorithm == "tree" and collective == "all_reduce"
         if not pts and not tree:
@@ -214,7 +221,8 @@ class ModelParams:
             xs = np.log2([s for s, _ in pts])
             factor = np.interp(np.log2(np.maximum(size_bytes, 1.0)), xs, [f for _, f in pts])
         if tree:
-            factor = factor * tree_correction(protocol, size_bytes)
+            rel = self.nccl_release
+            factor = factor * tree_efficiency(rel) * tree_correction(protocol, size_bytes, rel)
         return 1.0 / factor
 
     # -- serialisation -------------------------------------------------------------------------

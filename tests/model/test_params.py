@@ -85,19 +85,20 @@ def test_nccl_tree_correction_table_by_size():
     assert tree_correction("LL", np.array([64]))[0] == 1.0
 
 
-def test_tree_correction_slows_only_medium_tree_all_reduces():
-    """With ``tree_correction`` a tree all-reduce's bytes take 1/factor as long at medium sizes
-    (the bandwidth term: 32 MiB Simple moves at 0.7 of the rate); large ones, rings and other
-    collectives are unchanged; it round-trips through to_dict."""
+def test_tree_correction_slows_only_tree_all_reduces():
+    """With ``tree_correction`` a tree all-reduce's bytes take 1/factor as long: NCCL's tree
+    efficiency (0.92 at every size) times its medium-size correction (32 MiB Simple: 0.7), so
+    1 GiB moves at 0.92 and 32 MiB at 0.92 x 0.7 of the rate; rings and other collectives are
+    unchanged; it round-trips through to_dict."""
     topo = load_topology("dgx-h100", nodes=4)
     on = ModelParams(tree_correction=True)
     off, corr = AnalyticModel(topo), AnalyticModel(topo, on)
     sizes = np.array([32 << 20, 1 << 30])
     t_off = off.predict("all_reduce", "tree", sizes, channels=8)
     t_on = corr.predict("all_reduce", "tree", sizes, channels=8)
-    # Mostly the bandwidth term at 32 MiB on 4 nodes: longer by nearly 1/0.7, never more.
-    assert 1.2 < t_on[0] / t_off[0] <= 1 / 0.7 + 1e-9
-    assert t_on[1] == pytest.approx(t_off[1], rel=1e-12)
+    # Mostly the bandwidth term on 4 nodes: longer by nearly 1/factor, never more.
+    assert 1.3 < t_on[0] / t_off[0] <= 1 / (0.92 * 0.7) + 1e-9
+    assert 1.08 < t_on[1] / t_off[1] <= 1 / 0.92 + 1e-9
     for coll, algo in (("all_reduce", "ring"), ("all_gather", "ring"), ("broadcast", "tree")):
         a = off.predict(coll, algo, sizes, channels=8)
         b = corr.predict(coll, algo, sizes, channels=8)
