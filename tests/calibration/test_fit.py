@@ -416,6 +416,10 @@ def test_the_profile_predicts_what_the_fit_minimised(system):
     # off the prior everywhere: rates at 1.15 (a ceiling 15% above NCCL's), latencies x 2.5
     x = np.array([1.15, 2.5, 3.0, 4.0, 0.5, 0.8, 0.9, *[0.7] * (len(prob.kinds) - 7)])
     params = Profile(_doc(prob, x)).params(FIT_BASE)
+    # the channel ceiling the fit's fast path sees (its lines' rates divided by x[0]) is the
+    # profile's, wherever a ceiling binds: the memory's efficiency times NCCL's
+    fitted = prob.models(x)[0].params.channel_efficiency * x[0]
+    assert fitted == pytest.approx(params.channel_efficiency, rel=1e-12)
     for s, fast in zip(samples, prob.predict(x), strict=True):
         slow, _ = Predictor(systems[id(s.topology)], params).predict(
             s.log.collective, s.sizes, env=s.env, elem=elem_bytes(s.log),
