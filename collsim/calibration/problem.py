@@ -228,6 +228,10 @@ class Problem:
                 self.base,
                 reduce_efficiency=self.base.reduce_efficiency / tied,
                 copy_efficiency=self.base.copy_efficiency / tied,
+                # a channel is a thread block copying: its ceiling moves with the memory's
+                # efficiency (x[0] / tied once the Scale divides every slope by x[0]), as the
+                # profile applies it (Profile.params)
+                channel_efficiency=self.base.channel_efficiency / tied,
                 bandwidth_efficiency=rel,  # type: ignore[arg-type]
                 route_latency_scale=lat,  # type: ignore[arg-type]
                 duplex_efficiency=tuple(duplex if k in DUPLEX_CLASSES else 1.0 for k in range(3)),

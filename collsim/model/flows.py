@@ -211,6 +211,11 @@ class Wave:
     dst: np.ndarray
 
 
+def _scaled(ceiling: np.ndarray | None, factor: float) -> np.ndarray | None:
+    """A channel ceiling times a calibration's channel efficiency (``None``: no ceiling)."""
+    return ceiling if ceiling is None or factor == 1.0 else ceiling * factor
+
+
 class FlowCosts:
     """Latencies and fair shares of rank-to-rank flows on one fabric, under one parameter set."""
 
@@ -240,8 +245,10 @@ class FlowCosts:
         # The net transport's per-step overhead per link for this protocol (transports.py).
         table = getattr(fabric, "transport_overhead_s", None)
         row = PROTOCOL_INDEX.get(protocol.name.lower())
+        # A calibration's latency scale of the link's class covers it, as it covers the hops.
         self.transport_s = (
             np.asarray(table[row], dtype=np.float64)
+            * np.asarray(params.route_latency_scale, dtype=np.float64)[kind]
             if table is not None and row is not None
             else np.zeros(kind.shape[0])
         )
@@ -254,7 +261,8 @@ class FlowCosts:
         )
         self.load_s_per_byte = np.zeros(kind.shape[0])
         self.load_lat_s = np.full(kind.shape[0], np.inf)
-        self.ceiling = {p2p: channel_ceiling(fabric, protocol, {"point_to_point": p2p})
+        self.ceiling = {p2p: _scaled(channel_ceiling(fabric, protocol, {"point_to_point": p2p}),
+                                     params.channel_efficiency)
                         for p2p in (False, True)}  # fmt: skip
         """Wire bytes/s one channel's flow may reach per link class, for collectives and for
         point-to-point operations (``None``: no ceiling), as the engine caps its flows."""

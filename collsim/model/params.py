@@ -124,6 +124,10 @@ class ModelParams:
     duplex_efficiency: tuple[float, float, float] = (1.0, 1.0, 1.0)
     reduce_efficiency: float = 1.0
     copy_efficiency: float = 1.0
+    channel_efficiency: float = 1.0
+    """Factor on NCCL's per-channel rate ceiling (:mod:`collsim.channel_rates`): one channel is
+    one thread block copying (and reducing), so a calibration moves it with the GPU's copy rate
+    (a profile's ``memory_efficiency``); 1 uncalibrated."""
     size_factors: tuple[tuple[float, float], ...] = ()
     tree_correction: bool = False
     source: str = "datasheet defaults (what the discrete-event engine assumes)"
@@ -155,7 +159,7 @@ class ModelParams:
                 field="bandwidth_efficiency",
                 value=self.bandwidth_efficiency,
             )
-        for name in ("reduce_efficiency", "copy_efficiency"):
+        for name in ("reduce_efficiency", "copy_efficiency", "channel_efficiency"):
             if not float(getattr(self, name)) > 0:
                 raise CalibrationError("must be positive", field=name, value=getattr(self, name))
         for name in ("base_latency_s", "launch_floor_s", "p2p_op_s"):
@@ -238,6 +242,7 @@ class ModelParams:
             "duplex_efficiency": list(self.duplex_efficiency),
             "reduce_efficiency": self.reduce_efficiency,
             "copy_efficiency": self.copy_efficiency,
+            "channel_efficiency": self.channel_efficiency,
             "size_factors": [list(p) for p in self.size_factors],
             "tree_correction": self.tree_correction,
             "protocols": {
@@ -293,6 +298,7 @@ _RANGES: dict[str, tuple[int, float, float]] = {
     "duplex_efficiency": (3, 0.5, 1.0),
     "reduce_efficiency": (0, 0.001, 10.0),
     "copy_efficiency": (0, 0.001, 10.0),
+    "channel_efficiency": (0, 0.001, 10.0),
 }
 """Per numeric parameter read from a file: how many numbers (0: one scalar) and their range, as
 a fitted profile's schema bounds them (times up to 10 s, as a topology's)."""

@@ -279,6 +279,7 @@ class Profile:
             p2p_op_s=self.doc.p2p_op_us * 1e-6,
             reduce_efficiency=base.reduce_efficiency * memory,
             copy_efficiency=base.copy_efficiency * memory,
+            channel_efficiency=base.channel_efficiency * memory,
             route_latency_scale=tuple(lat),  # type: ignore[arg-type]
             bandwidth_efficiency=tuple(eff),  # type: ignore[arg-type]
             duplex_efficiency=tuple(duplex),  # type: ignore[arg-type]

@@ -46,6 +46,20 @@ from collsim.model.rings import ring_orders
 
 Oracle = Callable[[float], Aff]
 
+CHAIN_GRAIN_BYTES = {"LL": 512 * 8, "LL128": 20 * 1920}
+"""How far a chain's data has advanced before the next rank forwards it, per protocol, where it
+is finer than the chunk (bytes of payload per channel). NCCL's broadcast and reduce cut each
+channel's part into chunks of one FIFO step (``BROADCAST_CHUNKSTEPS`` = ``REDUCE_CHUNKSTEPS`` = 1,
+``src/include/collectives.h``; ``calcCollChunking``, ``src/enqueue.cc``): 512 KiB for Simple, whose
+receiver waits for a whole slice's flag before it forwards the slice (``prims_simple.h``: the slice
+is the chunk, ``SlicePerChunk`` = 1), so :data:`~collsim.collectives.common.DEFAULT_CHUNK_BYTES` is
+its grain. LL and LL128 carry a flag in every line, and the receiver forwards each line as soon
+as its flag arrives: LL one 16-byte line (8 bytes of data) per thread per trip of the thread
+block, ``NCCL_LL_MAX_NTHREADS`` = 512 threads (``prims_ll.h``, ``src/include/device.h``): 4 KiB;
+LL128 one warp slice of ``ncclProtoGrainSize(LL128)`` = 1920 data bytes per warp per trip, 20 warps
+of ``NCCL_LL128_MAX_NTHREADS`` = 640 threads (``prims_ll128.h``): 37.5 KiB. A chain of ``n`` ranks
+then fills in ``n - 1`` such grains, not ``n - 1`` whole chunks."""
+
 
 def _heights(tree: Tree) -> np.ndarray:
     n = tree.parent.shape[0]
@@ -297,4 +311,7 @@ def rooted(
     copies = [k for _, k in distinct.values()]
     bcast = collective == "broadcast"
     oracles = tree_family(costs, parents, 1.0 / channels, up=not bcast, down=bcast, copies=copies)
-    return _pipeline(oracles, channels, pipeline_chunk_cap(chains, budget=None))
+    fill, step = oracles
+    grain = CHAIN_GRAIN_BYTES.get(costs.protocol.name.upper(), DEFAULT_CHUNK_BYTES)
+    cap = pipeline_chunk_cap(chains, budget=None)
+    return Pipeline(discover(fill), discover(step), channels, cap, grain)
