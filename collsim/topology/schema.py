@@ -240,6 +240,11 @@ class NicsIn(Strict):
     transport: Annotated[str, AfterValidator(_transport)] | None = None
     """The net transport NCCL drives these NICs with (:mod:`collsim.transports`); default: the
     usual one for the link kind (verbs on IB/RoCE, aws-ofi-nccl on EFA/Slingshot, sockets)."""
+    gpu_path: Literal["pix", "pxb", "phb", "node", "sys"] = "pix"
+    """The PCIe path from a GPU to its nearest NIC, as ``nvidia-smi topo -m`` labels it: ``pix``
+    (one PCIe switch, how collsim builds the node), ``pxb`` (several switches), ``phb`` / ``node``
+    (through the CPU's host bridge), ``sys`` (across sockets). NCCL runs LL128 across nodes only
+    where it is ``pix`` or ``pxb`` (:func:`collsim.model.nccl.ll128_by_default`)."""
     source: Source = None
 
     @model_validator(mode="after")

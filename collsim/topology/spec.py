@@ -194,6 +194,10 @@ class Topology:
     transport: str = ""
     """The scale-out NICs' net transport (``node.nics.transport``, a key of
     :data:`collsim.transports.TRANSPORTS`); empty: the default for the NICs' link kind."""
+    nic_gpu_path: str = "pix"
+    """The PCIe path from a GPU to its nearest NIC (``node.nics.gpu_path``: ``pix``, ``pxb``,
+    ``phb``, ``node`` or ``sys``, as ``nvidia-smi topo -m`` prints it); NCCL's LL128 across nodes
+    needs ``pix`` or ``pxb``."""
 
     @property
     def nvlink_domain_gpus(self) -> int:
