@@ -153,3 +153,12 @@ def test_topo_show_prints_the_transport():
     )
     result = runner.invoke(cli, ["topo", "show", "dgx-h100"])
     assert "infiniband NICs via ib_verbs: +0 us per network step" in result.output
+
+
+def test_topo_show_prints_the_gpu_to_nic_path_and_what_it_means_for_ll128():
+    runner = CliRunner()
+    result = runner.invoke(cli, ["topo", "show", "polaris"])
+    assert result.exit_code == 0, result.output
+    assert "0.73 of line rate; GPU to NIC PHB (no LL128 across nodes)" in result.output
+    result = runner.invoke(cli, ["topo", "show", "dgx-h100"])
+    assert "1 of line rate; GPU to NIC PIX\n" in result.output

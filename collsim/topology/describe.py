@@ -135,6 +135,7 @@ def _transports(topo: Topology) -> list[dict[str, Any]]:
                 "transport": transport.name,
                 "step_overhead_us": {"LL": units.to_us(ll), "Simple": units.to_us(simple)},
                 "bandwidth_fraction": transport.bandwidth_fraction,
+                "gpu_path": topo.nic_gpu_path,
             })  # fmt: skip
     return out
 
@@ -210,7 +211,8 @@ def describe_text(info: dict[str, Any]) -> str:
             f"  transport:   {t['link_kind']} NICs via {t['transport']}: "
             f"+{t['step_overhead_us']['LL']:g} us per network step "
             f"(Simple +{t['step_overhead_us']['Simple']:g} us), "
-            f"{t['bandwidth_fraction']:g} of line rate"
+            f"{t['bandwidth_fraction']:g} of line rate; GPU to NIC {t['gpu_path'].upper()}"
+            + ("" if t["gpu_path"] in ("pix", "pxb") else " (no LL128 across nodes)")
             for t in info.get("transports", [])
         ),
     ]
