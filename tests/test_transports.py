@@ -178,3 +178,12 @@ def test_one_efa_connection_attains_half_the_line_rate_and_topo_show_says_so():
     assert result.exit_code == 0, result.output
     assert "1 of line rate, one connection 0.5 of it" in result.output
     assert "one connection" not in CliRunner().invoke(cli, ["topo", "show", "dgx-h100"]).output
+
+
+def test_topo_show_prints_the_gpu_to_nic_path_and_what_it_means_for_ll128():
+    runner = CliRunner()
+    result = runner.invoke(cli, ["topo", "show", "polaris"])
+    assert result.exit_code == 0, result.output
+    assert "0.73 of line rate; GPU to NIC PHB (no LL128 across nodes)" in result.output
+    result = runner.invoke(cli, ["topo", "show", "dgx-h100"])
+    assert "1 of line rate; GPU to NIC PIX\n" in result.output

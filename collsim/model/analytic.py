@@ -296,7 +296,21 @@ class AnalyticModel:
         network = getattr(self.fabric, "network", None)  # every GPU, not just this group's
         whole = TopologyFabric(network) if network is not None else None
         _, _, nvlink = intra_inter_bandwidth(self.topology, whole)
-        return ll128_by_default(nvlink, compute_capability(self.topology.gpu.model))
+        return ll128_by_default(
+            nvlink,
+            compute_capability(self.topology.gpu.model),
+            self._spans_nodes(network),
+            self.topology.nic_gpu_path,
+        )
+
+    def _spans_nodes(self, network: object) -> bool:
+        """This group's GPUs sit in more than one NCCL node (server or NVLink domain)."""
+        if network is None:
+            return self.topology.nvlink_domains > 1
+        per = max(1, self.topology.nvlink_domain_nodes)
+        devices, index = network.devices, network.index  # type: ignore[attr-defined]
+        nodes = {(devices[index[g]].node or 0) // per for g in self.fabric.gpus}
+        return len(nodes) > 1
 
 
 def _rd(costs: FlowCosts, collective: str, n: int, channels: int) -> Oracle:

@@ -294,10 +294,26 @@ def compute_capability(gpu_model: str) -> int:
     return 80
 
 
-def ll128_by_default(nvlink: bool, comp_cap: int) -> bool:
+NIC_PATHS_FOR_LL128 = frozenset({"pix", "pxb"})
+"""GPU-to-NIC PCIe paths (``nvidia-smi topo -m`` labels) on which NCCL runs LL128 across nodes."""
+
+
+def ll128_by_default(
+    nvlink: bool, comp_cap: int, multi_node: bool = False, nic_gpu_path: str = "pix"
+) -> bool:
     """NCCL enables LL128 by default only with NVLink between the GPUs and on compute capability
-    7.0, 8.0 or 9.0 (``tuning.cc``: "Enable LL128 by default only on Volta/Ampere/Hopper+NVLink.
-    Other cases are not tested and may cause silent data corruption")."""
+    7.0, 8.0 or 9.0, and across nodes only where the graph's GPU reaches its NIC through PCIe
+    switches alone (NVIDIA/nccl v2.21.5 ``src/graph/tuning.cc`` ``ncclTopoTuneModel``: "Enable
+    LL128 by default only on Volta/Ampere/Hopper+NVLink. Other cases are not tested and may cause
+    silent data corruption", ``pEnable &= (graphs[a]->typeInter <= PATH_PXB || (minCompCap >= 90
+    && graphs[a]->typeInter <= PATH_PXN))``). ``typeInter`` is the GPU-to-NIC path of the
+    graph; a single-node graph keeps its initial ``PATH_PIX`` (``search.cc``). PXN (a GPU
+    reaching a NIC through an NVLink peer) needs that peer at PXB or better (``paths.cc``), so
+    with ``nic_gpu_path`` the best GPU-to-NIC path of a node the rule is ``pix`` or ``pxb`` for
+    every compute capability. ALCF Polaris' NICs sit behind the host bridge (``phb``): NCCL runs
+    LL and Simple only across its nodes."""
+    if multi_node and nic_gpu_path not in NIC_PATHS_FOR_LL128:
+        return False
     return nvlink and comp_cap in (70, 80, 90)
 
 
@@ -325,7 +341,9 @@ def inputs_from_topology(topology: Topology, n_channels: int) -> NcclInputs:
         / 1e9
         / n_channels,
         intra_nvlink=nvlink,
-        ll128_enabled=ll128_by_default(nvlink, cc),
+        ll128_enabled=ll128_by_default(
+            nvlink, cc, topology.nvlink_domains > 1, topology.nic_gpu_path
+        ),
     )
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from collsim.errors import TopologyError
 from collsim.topology.host_p2p import cpu_above, forwarding_capacities
 from collsim.topology.schema import FabricIn, IntraIn, LinkClassIn, NodeIn
-from collsim.topology.spec import Device, Link, SharedCapacity
+from collsim.topology.spec import NIC_PATHS_THROUGH_CPU, Device, Link, SharedCapacity
 
 # Preset pairs of the DGX-1 (V100) hybrid cube-mesh: (gpu, gpu, NVLink count), six links per GPU.
 # Source: NVIDIA DGX-1 with Tesla V100 System Architecture white paper (WP-08437-002), Figure 4.
@@ -113,7 +113,13 @@ def build_node(parts: Parts, n: int, node: NodeIn, gpus: int, gpu_forwards: bool
     groups = min(count, gpus)
     hubs: list[str] = []
     cpus = [d.name for d in parts.devices if d.kind == "cpu" and d.node == n]
-    phb = nics.gpu_path == "phb"
+    # The NICs go up to a CPU only where its forwarding limit is declared: that limit is all the
+    # CPU hop changes, and beside their GPUs the NICs keep the nearest-NIC affinity NCCL uses
+    # (on the CPU every NIC would be equally near every GPU).
+    phb = (
+        nics.gpu_path in NIC_PATHS_THROUGH_CPU
+        and getattr(node.intra, "host_p2p_bandwidth", None) is not None
+    )
     for grp in range(groups):
         group_gpus = range(grp * gpus // groups, (grp + 1) * gpus // groups)
         group_nics = nic_names[grp * count // groups : (grp + 1) * count // groups]

@@ -137,6 +137,7 @@ def _transports(topo: Topology) -> list[dict[str, Any]]:
                 "step_overhead_us": {"LL": units.to_us(ll), "Simple": units.to_us(simple)},
                 "bandwidth_fraction": transport.bandwidth_fraction,
                 "connection_fraction": transport.connection_fraction,
+                "gpu_path": topo.nic_gpu_path,
             })  # fmt: skip
     return out
 
@@ -218,6 +219,8 @@ def describe_text(info: dict[str, Any]) -> str:
                 if t.get("connection_fraction", 1.0) < 1.0
                 else ""
             )
+            + f"; GPU to NIC {t['gpu_path'].upper()}"
+            + ("" if t["gpu_path"] in ("pix", "pxb") else " (no LL128 across nodes)")
             for t in info.get("transports", [])
         ),
     ]

@@ -286,6 +286,7 @@ def _from_template(
         links=tuple(parts.links),
         shared=tuple(parts.shared),
         transport=(nic.transport or "") if nic is not None else "",
+        nic_gpu_path=nic.gpu_path if nic is not None else "pix",
         nodes=n_nodes,
         gpus_per_node=gpus,
         description=spec.description,

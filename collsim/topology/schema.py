@@ -23,7 +23,7 @@ from pydantic import (
 
 from collsim import units
 from collsim.errors import UnitError
-from collsim.topology.spec import DEVICE_KINDS, LINK_KINDS
+from collsim.topology.spec import DEVICE_KINDS, LINK_KINDS, NIC_PATHS_THROUGH_CPU
 from collsim.transports import DEFAULT_TRANSPORT, TRANSPORTS
 
 
@@ -241,22 +241,27 @@ class NicsIn(Strict):
     per_gpu: Annotated[float, Field(gt=0, le=64)] | None = None
     link: LinkClassIn
     attach: Literal["pcie", "integrated"] = "pcie"
-    gpu_path: Literal["pix", "phb"] = "pix"
-    """How a GPU reaches its NICs, in NCCL's terms: ``pix`` through one PCIe switch (or a direct
-    link), ``phb`` through the CPU's root complex (GPU and NIC on different root ports)."""
     transport: Annotated[str, AfterValidator(_transport)] | None = None
     """The net transport NCCL drives these NICs with (:mod:`collsim.transports`); default: the
     usual one for the link kind (verbs on IB/RoCE, aws-ofi-nccl on EFA/Slingshot, sockets)."""
+    gpu_path: Literal["pix", "pxb", "phb", "node", "sys"] = "pix"
+    """The PCIe path from a GPU to its nearest NIC, as ``nvidia-smi topo -m`` labels it: ``pix``
+    (one PCIe switch, how collsim builds the node), ``pxb`` (several switches), ``phb`` / ``node``
+    (through the CPU's host bridge), ``sys`` (across sockets). NCCL runs LL128 across nodes only
+    where it is ``pix`` or ``pxb`` (:func:`collsim.model.nccl.ll128_by_default`). With
+    ``intra.host_p2p_bandwidth`` given, ``phb``, ``node`` and ``sys`` build the NICs on a CPU's
+    root ports, so GPU-NIC traffic shares that forwarding capacity (the socket link is not on
+    that path); without it the NICs stay beside their GPUs."""
     source: Source = None
 
     @model_validator(mode="after")
     def _one_count(self) -> NicsIn:
         if (self.count is None) == (self.per_gpu is None):
             raise ValueError("give the NICs as either count or per_gpu (one of the two)")
-        if self.gpu_path == "phb" and self.attach == "integrated":
+        if self.gpu_path in NIC_PATHS_THROUGH_CPU and self.attach == "integrated":
             raise ValueError(
-                "gpu_path 'phb' puts the NICs on the CPU's PCIe root ports; an integrated NIC is "
-                "on the accelerator (attach: pcie, or leave gpu_path out)"
+                f"gpu_path {self.gpu_path!r} puts the NICs on the CPU's PCIe root ports; an "
+                "integrated NIC is on the accelerator (attach: pcie, or leave gpu_path out)"
             )
         if self.transport is not None and self.link.kind not in DEFAULT_TRANSPORT:
             raise ValueError(

@@ -42,6 +42,11 @@ on a fat tree every path is minimal, so it spreads as ``spray`` does: InfiniBand
 MULTIPATH_ROUTINGS = frozenset({"spray", "adaptive"})
 """Routings that split one flow over several paths (:mod:`collsim.topology.multipath`)."""
 
+NIC_PATHS_THROUGH_CPU = ("phb", "node", "sys")
+"""``node.nics.gpu_path`` values whose GPU-NIC traffic crosses a CPU's root complex: where the
+node declares ``intra.host_p2p_bandwidth``, the node builders put those NICs on the CPU
+(:mod:`collsim.topology.builders`)."""
+
 DEVICE_KINDS: tuple[str, ...] = ("gpu", "nic", "nvswitch", "pcie_switch", "cpu", "switch")
 """``switch`` is a scale-out switch; ``nvswitch`` and ``pcie_switch`` live inside nodes."""
 
@@ -194,6 +199,10 @@ class Topology:
     transport: str = ""
     """The scale-out NICs' net transport (``node.nics.transport``, a key of
     :data:`collsim.transports.TRANSPORTS`); empty: the default for the NICs' link kind."""
+    nic_gpu_path: str = "pix"
+    """The PCIe path from a GPU to its nearest NIC (``node.nics.gpu_path``: ``pix``, ``pxb``,
+    ``phb``, ``node`` or ``sys``, as ``nvidia-smi topo -m`` prints it); NCCL's LL128 across nodes
+    needs ``pix`` or ``pxb``."""
 
     @property
     def nvlink_domain_gpus(self) -> int:

@@ -5,7 +5,15 @@ import numpy as np
 import pytest
 
 from collsim.errors import ScheduleError
-from collsim.model.nccl import NcclInputs, NcclModel, algo_time_us, compute_capability
+from collsim.model.analytic import AnalyticModel
+from collsim.model.nccl import (
+    NcclInputs,
+    NcclModel,
+    algo_time_us,
+    compute_capability,
+    ll128_by_default,
+)
+from collsim.model.tuner import nccl_tuning
 from collsim.topology.loader import catalog_names, load_topology
 
 
@@ -82,3 +90,36 @@ def test_nccl_model_counts_every_nic_of_a_node_across_nodes():
     tree1 = float(model.predict("all_reduce", "tree", [size], channels=1)[0])
     tree8 = float(model.predict("all_reduce", "tree", [size], channels=8)[0])
     assert tree8 < tree1 / 4
+
+
+def test_ll128_across_nodes_needs_the_nic_behind_pcie_switches():
+    """tuning.cc (v2.21.5): LL128 only where typeInter <= PATH_PXB (or PXN on Hopper, whose
+    peer needs PXB itself); a single-node graph keeps PATH_PIX."""
+    assert ll128_by_default(True, 80, multi_node=True, nic_gpu_path="pxb")
+    assert not ll128_by_default(True, 80, multi_node=True, nic_gpu_path="phb")
+    assert not ll128_by_default(True, 90, multi_node=True, nic_gpu_path="sys")
+    assert ll128_by_default(True, 80, multi_node=False, nic_gpu_path="phb")
+    assert not ll128_by_default(False, 80, multi_node=False, nic_gpu_path="pix")
+
+
+def test_polaris_runs_no_ll128_across_nodes_but_does_inside_one():
+    """ALCF Polaris' NICs sit behind the host bridge (PHB in its affinity table): NCCL's model
+    and collsim's both drop LL128 across nodes, and keep it inside one node."""
+    two = load_topology("polaris", nodes=2)
+    assert two.nic_gpu_path == "phb"
+    assert not NcclModel(two).enabled("all_reduce", "ring", "LL128", 4)
+    assert not AnalyticModel(two).enabled("all_reduce", "ring", "LL128", 4)
+    one = load_topology("polaris", nodes=1)
+    assert NcclModel(one).enabled("all_reduce", "ring", "LL128", 4)
+    assert AnalyticModel(one).enabled("all_reduce", "ring", "LL128", 4)
+    # the catalog's other systems keep the default (a NIC under the GPU's PCIe switch)
+    assert AnalyticModel(load_topology("dgx-a100", nodes=2)).enabled("all_gather", "ring", "LL128")
+
+
+def test_the_tuner_never_picks_ll128_across_polaris_nodes():
+    """Every candidate the tuner weighs on two Polaris nodes is LL or Simple (LL128 was its pick
+    for all_gather at >= 256 MiB before the rule)."""
+    got = nccl_tuning(AnalyticModel(load_topology("polaris", nodes=2)), "all_gather",
+                      [1 << 12, 1 << 20, 1 << 28], elem_bytes=4)  # fmt: skip
+    protocols = {c.protocol for c in got.choices}
+    assert protocols and "LL128" not in protocols

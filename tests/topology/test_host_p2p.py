@@ -72,8 +72,11 @@ def test_pix_and_no_capacity_leave_the_direct_path():
     direct = pair(host_p2p=None, gpu_path=None)
     assert direct.shared == () and not any(d.kind == "cpu" for d in direct.devices)
     assert Network(direct).gpu_route(0, 1).devices[:2] == ("n0.gpu0", "n0.nic0")
-    through = pair(host_p2p=None)  # through the CPU, unlimited: a longer route, no capacity
-    assert through.shared == () and Network(through).gpu_route(0, 1).devices[1] == "n0.cpu0"
+    # phb without a forwarding limit: NCCL's path class (no LL128 across nodes), but the NIC
+    # stays beside its GPU, keeping the nearest-NIC affinity; the CPU hop would change nothing
+    unlimited = pair(host_p2p=None)
+    assert unlimited.nic_gpu_path == "phb" and unlimited.shared == ()
+    assert Network(unlimited).gpu_route(0, 1).devices[:2] == ("n0.gpu0", "n0.nic0")
 
 
 @pytest.mark.parametrize("engine", ["analytic", "des"])
@@ -140,6 +143,9 @@ def test_phb_in_other_node_shapes():
     }
     nvl = yaml.safe_load((CATALOG_DIR / "dgx1-v100.yaml").read_text())
     nvl["node"]["nics"]["gpu_path"] = "phb"
+    beside = {(lk.a, lk.b) for lk in topology_from_dict(nvl).links}  # no limit: NICs stay
+    assert ("n0.pcie0", "n0.nic0") in beside
+    nvl["node"]["intra"]["host_p2p_bandwidth"] = "37GB/s"
     links = {(lk.a, lk.b) for lk in topology_from_dict(nvl).links}
     assert ("n0.gpu0", "n0.pcie0") in links and ("n0.pcie0", "n0.nic0") not in links
     assert any(b == "n0.nic0" and a.startswith("n0.cpu") for a, b in links)

@@ -90,6 +90,7 @@ BAD_DOCS = [
     ("bad oversubscription", ("fabric", "oversubscription"), 0.5, ["oversubscription", "0.5"]),
     ("uneven NICs", ("node", "nics", "count"), 3, ["node.nics.count", "3"]),
     ("bad torus dims", ("fabric",), {"kind": "torus", "dims": [3, 3]}, ["fabric.dims", "[3, 3]"]),
+    ("bad NIC path", ("node", "nics", "gpu_path"), "phx", ["node.nics.gpu_path", "'phx'"]),
     (
         "matmul above peak",
         ("gpu", "matmul_tflops"),
