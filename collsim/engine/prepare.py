@@ -300,6 +300,8 @@ def _routes(prep: Prepared, schedule: Schedule, fabric: Fabric, protocol: Protoc
             distinct, inverse = np.unique(pair, return_inverse=True)
             prep.route[net] = np.searchsorted(keys, distinct)[inverse]
 
+    nbytes = int(schedule.count) * int(schedule.elem_bytes)
+    nvls_chunks = getattr(fabric, "in_network_chunks", None)
     for op in np.flatnonzero(prep.cls == IN_NETWORK):
         srcs = np.asarray(schedule.groups[a["src"][op]], dtype=np.int64)
         dsts = np.asarray(schedule.groups[a["dst"][op]], dtype=np.int64)
@@ -307,7 +309,12 @@ def _routes(prep: Prepared, schedule: Schedule, fabric: Fabric, protocol: Protoc
         links = np.concatenate((up_links, down_links)).astype(np.int64)
         nlinks = np.concatenate((np.diff(up_ptr), np.diff(down_ptr))).astype(np.int64)
         worst = int(link_kind[links].max()) if links.size else 0
-        prep.in_network_latency_s[int(op)] = float(step_latency_s(lat, protocol.hop_latency(worst)))
+        # An NVLS all-reduce's channels also pay one route trip per chunk they move
+        # (``fabric.in_network_chunks``, :mod:`collsim.nvls`): every op of the call waits for it.
+        serial = nvls_chunks(srcs, dsts, nbytes) * lat if nvls_chunks is not None else 0.0
+        prep.in_network_latency_s[int(op)] = float(
+            step_latency_s(lat, protocol.hop_latency(worst)) + serial
+        )
         prep.in_network[int(op)] = (nlinks, links)
         traffic = getattr(fabric, "in_network_traffic", None)
         if traffic is not None:

@@ -27,6 +27,7 @@ elements, and for all_gather / reduce_scatter / alltoall a multiple of the rank 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -78,6 +79,8 @@ class Structure:
     load_lines: Lines
     pipeline: Pipeline | None = None
     """Chunk-pipelined families (trees, chains): per-chunk fill and step lines."""
+    serial_chunks: SerialChunks | None = None
+    """Per size, what an NVLS all-reduce's chunks add beyond its lines (:class:`SerialChunks`)."""
 
     def time_s(
         self,
@@ -101,7 +104,28 @@ class Structure:
             return np.maximum(pipe.time_s(size_bytes, latency, bandwidth, stretch),
                               evaluate(load, stretched))  # fmt: skip
         lines = Lines(self.lines.a_s * latency, self.lines.b_s_per_byte / bandwidth)
-        return evaluate(lines, stretched)
+        out = evaluate(lines, stretched)
+        if self.serial_chunks is not None:
+            out = out + latency * self.serial_chunks.time_s(size_bytes)
+        return out
+
+
+@dataclass(frozen=True)
+class SerialChunks:
+    """An NVLS all-reduce's chunk round trips: each of NCCL's NVLS channels moves its share
+    one chunk after another and pays one in-network route latency per chunk that its data does
+    not overlap (:mod:`collsim.nvls`; the engine adds the same to the reduction's latency).
+    The count depends on the size (NCCL picks the chunk per call), so it is no line."""
+
+    count: Callable[[int], int]
+    """Chunks per channel for a call of that many bytes (``fabric.in_network_chunks``)."""
+    latency_s: float
+    """One chunk's cost: the in-network route's latency."""
+
+    def time_s(self, size_bytes: np.ndarray) -> np.ndarray:
+        sizes = np.asarray(size_bytes)
+        chunks = np.array([self.count(int(s)) for s in sizes.reshape(-1)], dtype=np.float64)
+        return chunks.reshape(sizes.shape) * self.latency_s
 
 
 class AnalyticModel:
@@ -155,11 +179,24 @@ class AnalyticModel:
         path = pipeline.fill if pipeline is not None else discover(oracle)
         a, b = costs.load_lines()
         load = upper_envelope(a, b)  # one line per link: keep the few that are ever the max
+        serial = self._serial_chunks(collective, algorithm)
+        merged = path.merge(load)
         found = Structure(
-            collective, algorithm, proto.name, channels, path.merge(load), path, load, pipeline
+            collective, algorithm, proto.name, channels, merged, path, load, pipeline, serial
         )
         self._cache[key] = found
         return found
+
+    def _serial_chunks(self, collective: str, algorithm: str) -> SerialChunks | None:
+        """The chunk round trips of an NVLS all-reduce here (None where there are none)."""
+        count = getattr(self.fabric, "in_network_chunks", None)
+        if count is None or (collective, algorithm) != ("all_reduce", "in_network"):
+            return None
+        ranks = np.arange(self.nranks)
+        if count(ranks, ranks, 1) == 0:  # not NVLS: SHARP, or no NCCL NVLS on these GPUs
+            return None
+        latency = float(self.fabric.in_network(ranks, ranks)[4])  # type: ignore[attr-defined]
+        return SerialChunks(lambda nbytes: int(count(ranks, ranks, nbytes)), latency)
 
     def load_lines(
         self, collective: str, algorithm: str, *, protocol: str = "Simple", channels: int = 1

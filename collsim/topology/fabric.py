@@ -13,6 +13,7 @@ import numpy as np
 
 from collsim.channel_rates import channel_payload_bytes_per_s
 from collsim.errors import ScheduleError, TopologyError
+from collsim.nvls import nvls_channels, nvls_chunks, nvls_heads
 from collsim.protocols import HW_NET, HW_NVLINK, HW_PCI
 from collsim.topology.graph import Network, Route
 from collsim.transports import transport_for
@@ -185,6 +186,22 @@ class TopologyFabric:
         all_reduce = dev.kind == "nvswitch" and sorted(srcs_t) == sorted(dsts_t)
         share = 1.0 + 1.0 / max(1, len(srcs_t)) if all_reduce else 1.0
         return share / dev.in_network_efficiency
+
+    def in_network_chunks(self, srcs: np.ndarray, dsts: np.ndarray, nbytes: int) -> int:
+        """Chunks each of NCCL's NVLS channels moves one after another in an all-reduce of
+        ``nbytes`` (:mod:`collsim.nvls`): each costs its channel one trip of the in-network
+        route (the latency :meth:`in_network` returns) that its data does not overlap, which
+        the engine and the analytic model both add to the reduction. 0 for anything but an
+        all-reduce on an NVSwitch among NVIDIA GPUs (SHARP on InfiniBand switches, NVLS+tree's
+        node reduce and multicast)."""
+        srcs_t, dsts_t, switch = self._reducer_for(srcs, dsts)
+        net = self.network
+        if net.devices[switch].kind != "nvswitch" or sorted(srcs_t) != sorted(dsts_t):
+            return 0
+        channels = nvls_channels(net.topology.gpu.model)
+        if channels is None:
+            return 0
+        return nvls_chunks(int(nbytes), channels, nvls_heads(len(srcs_t)))
 
     def _reducer_for(
         self, srcs: np.ndarray, dsts: np.ndarray

@@ -1,0 +1,81 @@
+"""NCCL's NVLS chunking (collsim.nvls) and the chunk round trips both engines charge for it."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from collsim.nvls import nvls_channels, nvls_chunk_bytes, nvls_chunks, nvls_heads
+from collsim.topology.loader import load_topology, topology_from_dict
+from collsim.whatif import WhatIf
+
+KIB, GIB = 1024, 1 << 30
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "chunk"),
+    [
+        (3 * GIB // 2, 128 * KIB),  # 64 x 24 channels x 8 heads x 128 KiB = 1.5 GiB
+        (3 * GIB // 2 - 1, 64 * KIB),
+        (96 << 20, 64 * KIB),  # 8 x 192 x 64 KiB = 96 MiB
+        (96 * (1 << 20) - 1, 32 * KIB),
+        (12 << 20, 32 * KIB),  # 2 x 192 x 32 KiB = 12 MiB
+        (12 * (1 << 20) - 1, 16 * KIB),
+        (1024, 16 * KIB),
+    ],
+)
+def test_chunk_follows_nccls_thresholds(nbytes, chunk):
+    """``calcCollChunking`` for NVLS in one node: 128 KiB, halved below 64x / 8x / 2x
+    channels x heads x the chunk (two GB300 trays: 24 channels, 8 heads)."""
+    assert nvls_chunk_bytes(nbytes, 24, 8) == chunk
+
+
+def test_channels_heads_and_chunks_per_channel():
+    assert nvls_channels("GB300 (B300 288GB)") == 24  # NVLS_NCHANNELS_SM100_NVL
+    assert nvls_channels("GB200", several_domains=True) == 32  # NVLS_NCHANNELS_SM100
+    assert nvls_channels("H100 SXM5 80GB") == 16  # NVLS_NCHANNELS_SM90
+    assert nvls_channels("A100 SXM4 80GB") is None and nvls_channels("MI300X") is None
+    assert nvls_heads(72) == 32 and nvls_heads(8) == 8  # NCCL_MAX_NVLS_ARITY
+    assert nvls_chunks(0, 24, 8) == 0
+    assert nvls_chunks(2 * GIB, 24, 8) == -(-2 * GIB // (24 * 128 * KIB))  # 683, rounded up
+
+
+def test_nvls_on_nvl72_pays_a_route_trip_per_chunk_in_both_engines():
+    """Two GB300 trays: each of the 24 NVLS channels moves its share chunk by chunk and pays
+    the in-network route (0.7 + 0.1 + 0.7 us) per chunk, so the engine and the model, which
+    agree exactly, are that much slower than the data alone; and busbw steps up where NCCL's
+    chunk doubles (64 KiB below 1.5 GiB, 128 KiB from it), as the OCI log does (725 -> 823)."""
+    wi = WhatIf(load_topology("gb300-nvl72", nodes=2))
+    model = wi.cost_model("collsim")
+    fabric = wi.fabric
+    ranks = np.arange(8)
+    route_s = fabric.in_network(ranks, ranks)[4]
+    assert route_s == pytest.approx(1.5e-6)
+    sizes = (GIB, 2 * GIB)
+    times = []
+    for size in sizes:
+        sim, _ = wi.run("all_reduce", "in_network", size)
+        pred = float(model.predict("all_reduce", "in_network", [size])[0])
+        assert pred == pytest.approx(sim.time_s, rel=1e-9)
+        chunks = fabric.in_network_chunks(ranks, ranks, size)
+        assert chunks == nvls_chunks(size, 24, 8) > 0
+        data_s = size * (1 + 1 / 8) / (50e9 * 18 * 0.74)  # 18 NVLink 5 links, NVLS efficiency
+        assert sim.time_s > data_s + chunks * route_s
+        assert sim.time_s == pytest.approx(data_s + chunks * route_s, rel=0.01)
+        times.append(sim.time_s)
+    busbw = [s / t for s, t in zip(sizes, times, strict=True)]
+    assert busbw[1] / busbw[0] > 1.08
+
+
+def test_sharp_on_infiniband_pays_no_nvls_chunk_trips():
+    """SHARP in the InfiniBand switches is no NVLS: no chunk round trips (and none on an
+    NVSwitch reduction that is not an all-reduce of the same ranks, NVLS+tree's node stages)."""
+    data = yaml.safe_load((Path(__file__).parents[1] / "topologies" / "selene.yaml").read_text())
+    data["fabric"]["in_network_reduction"] = True
+    data["nodes"] = 2
+    wi = WhatIf(topology_from_dict(data))
+    ranks = np.arange(wi.fabric.nranks)
+    assert wi.fabric.in_network_chunks(ranks, ranks, GIB) == 0
+    nvl = WhatIf(load_topology("gb300-nvl72", nodes=2)).fabric
+    assert nvl.in_network_chunks(np.arange(4), np.array([0]), GIB) == 0
