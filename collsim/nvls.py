@@ -22,6 +22,7 @@ NCCL 2.28 (``src/transport/nvls.cc``, ``src/enqueue.cc``, ``src/include/device.h
   chunk`` bytes, to 32 KiB below ``8 x`` and to 16 KiB below ``2 x`` (each test on the chunk
   the previous one left).
 
+The call's latency is NCCL's NVLS figure (:data:`NVLS_LATENCY_S`), not the ring's per-hop one.
 The time one chunk costs its channel is the in-network route's latency (GPU to switch and back:
 :meth:`collsim.topology.fabric.TopologyFabric.in_network_chunk_s`): a fit of ``T = L + S /
 R + K x t`` (``K`` = chunks per channel by the rules above) to the GB300 two- and sixteen-tray
@@ -35,6 +36,11 @@ import math
 
 from collsim.channel_rates import generation, nvidia_compute_capability
 
+NVLS_LATENCY_S = 25e-6
+"""NCCL's latency of an NVLS all-reduce in one node: ``hwLat[NVLINK][NVLS][Simple]`` = 25 us
+(``src/graph/tuning.cc``, v2.28; 23 in v2.19-2.21), which NCCL charges once per call in place
+of the ring's per-step figure (``latencies = intraLat``, NVLS's ``baseLat`` being 0). The
+GB300 two-tray log's smallest sizes take 30 us (16 trays: 66 us)."""
 NVLS_CHUNK_BYTES = 128 * 1024
 """``NCCL_NVLS_CHUNKSIZE`` default (``nvlsChunkSize``, ``src/transport/nvls.cc``)."""
 MAX_HEADS = 32

@@ -79,3 +79,14 @@ def test_sharp_on_infiniband_pays_no_nvls_chunk_trips():
     assert wi.fabric.in_network_chunks(ranks, ranks, GIB) == 0
     nvl = WhatIf(load_topology("gb300-nvl72", nodes=2)).fabric
     assert nvl.in_network_chunks(np.arange(4), np.array([0]), GIB) == 0
+
+
+def test_an_nvls_call_costs_nccls_nvls_latency_not_the_rings_hop():
+    """A 1 KiB NVLS all-reduce on two GB300 trays: NCCL's NVLS latency (25 us, hwLat
+    NVLINK/NVLS/Simple) plus its one chunk's route trip (1.5 us), engine and model alike; the
+    ring's 3.4 us NVLink hop made it 5 us where the log measures 30 us at 512 KiB."""
+    wi = WhatIf(load_topology("gb300-nvl72", nodes=2))
+    sim, _ = wi.run("all_reduce", "in_network", 1024)
+    pred = float(wi.cost_model("collsim").predict("all_reduce", "in_network", [1024])[0])
+    assert pred == pytest.approx(sim.time_s, rel=1e-9)
+    assert sim.time_s == pytest.approx(25e-6 + 1.5e-6, rel=0.01)

@@ -194,14 +194,22 @@ class TopologyFabric:
         the engine and the analytic model both add to the reduction. 0 for anything but an
         all-reduce on an NVSwitch among NVIDIA GPUs (SHARP on InfiniBand switches, NVLS+tree's
         node reduce and multicast)."""
+        if not self.nvls_all_reduce(srcs, dsts):
+            return 0
+        channels = nvls_channels(self.network.topology.gpu.model)
+        return nvls_chunks(int(nbytes), int(channels or 0), nvls_heads(len(srcs)))
+
+    def nvls_all_reduce(self, srcs: np.ndarray, dsts: np.ndarray) -> bool:
+        """Whether an in-network reduction of ``srcs`` to ``dsts`` is NCCL's NVLS all-reduce:
+        the same ranks on both sides, an NVSwitch reducing, NVIDIA GPUs NCCL runs NVLS on. Its
+        latency is NCCL's NVLS figure (:data:`collsim.nvls.NVLS_LATENCY_S`) and it pays
+        :meth:`in_network_chunks` route trips, in the engine and the model alike."""
         srcs_t, dsts_t, switch = self._reducer_for(srcs, dsts)
-        net = self.network
-        if net.devices[switch].kind != "nvswitch" or sorted(srcs_t) != sorted(dsts_t):
-            return 0
-        channels = nvls_channels(net.topology.gpu.model)
-        if channels is None:
-            return 0
-        return nvls_chunks(int(nbytes), channels, nvls_heads(len(srcs_t)))
+        return (
+            self.network.devices[switch].kind == "nvswitch"
+            and sorted(srcs_t) == sorted(dsts_t)
+            and nvls_channels(self.network.topology.gpu.model) is not None
+        )
 
     def _reducer_for(
         self, srcs: np.ndarray, dsts: np.ndarray
