@@ -22,6 +22,10 @@ NCCL 2.28 (``src/transport/nvls.cc``, ``src/enqueue.cc``, ``src/include/device.h
   chunk`` bytes, to 32 KiB below ``8 x`` and to 16 KiB below ``2 x`` (each test on the chunk
   the previous one left).
 
+NCCL's NVLS+tree all-reduce (several nodes) runs the same scatter and gather loop in every node,
+on ``NVLS_NCHANNELS_SM100`` = 32 blocks on Blackwell, with its own chunk rule
+(:func:`nvls_tree_chunk_bytes`); collsim charges its chunks' trips on the node reduce.
+
 The call's latency is NCCL's NVLS figure (:data:`NVLS_LATENCY_S`), not the ring's per-hop one.
 The time one chunk costs its channel is the in-network route's latency (GPU to switch and back:
 :meth:`collsim.topology.fabric.TopologyFabric.in_network_chunk_s`): a fit of ``T = L + S /
@@ -83,3 +87,24 @@ def nvls_chunks(nbytes: int, channels: int, heads: int) -> int:
     if nbytes <= 0:
         return 0
     return math.ceil(nbytes / (channels * nvls_chunk_bytes(nbytes, channels, heads)))
+
+
+def nvls_tree_chunk_bytes(nbytes: int, channels: int, heads: int, nodes: int) -> int:
+    """The chunk NCCL's NVLS+tree all-reduce uses for a call of ``nbytes`` across ``nodes``
+    nodes (``calcCollChunking``, ``NCCL_ALGO_NVLS_TREE``): 128 KiB, at most 64 KiB from four
+    nodes on (``NCCL_NVLSTREE_MAX_CHUNKSIZE`` default), halved to 64 KiB below ``4 x``
+    channels x heads x the chunk and to 32 KiB below ``1 x``."""
+    ops = int(channels) * int(heads)
+    chunk = min(NVLS_CHUNK_BYTES, 65536 if nodes >= 4 else NVLS_CHUNK_BYTES)
+    for factor, smaller in ((32, 262144), (16, 131072), (4, 65536), (1, 32768)):
+        if nbytes < factor * ops * chunk and chunk > smaller:
+            chunk = smaller
+    return chunk
+
+
+def nvls_tree_chunks(nbytes: int, channels: int, heads: int, nodes: int) -> int:
+    """Chunks one NVLS+tree channel moves through its node's switch, one after another (its
+    scatter and gather warps run NVLS's loop over heads in every node)."""
+    if nbytes <= 0:
+        return 0
+    return math.ceil(nbytes / (channels * nvls_tree_chunk_bytes(nbytes, channels, heads, nodes)))

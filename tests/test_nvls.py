@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import yaml
 
-from collsim.nvls import nvls_channels, nvls_chunk_bytes, nvls_chunks, nvls_heads
+from collsim.nvls import (
+    nvls_channels,
+    nvls_chunk_bytes,
+    nvls_chunks,
+    nvls_heads,
+    nvls_tree_chunk_bytes,
+)
 from collsim.topology.loader import load_topology, topology_from_dict
 from collsim.whatif import WhatIf
 
@@ -70,7 +76,7 @@ def test_nvls_on_nvl72_pays_a_route_trip_per_chunk_in_both_engines():
 
 def test_sharp_on_infiniband_pays_no_nvls_chunk_trips():
     """SHARP in the InfiniBand switches is no NVLS: no chunk round trips (and none on an
-    NVSwitch reduction that is not an all-reduce of the same ranks, NVLS+tree's node stages)."""
+    NVSwitch multicast from one rank, NVLS+tree's last stage)."""
     data = yaml.safe_load((Path(__file__).parents[1] / "topologies" / "selene.yaml").read_text())
     data["fabric"]["in_network_reduction"] = True
     data["nodes"] = 2
@@ -78,7 +84,7 @@ def test_sharp_on_infiniband_pays_no_nvls_chunk_trips():
     ranks = np.arange(wi.fabric.nranks)
     assert wi.fabric.in_network_chunks(ranks, ranks, GIB) == 0
     nvl = WhatIf(load_topology("gb300-nvl72", nodes=2)).fabric
-    assert nvl.in_network_chunks(np.arange(4), np.array([0]), GIB) == 0
+    assert nvl.in_network_chunks(np.array([0]), np.arange(4), GIB) == 0
 
 
 def test_an_nvls_call_costs_nccls_nvls_latency_not_the_rings_hop():
@@ -90,3 +96,37 @@ def test_an_nvls_call_costs_nccls_nvls_latency_not_the_rings_hop():
     pred = float(wi.cost_model("collsim").predict("all_reduce", "in_network", [1024])[0])
     assert pred == pytest.approx(sim.time_s, rel=1e-9)
     assert sim.time_s == pytest.approx(25e-6 + 1.5e-6, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "nodes", "chunk"),
+    [
+        (GIB, 2, 128 * KIB),  # 4 x 32 channels x 32 heads x 128 KiB = 512 MiB
+        (512 << 20, 2, 128 * KIB),
+        ((512 << 20) - 1, 2, 64 * KIB),
+        ((64 << 20) - 1, 2, 32 * KIB),  # 1 x 1024 x 64 KiB = 64 MiB
+        (GIB, 4, 64 * KIB),  # NCCL_NVLSTREE_MAX_CHUNKSIZE: 64 KiB from four nodes on
+    ],
+)
+def test_nvls_tree_chunk_follows_nccls_rule(nbytes, nodes, chunk):
+    """``calcCollChunking`` for NVLS_TREE (32 channels, 32 heads): the 32-tray GB300 log's
+    busbw jumps from 313 to 485 GB/s between 256 and 512 MiB, where the chunk doubles."""
+    assert nvls_tree_chunk_bytes(nbytes, 32, 32, nodes) == chunk
+
+
+def test_nvls_tree_pays_its_node_reduce_chunks_once_in_both_engines():
+    """Two GB300 racks (32 trays): NVLS+tree's node reduce pays its chunks' route trips, so
+    engine and model both take exactly that much longer than without (their gap, recorded for
+    the pipeline's fill, stays what it was in microseconds)."""
+    wi = WhatIf(load_topology("gb300-nvl72", nodes=32))
+    model = wi.cost_model("collsim")
+    node = np.arange(72)
+    assert wi.fabric.in_network_chunks(node, node[:1], GIB) == GIB // (32 * 128 * KIB)
+    assert wi.fabric.in_network_chunks(node[:1], node, GIB) == 0  # the multicast: once only
+    serial_s = GIB // (32 * 128 * KIB) * 1.5e-6
+    sim, _ = wi.run("all_reduce", "nvls_tree", GIB, channels=2)
+    pred = float(model.predict("all_reduce", "nvls_tree", [GIB], channels=2)[0])
+    structure = model.structure("all_reduce", "nvls_tree", channels=2)
+    assert structure.serial_chunks is not None
+    assert float(structure.serial_chunks.time_s(np.array([GIB]))[0]) == pytest.approx(serial_s)
+    assert sim.time_s > serial_s and abs(pred - sim.time_s) < 0.03 * sim.time_s

@@ -303,6 +303,7 @@ def _routes(prep: Prepared, schedule: Schedule, fabric: Fabric, protocol: Protoc
 
     nbytes = int(schedule.count) * int(schedule.elem_bytes)
     nvls_all_reduce = getattr(fabric, "nvls_all_reduce", None)
+    nvls_chunks = getattr(fabric, "in_network_chunks", None)
     for op in np.flatnonzero(prep.cls == IN_NETWORK):
         srcs = np.asarray(schedule.groups[a["src"][op]], dtype=np.int64)
         dsts = np.asarray(schedule.groups[a["dst"][op]], dtype=np.int64)
@@ -311,11 +312,11 @@ def _routes(prep: Prepared, schedule: Schedule, fabric: Fabric, protocol: Protoc
         nlinks = np.concatenate((np.diff(up_ptr), np.diff(down_ptr))).astype(np.int64)
         worst = int(link_kind[links].max()) if links.size else 0
         # An NVLS all-reduce takes NCCL's NVLS latency in place of the per-hop one, and its
-        # channels pay one route trip per chunk they move (:mod:`collsim.nvls`): every op of
-        # the call waits for them.
+        # channels pay one route trip per chunk they move (:mod:`collsim.nvls`; NVLS+tree's on
+        # its node reduce): every op of the call (every chunk's node reduce) waits for them.
         nvls = nvls_all_reduce is not None and nvls_all_reduce(srcs, dsts)
         hop = NVLS_LATENCY_S if nvls else protocol.hop_latency(worst)
-        serial = fabric.in_network_chunks(srcs, dsts, nbytes) * lat if nvls else 0.0  # type: ignore[attr-defined]
+        serial = nvls_chunks(srcs, dsts, nbytes) * lat if nvls_chunks is not None else 0.0
         prep.in_network_latency_s[int(op)] = float(step_latency_s(lat, hop) + serial)
         prep.in_network[int(op)] = (nlinks, links)
         traffic = getattr(fabric, "in_network_traffic", None)

@@ -33,6 +33,7 @@ from functools import cached_property
 
 import numpy as np
 
+from collsim.collectives.crossnode import head_ranks
 from collsim.collectives.registry import algorithms_for, needs_in_network
 from collsim.collectives.verify import COLLECTIVES
 from collsim.errors import ScheduleError
@@ -101,8 +102,11 @@ class Structure:
             pipe = self.pipeline
             if chunk_bytes is not None:
                 pipe = dataclasses.replace(pipe, chunk_bytes=int(chunk_bytes))
-            return np.maximum(pipe.time_s(size_bytes, latency, bandwidth, stretch),
-                              evaluate(load, stretched))  # fmt: skip
+            out = np.maximum(pipe.time_s(size_bytes, latency, bandwidth, stretch),
+                             evaluate(load, stretched))  # fmt: skip
+            if self.serial_chunks is not None:
+                out = out + latency * self.serial_chunks.time_s(size_bytes)
+            return out
         lines = Lines(self.lines.a_s * latency, self.lines.b_s_per_byte / bandwidth)
         out = evaluate(lines, stretched)
         if self.serial_chunks is not None:
@@ -112,20 +116,27 @@ class Structure:
 
 @dataclass(frozen=True)
 class SerialChunks:
-    """An NVLS all-reduce's chunk round trips: each of NCCL's NVLS channels moves its share
-    one chunk after another and pays one in-network route latency per chunk that its data does
-    not overlap (:mod:`collsim.nvls`; the engine adds the same to the reduction's latency).
-    The count depends on the size (NCCL picks the chunk per call), so it is no line."""
+    """NCCL's NVLS chunks' round trips: each NVLS channel moves its share one chunk after
+    another and pays one in-network route latency per chunk that its data does not overlap
+    (:mod:`collsim.nvls`; the engine adds the same to the reductions' latency: NVLS's one,
+    NVLS+tree's node reduces). The count depends on the size (NCCL picks the chunk per call),
+    so it is no line; the slowest of ``groups`` (one per node for NVLS+tree) sets it."""
 
-    count: Callable[[int], int]
-    """Chunks per channel for a call of that many bytes (``fabric.in_network_chunks``)."""
-    latency_s: float
-    """One chunk's cost: the in-network route's latency."""
+    count: Callable[[np.ndarray, np.ndarray, int], int]
+    """Chunks per channel of one reduction (sources, destinations) for a call of that many
+    bytes (``TopologyFabric.in_network_chunks``)."""
+    groups: tuple[tuple[tuple[int, ...], tuple[int, ...], float], ...]
+    """(sources, destinations, route latency) of each reduction that pays them."""
 
     def time_s(self, size_bytes: np.ndarray) -> np.ndarray:
         sizes = np.asarray(size_bytes)
-        chunks = np.array([self.count(int(s)) for s in sizes.reshape(-1)], dtype=np.float64)
-        return chunks.reshape(sizes.shape) * self.latency_s
+        flat = sizes.reshape(-1)
+        out = np.zeros(flat.shape, dtype=np.float64)
+        for srcs, dsts, latency in self.groups:
+            s, d = np.asarray(srcs), np.asarray(dsts)
+            chunks = np.array([self.count(s, d, int(x)) for x in flat], dtype=np.float64)
+            out = np.maximum(out, chunks * latency)
+        return out.reshape(sizes.shape)
 
 
 class AnalyticModel:
@@ -188,15 +199,31 @@ class AnalyticModel:
         return found
 
     def _serial_chunks(self, collective: str, algorithm: str) -> SerialChunks | None:
-        """The chunk round trips of an NVLS all-reduce here (None where there are none)."""
+        """The chunk round trips of an NVLS or NVLS+tree all-reduce here (None where there
+        are none: SHARP, GPUs without NCCL's NVLS, other algorithms)."""
         count = getattr(self.fabric, "in_network_chunks", None)
-        if count is None or (collective, algorithm) != ("all_reduce", "in_network"):
+        if count is None or collective != "all_reduce":
             return None
-        ranks = np.arange(self.nranks)
-        if count(ranks, ranks, 1) == 0:  # not NVLS: SHARP, or no NCCL NVLS on these GPUs
+        if algorithm == "in_network":
+            ranks = tuple(range(self.nranks))
+            pairs = [(ranks, ranks)]
+        elif algorithm == "nvls_tree":
+            lay, heads = self.layout, head_ranks(self.layout)
+            g = lay.ranks_per_node
+            pairs = [
+                (tuple(range(m * g, m * g + lay.node_size(m))), (int(heads[m, 0]),))
+                for m in range(lay.nnodes)
+            ]
+        else:
             return None
-        latency = float(self.fabric.in_network(ranks, ranks)[4])  # type: ignore[attr-defined]
-        return SerialChunks(lambda nbytes: int(count(ranks, ranks, nbytes)), latency)
+        groups = []
+        for srcs, dsts in pairs:
+            s, d = np.asarray(srcs), np.asarray(dsts)
+            if count(s, d, 1) == 0:  # not NVLS: SHARP, or no NCCL NVLS on these GPUs
+                return None
+            latency = float(self.fabric.in_network(s, d)[4])  # type: ignore[attr-defined]
+            groups.append((srcs, dsts, latency))
+        return SerialChunks(count, tuple(groups))
 
     def load_lines(
         self, collective: str, algorithm: str, *, protocol: str = "Simple", channels: int = 1
