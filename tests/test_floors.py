@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("collsim", "collsim.units", "collsim.errors", "collsim.io", "collsim.protocols",
               "collsim.metrics", "collsim.tables", "collsim.dtypes", "collsim.channel_rates",
-              "collsim.transports")),
+              "collsim.transports", "collsim.nvls")),
     ("topology", ("collsim.topology",)),
     ("collectives", ("collsim.collectives",)),
     ("engine", ("collsim.engine",)),

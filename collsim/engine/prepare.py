@@ -29,6 +29,7 @@ from collsim.engine._csr import ptr_from_lengths
 from collsim.engine.fabric import Fabric
 from collsim.engine.skew import check_rank_slowdown, check_rank_start, op_release_s, slow_local
 from collsim.errors import ScheduleError
+from collsim.nvls import NVLS_LATENCY_S
 from collsim.protocols import Protocol, step_latency_s
 from collsim.transports import PROTOCOL_INDEX, route_overhead_s
 
@@ -300,6 +301,9 @@ def _routes(prep: Prepared, schedule: Schedule, fabric: Fabric, protocol: Protoc
             distinct, inverse = np.unique(pair, return_inverse=True)
             prep.route[net] = np.searchsorted(keys, distinct)[inverse]
 
+    nbytes = int(schedule.count) * int(schedule.elem_bytes)
+    nvls_all_reduce = getattr(fabric, "nvls_all_reduce", None)
+    nvls_chunks = getattr(fabric, "in_network_chunks", None)
     for op in np.flatnonzero(prep.cls == IN_NETWORK):
         srcs = np.asarray(schedule.groups[a["src"][op]], dtype=np.int64)
         dsts = np.asarray(schedule.groups[a["dst"][op]], dtype=np.int64)
@@ -307,7 +311,13 @@ def _routes(prep: Prepared, schedule: Schedule, fabric: Fabric, protocol: Protoc
         links = np.concatenate((up_links, down_links)).astype(np.int64)
         nlinks = np.concatenate((np.diff(up_ptr), np.diff(down_ptr))).astype(np.int64)
         worst = int(link_kind[links].max()) if links.size else 0
-        prep.in_network_latency_s[int(op)] = float(step_latency_s(lat, protocol.hop_latency(worst)))
+        # An NVLS all-reduce takes NCCL's NVLS latency in place of the per-hop one, and its
+        # channels pay one route trip per chunk they move (:mod:`collsim.nvls`; NVLS+tree's on
+        # its node reduce): every op of the call (every chunk's node reduce) waits for them.
+        nvls = nvls_all_reduce is not None and nvls_all_reduce(srcs, dsts)
+        hop = NVLS_LATENCY_S if nvls else protocol.hop_latency(worst)
+        serial = nvls_chunks(srcs, dsts, nbytes) * lat if nvls_chunks is not None else 0.0
+        prep.in_network_latency_s[int(op)] = float(step_latency_s(lat, hop) + serial)
         prep.in_network[int(op)] = (nlinks, links)
         traffic = getattr(fabric, "in_network_traffic", None)
         if traffic is not None:

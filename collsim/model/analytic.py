@@ -27,11 +27,13 @@ elements, and for all_gather / reduce_scatter / alltoall a multiple of the rank 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
+from collsim.collectives.crossnode import head_ranks
 from collsim.collectives.registry import algorithms_for, needs_in_network
 from collsim.collectives.verify import COLLECTIVES
 from collsim.errors import ScheduleError
@@ -78,6 +80,8 @@ class Structure:
     load_lines: Lines
     pipeline: Pipeline | None = None
     """Chunk-pipelined families (trees, chains): per-chunk fill and step lines."""
+    serial_chunks: SerialChunks | None = None
+    """Per size, what an NVLS all-reduce's chunks add beyond its lines (:class:`SerialChunks`)."""
 
     def time_s(
         self,
@@ -98,10 +102,41 @@ class Structure:
             pipe = self.pipeline
             if chunk_bytes is not None:
                 pipe = dataclasses.replace(pipe, chunk_bytes=int(chunk_bytes))
-            return np.maximum(pipe.time_s(size_bytes, latency, bandwidth, stretch),
-                              evaluate(load, stretched))  # fmt: skip
+            out = np.maximum(pipe.time_s(size_bytes, latency, bandwidth, stretch),
+                             evaluate(load, stretched))  # fmt: skip
+            if self.serial_chunks is not None:
+                out = out + latency * self.serial_chunks.time_s(size_bytes)
+            return out
         lines = Lines(self.lines.a_s * latency, self.lines.b_s_per_byte / bandwidth)
-        return evaluate(lines, stretched)
+        out = evaluate(lines, stretched)
+        if self.serial_chunks is not None:
+            out = out + latency * self.serial_chunks.time_s(size_bytes)
+        return out
+
+
+@dataclass(frozen=True)
+class SerialChunks:
+    """NCCL's NVLS chunks' round trips: each NVLS channel moves its share one chunk after
+    another and pays one in-network route latency per chunk that its data does not overlap
+    (:mod:`collsim.nvls`; the engine adds the same to the reductions' latency: NVLS's one,
+    NVLS+tree's node reduces). The count depends on the size (NCCL picks the chunk per call),
+    so it is no line; the slowest of ``groups`` (one per node for NVLS+tree) sets it."""
+
+    count: Callable[[np.ndarray, np.ndarray, int], int]
+    """Chunks per channel of one reduction (sources, destinations) for a call of that many
+    bytes (``TopologyFabric.in_network_chunks``)."""
+    groups: tuple[tuple[tuple[int, ...], tuple[int, ...], float], ...]
+    """(sources, destinations, route latency) of each reduction that pays them."""
+
+    def time_s(self, size_bytes: np.ndarray) -> np.ndarray:
+        sizes = np.asarray(size_bytes)
+        flat = sizes.reshape(-1)
+        out = np.zeros(flat.shape, dtype=np.float64)
+        for srcs, dsts, latency in self.groups:
+            s, d = np.asarray(srcs), np.asarray(dsts)
+            chunks = np.array([self.count(s, d, int(x)) for x in flat], dtype=np.float64)
+            out = np.maximum(out, chunks * latency)
+        return out.reshape(sizes.shape)
 
 
 class AnalyticModel:
@@ -155,11 +190,40 @@ class AnalyticModel:
         path = pipeline.fill if pipeline is not None else discover(oracle)
         a, b = costs.load_lines()
         load = upper_envelope(a, b)  # one line per link: keep the few that are ever the max
+        serial = self._serial_chunks(collective, algorithm)
+        merged = path.merge(load)
         found = Structure(
-            collective, algorithm, proto.name, channels, path.merge(load), path, load, pipeline
+            collective, algorithm, proto.name, channels, merged, path, load, pipeline, serial
         )
         self._cache[key] = found
         return found
+
+    def _serial_chunks(self, collective: str, algorithm: str) -> SerialChunks | None:
+        """The chunk round trips of an NVLS or NVLS+tree all-reduce here (None where there
+        are none: SHARP, GPUs without NCCL's NVLS, other algorithms)."""
+        count = getattr(self.fabric, "in_network_chunks", None)
+        if count is None or collective != "all_reduce":
+            return None
+        if algorithm == "in_network":
+            ranks = tuple(range(self.nranks))
+            pairs = [(ranks, ranks)]
+        elif algorithm == "nvls_tree":
+            lay, heads = self.layout, head_ranks(self.layout)
+            g = lay.ranks_per_node
+            pairs = [
+                (tuple(range(m * g, m * g + lay.node_size(m))), (int(heads[m, 0]),))
+                for m in range(lay.nnodes)
+            ]
+        else:
+            return None
+        groups = []
+        for srcs, dsts in pairs:
+            s, d = np.asarray(srcs), np.asarray(dsts)
+            if count(s, d, 1) == 0:  # not NVLS: SHARP, or no NCCL NVLS on these GPUs
+                return None
+            latency = float(self.fabric.in_network(s, d)[4])  # type: ignore[attr-defined]
+            groups.append((srcs, dsts, latency))
+        return SerialChunks(count, tuple(groups))
 
     def load_lines(
         self, collective: str, algorithm: str, *, protocol: str = "Simple", channels: int = 1

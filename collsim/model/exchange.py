@@ -13,7 +13,9 @@ all-to-all, send/recv and in-network reduction.
   ``k-1`` send and receive; longest path over rounds x ranks. ``hierarchical``: intra-node hand-off
   to relays (one wave), then one aggregated message per relay and remote destination.
 * ``sendrecv``: ``n`` flows ``r -> r+1`` at once. ``in_network``: one flow up to the reducing switch
-  per rank and one down, all at once (NVLS/SHARP, ``TopologyFabric.in_network``).
+  per rank and one down, all at once (NVLS/SHARP, ``TopologyFabric.in_network``); NCCL's NVLS
+  all-reduce at NCCL's NVLS latency, its chunks' route trips added per size by the model
+  (:mod:`collsim.nvls`, ``AnalyticModel``'s ``SerialChunks``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collsim.collectives.alltoall import p2p_peers
 from collsim.collectives.recursive import Fold
 from collsim.model.envelope import Aff
 from collsim.model.flows import FlowCosts, max_min_rates
+from collsim.nvls import NVLS_LATENCY_S
 from collsim.protocols import step_latency_s
 
 Oracle = Callable[[float], Aff]
@@ -268,7 +271,9 @@ def in_network(costs: FlowCosts, n: int) -> Oracle:
     links = np.concatenate((up_links, down_links)).astype(np.int64)
     rates = max_min_rates(ptr, links, np.ones(ptr.size - 1), costs.capacity)
     worst = int(costs.link_kind[links].max()) if links.size else 0
-    latency = float(step_latency_s(lat, costs.hop_s[worst]))
+    nvls = getattr(fabric, "nvls_all_reduce", None)
+    hop = NVLS_LATENCY_S if nvls is not None and nvls(ranks, ranks) else costs.hop_s[worst]
+    latency = float(step_latency_s(lat, hop))
     traffic = getattr(fabric, "in_network_traffic", None)
     per_byte = costs.wire * (float(traffic(ranks, ranks)) if traffic is not None else 1.0)
     np.add.at(costs.load_s_per_byte, links, per_byte / costs.capacity[links])

@@ -13,6 +13,7 @@ import numpy as np
 
 from collsim.channel_rates import channel_payload_bytes_per_s
 from collsim.errors import ScheduleError, TopologyError
+from collsim.nvls import nvls_channels, nvls_chunks, nvls_heads, nvls_tree_chunks
 from collsim.protocols import HW_NET, HW_NVLINK, HW_PCI
 from collsim.topology.graph import Network, Route
 from collsim.transports import transport_for
@@ -185,6 +186,47 @@ class TopologyFabric:
         all_reduce = dev.kind == "nvswitch" and sorted(srcs_t) == sorted(dsts_t)
         share = 1.0 + 1.0 / max(1, len(srcs_t)) if all_reduce else 1.0
         return share / dev.in_network_efficiency
+
+    def in_network_chunks(self, srcs: np.ndarray, dsts: np.ndarray, nbytes: int) -> int:
+        """Chunks each of NCCL's NVLS channels moves one after another in an all-reduce of
+        ``nbytes`` (:mod:`collsim.nvls`): each costs its channel one trip of the in-network
+        route (the latency :meth:`in_network` returns) that its data does not overlap, which
+        the engine and the analytic model both add to the reduction; for NVLS+tree's node
+        reduce, the chunks of NCCL's NVLS+tree rule (charged once, on that stage). 0 for
+        anything else (SHARP on InfiniBand switches, NVLS+tree's multicast)."""
+        if self.nvls_all_reduce(srcs, dsts):
+            channels = nvls_channels(self.network.topology.gpu.model)
+            return nvls_chunks(int(nbytes), int(channels or 0), nvls_heads(len(srcs)))
+        if self._nvls_node_reduce(srcs, dsts):
+            topo = self.network.topology
+            several = nvls_channels(topo.gpu.model, several_domains=True)
+            nodes = topo.nvlink_domains
+            return nvls_tree_chunks(int(nbytes), int(several or 0), nvls_heads(len(srcs)), nodes)
+        return 0
+
+    def _nvls_node_reduce(self, srcs: np.ndarray, dsts: np.ndarray) -> bool:
+        """NVLS+tree's node reduce: a node's ranks reduced by its NVSwitch onto one of them
+        (its head), on GPUs NCCL runs NVLS on."""
+        srcs_t, dsts_t, switch = self._reducer_for(srcs, dsts)
+        return (
+            self.network.devices[switch].kind == "nvswitch"
+            and len(dsts_t) == 1
+            and len(srcs_t) > 1
+            and dsts_t[0] in srcs_t
+            and nvls_channels(self.network.topology.gpu.model) is not None
+        )
+
+    def nvls_all_reduce(self, srcs: np.ndarray, dsts: np.ndarray) -> bool:
+        """Whether an in-network reduction of ``srcs`` to ``dsts`` is NCCL's NVLS all-reduce:
+        the same ranks on both sides, an NVSwitch reducing, NVIDIA GPUs NCCL runs NVLS on. Its
+        latency is NCCL's NVLS figure (:data:`collsim.nvls.NVLS_LATENCY_S`) and it pays
+        :meth:`in_network_chunks` route trips, in the engine and the model alike."""
+        srcs_t, dsts_t, switch = self._reducer_for(srcs, dsts)
+        return (
+            self.network.devices[switch].kind == "nvswitch"
+            and sorted(srcs_t) == sorted(dsts_t)
+            and nvls_channels(self.network.topology.gpu.model) is not None
+        )
 
     def _reducer_for(
         self, srcs: np.ndarray, dsts: np.ndarray
