@@ -131,6 +131,8 @@ class BatchRoutes:
         self._tail: dict[tuple[int, int], int] = {}  # (entry, dst) -> piece, -1: has ties
         self._ports: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._all_ports: dict[bool, tuple[np.ndarray, np.ndarray]] = {}
+        empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+        self._walk_table = {True: empty, False: empty}  # sorted (GPU, port) codes -> piece
         self._next: dict[tuple[int, int], np.ndarray] = {}
         self._segsets: dict[tuple[int, int, int, int], tuple[np.ndarray, np.ndarray]] = {}
 
@@ -237,12 +239,21 @@ class BatchRoutes:
 
     def _server_walks(self, dev: np.ndarray, port: np.ndarray, out: bool) -> np.ndarray:
         """:meth:`_server_walk` of arrays (each distinct (GPU, port) looked up once)."""
-        codes = dev * len(self.net.devices) + port
-        uniq, inv = np.unique(codes, return_inverse=True)
         n = len(self.net.devices)
-        found = np.array([self._server_walk(int(c // n), int(c % n), out) for c in uniq.tolist()],
-                         dtype=np.int64)  # fmt: skip
-        return found[inv.reshape(-1)]
+        codes = dev * n + port
+        known, ids = self._walk_table[out]
+        at = np.minimum(np.searchsorted(known, codes), max(known.size - 1, 0))
+        hit = known[at] == codes if known.size else np.zeros(codes.shape, dtype=bool)
+        if not hit.all():
+            new = np.unique(codes[~hit])
+            found = np.array([self._server_walk(int(c // n), int(c % n), out)
+                              for c in new.tolist()], dtype=np.int64)  # fmt: skip
+            known, ids = np.concatenate((known, new)), np.concatenate((ids, found))
+            order = np.argsort(known, kind="stable")
+            known, ids = known[order], ids[order]
+            self._walk_table[out] = (known, ids)
+            at = np.searchsorted(known, codes)
+        return ids[at]
 
     def cables(self, src: np.ndarray, dst: np.ndarray) -> dict[str, np.ndarray] | None:
         """For pairs of GPUs (device ids) in distinct servers: each pair's head, fabric and tail
@@ -345,13 +356,29 @@ class BatchRoutes:
                 and self.kind_switch[entry_dev].all()):  # fmt: skip
             return None
         variant = np.where(one, -1, _mod(mix_np(*salt), np.full(salt[0].shape, VARIANTS)))
-        lens = (middle >= 0).sum(axis=1)
-        primary = np.array([self.pieces.add(tuple(row[:n].tolist()))
-                            for row, n in zip(middle, lens.tolist(), strict=True)])  # fmt: skip
-        code = np.stack((exit_dev, entry_dev, variant, primary), axis=1)
-        uniq, inv = np.unique(code, axis=0, return_inverse=True)
+        # the distinct minimal paths, then the distinct (exit, entry, class, path)
+        width = middle.shape[1]
+        shift = np.int64(self.net.n_directed_links + 1)
+        mcode = np.zeros(middle.shape[0], dtype=np.int64)
+        if width and int(shift) ** width < (1 << 62):
+            for c in range(width):
+                mcode = mcode * shift + (middle[:, c] + 1)
+            muniq, minv = np.unique(mcode, return_inverse=True)
+            first = np.zeros(muniq.size, dtype=np.int64)
+            first[minv.reshape(-1)[::-1]] = np.arange(middle.shape[0])[::-1]
+        else:
+            muniq, first, minv = np.unique(middle, axis=0, return_index=True, return_inverse=True)
+        ids = np.array([self.pieces.add(tuple(int(x) for x in middle[i] if x >= 0))
+                        for i in first.tolist()], dtype=np.int64)  # fmt: skip
+        primary = ids[minv.reshape(-1)]
+        n_dev = np.int64(len(net.devices))
+        code = ((exit_dev * n_dev + entry_dev) * (VARIANTS + 1) + variant + 1) * np.int64(
+            len(self.pieces.rows)
+        ) + primary
+        uniq, index, inv = np.unique(code, return_index=True, return_inverse=True)
         inv = inv.reshape(-1)
-        sets = [self._segset(*(int(x) for x in row)) for row in uniq]
+        sets = [self._segset(int(exit_dev[i]), int(entry_dev[i]), int(variant[i]),
+                             int(primary[i])) for i in index.tolist()]  # fmt: skip
         counts = np.array([s[0].size for s in sets], dtype=np.int64)
         starts = np.zeros(len(sets) + 1, dtype=np.int64)
         np.cumsum(counts, out=starts[1:])
