@@ -375,7 +375,7 @@ class BatchRoutes:
         code = ((exit_dev * n_dev + entry_dev) * (VARIANTS + 1) + variant + 1) * np.int64(
             len(self.pieces.rows)
         ) + primary
-        uniq, index, inv = np.unique(code, return_index=True, return_inverse=True)
+        _, index, inv = np.unique(code, return_index=True, return_inverse=True)
         inv = inv.reshape(-1)
         sets = [self._segset(int(exit_dev[i]), int(entry_dev[i]), int(variant[i]),
                              int(primary[i])) for i in index.tolist()]  # fmt: skip
