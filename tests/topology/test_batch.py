@@ -29,8 +29,10 @@ def test_mix_np_is_mix() -> None:
 
 # polaris at 540 nodes: a 3-group dragonfly whose inter-group routes tie (hashed walks), adaptive
 # multipath; roce-400g: hashed ECMP over a fat tree; gb300-nvl72 at 32 trays: two NVLink domains.
-@pytest.mark.parametrize(("name", "nodes"), [("polaris", 540), ("roce-400g", None),
-                                             ("gb300-nvl72", 32), ("gh200-slingshot", 64)])  # fmt: skip
+CASES = [("polaris", 540), ("roce-400g", None), ("gb300-nvl72", 32), ("gh200-slingshot", 64)]
+
+
+@pytest.mark.parametrize(("name", "nodes"), CASES)
 def test_batch_routes_equal_per_pair_routes(name: str, nodes: int | None) -> None:
     net = Network(load_topology(name, nodes=nodes))
     assert net.batch.enabled
