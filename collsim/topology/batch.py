@@ -131,6 +131,7 @@ class BatchRoutes:
         self._tail: dict[tuple[int, int], int] = {}  # (entry, dst) -> piece, -1: has ties
         self._ports: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._all_ports: dict[bool, tuple[np.ndarray, np.ndarray]] = {}
+        self._last: tuple[bytes, dict[str, np.ndarray] | None] | None = None
         empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
         self._walk_table = {True: empty, False: empty}  # sorted (GPU, port) codes -> piece
         self._next: dict[tuple[int, int], np.ndarray] = {}
@@ -259,6 +260,14 @@ class BatchRoutes:
         """For pairs of GPUs (device ids) in distinct servers: each pair's head, fabric and tail
         walks as matrices padded with -1, and its exit and entry ports; ``None`` where the fast
         path does not apply (then every pair takes the per-pair router)."""
+        key = src.tobytes() + dst.tobytes()
+        if self._last is not None and self._last[0] == key:  # a wave asks routes, then paths
+            return self._last[1]
+        found = self._cables(src, dst)
+        self._last = (key, found)
+        return found
+
+    def _cables(self, src: np.ndarray, dst: np.ndarray) -> dict[str, np.ndarray] | None:
         r = self.router
         graph = self.net.graph
         exits, a = self._gpu_ports(True)
@@ -538,6 +547,8 @@ def paths(net: Network, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, .
     pair_ptr, weight = _merge(src.shape[0], weights)
     # the paths in pair order: each part's paths are already in their pairs' order
     owner = np.concatenate(path_rows) if path_rows else np.zeros(0, dtype=np.int64)
+    if len(path_csr) == 1 and np.all(owner[1:] >= owner[:-1]):  # already in pair order
+        return pair_ptr, weight, path_csr[0][0], path_csr[0][1], lat
     order = np.argsort(owner, kind="stable")
     lengths = np.concatenate([np.diff(p) for p, _ in path_csr]) if path_csr else np.zeros(0, int)
     flat = np.concatenate([v for _, v in path_csr]) if path_csr else np.zeros(0, dtype=np.int64)
