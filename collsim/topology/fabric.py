@@ -15,6 +15,8 @@ from collsim.channel_rates import channel_payload_bytes_per_s
 from collsim.errors import ScheduleError, TopologyError
 from collsim.nvls import nvls_channels, nvls_chunks, nvls_heads, nvls_tree_chunks
 from collsim.protocols import HW_NET, HW_NVLINK, HW_PCI
+from collsim.topology.batch import paths as batch_paths
+from collsim.topology.batch import routes as batch_routes
 from collsim.topology.graph import Network, Route
 from collsim.transports import transport_for
 
@@ -100,21 +102,12 @@ class TopologyFabric:
         dst = np.asarray(dst, dtype=np.int64)
         keys = src * self.nranks + dst
         unique, inverse = np.unique(keys, return_inverse=True)
-        found = [self.route(int(k // self.nranks), int(k % self.nranks)) for k in unique]
-        lengths = np.array([len(r.links) for r in found], dtype=np.int64)
-        latency = np.array([r.latency_s for r in found], dtype=np.float64)
-        flat = np.fromiter(
-            (link for r in found for link in r.links), dtype=np.int64, count=int(lengths.sum())
+        gpu = self._gpu_index
+        starts, flat, latency = batch_routes(
+            self.network, gpu[unique // self.nranks], gpu[unique % self.nranks]
         )
-        starts = np.zeros(len(found) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=starts[1:])
-        pair_len = lengths[inverse]
-        ptr = np.zeros(len(keys) + 1, dtype=np.int64)
-        np.cumsum(pair_len, out=ptr[1:])
-        # Gather each pair's slice of ``flat`` without a Python loop over pairs.
-        offsets = np.arange(int(ptr[-1]), dtype=np.int64) - np.repeat(ptr[:-1], pair_len)
-        links = flat[np.repeat(starts[:-1][inverse], pair_len) + offsets]
-        return ptr, links, latency[inverse]
+        ptr, links = _rows(starts, flat, inverse.reshape(-1))
+        return ptr, links, latency[inverse.reshape(-1)]
 
     @property
     def multipath(self) -> bool:
@@ -133,20 +126,14 @@ class TopologyFabric:
         dst = np.asarray(dst, dtype=np.int64)
         keys = src * self.nranks + dst
         unique, inverse = np.unique(keys, return_inverse=True)
-        ends = [
-            (int(self._gpu_index[k // self.nranks]), int(self._gpu_index[k % self.nranks]))
-            for k in unique.tolist()
-        ]
-        found = [self.network.paths_index(a, b) for a, b in ends]
-        latency = np.array([self.network.route_index(a, b).latency_s for a, b in ends])
-        npaths = np.array([len(f) for f in found], dtype=np.int64)
-        weight = np.fromiter((w for f in found for _, w in f), dtype=np.float64)
-        lengths = np.fromiter((len(p) for f in found for p, _ in f), dtype=np.int64)
-        flat = np.fromiter((x for f in found for p, _ in f for x in p), dtype=np.int64,
-                           count=int(lengths.sum()))  # fmt: skip
+        inverse = inverse.reshape(-1)
+        gpu = self._gpu_index
+        pairs, weight, starts, flat, latency = batch_paths(
+            self.network, gpu[unique // self.nranks], gpu[unique % self.nranks]
+        )
         # Each distinct pair's paths once, then gathered per pair (as routes() gathers links).
-        pair_ptr, rows = _rows(_ptr(npaths), np.arange(int(npaths.sum())), inverse)
-        ptr, links = _rows(_ptr(lengths), flat, rows)
+        pair_ptr, rows = _rows(pairs, np.arange(int(pairs[-1])), inverse)
+        ptr, links = _rows(starts, flat, rows)
         return pair_ptr, weight[rows], ptr, links, latency[inverse]
 
     def in_network(

@@ -28,6 +28,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import dijkstra, maximum_flow
 
 from collsim.errors import TopologyError
+from collsim.topology.batch import BatchRoutes
 from collsim.topology.multipath import Multipath
 from collsim.topology.routing import (
     BALANCED_KINDS,
@@ -282,6 +283,12 @@ class Network:
         if self._shared:
             links += [g for h in cables for g in self._shared.get(h, ())]
         return tuple(links)
+
+    @cached_property
+    def batch(self) -> BatchRoutes:
+        """Routes and paths of many pairs at once, the same as :meth:`route_index` and
+        :meth:`paths_index` give one at a time (:mod:`collsim.topology.batch`)."""
+        return BatchRoutes(self)
 
     def gpu_route(self, src_rank: int, dst_rank: int) -> Route:
         """Route between GPUs given by rank (node-major order)."""

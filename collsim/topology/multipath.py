@@ -166,8 +166,13 @@ class Multipath:
         lane with its share of the bytes; the first is ``primary`` (the usual route's cables
         between them). The other paths depend on the two switches and on one of
         :data:`VARIANTS` classes of the endpoints (``salt``), and are cached per those."""
+        return self.segments_of(src, dst, primary, mix(*salt) % VARIANTS)
+
+    def segments_of(
+        self, src: int, dst: int, primary: Sequence[int], variant: int
+    ) -> list[tuple[tuple[int, ...], float]]:
+        """:meth:`segments` for endpoints of class ``variant`` (what their ``salt`` hashes to)."""
         s, d = int(self._local[src]), int(self._local[dst])
-        variant = mix(*salt) % VARIANTS
         cached = self._cache.get((s, d, variant))
         if cached is None:
             if len(self._cache) > 1 << 18:

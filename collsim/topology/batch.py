@@ -1,0 +1,567 @@
+"""Routes and multipath paths of many GPU pairs at once, exactly as the per-pair router gives them.
+
+An all-to-all on 2,160 GPUs needs 4.7 million routes; found one pair at a time
+(:meth:`Network.route_index`, :meth:`Network.paths_index`) that took most of an hour. A route
+between two servers of a :class:`~collsim.topology.routing.ServerFabricRouter` is three parts: a
+walk inside the source's server to the port where it leaves, a walk across the fabric switches,
+and a walk inside the destination's server. This module finds them for arrays of pairs with numpy,
+reusing what repeats:
+
+* the port pair (exit, entry) minimising the total distance, with the router's hashed choice
+  among ties (:func:`mix_np`, the same splitmix64 as :func:`~collsim.topology.routing.mix`);
+* the walk inside a server, once per (GPU, port) where it meets no tie (then it does not depend
+  on the pair's hash); with a tie, the router's own walk for that pair;
+* the walk across the fabric, all pairs in lockstep, the equal-cost next hops looked up once per
+  (switch, goal) and the tie broken by each pair's hash;
+* the multipath paths (:mod:`collsim.topology.multipath`), once per (entry switch, exit switch,
+  endpoint class, minimal path), every path being the pair's two server walks around one segment.
+
+Pairs it does not cover (inside one server; a fabric of InfiniBand D-mod-k tables; capacities
+shared by several links; a generic router) take the per-pair router, so the answer is always the
+router's own: the same links in the same order, the same latency to the bit (tests check both
+on every catalog topology).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from collsim.topology.multipath import VARIANTS
+from collsim.topology.routing import ServerFabricRouter
+
+if TYPE_CHECKING:
+    from collsim.topology.graph import Network
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def mix_np(*values: np.ndarray | int) -> np.ndarray:
+    """:func:`~collsim.topology.routing.mix` of arrays (uint64, wrapping as the masked ints do)."""
+    arrays = [
+        np.asarray(v, dtype=np.uint64) if isinstance(v, np.ndarray)
+        else np.uint64(int(v) % (1 << 64))
+        for v in values
+    ]  # fmt: skip
+    shape = np.broadcast_shapes(*(np.shape(a) for a in arrays))
+    h = np.full(shape, _GOLDEN, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for v in arrays:
+            h = h ^ (v + _GOLDEN + (h << np.uint64(6)) + (h >> np.uint64(2)))
+            h = (h ^ (h >> np.uint64(30))) * _M1
+            h = (h ^ (h >> np.uint64(27))) * _M2
+            h = h ^ (h >> np.uint64(31))
+    return h
+
+
+def _mod(h: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """``h % count`` of a uint64 hash and positive counts, as int64."""
+    return (h % np.asarray(count, dtype=np.uint64)).astype(np.int64)
+
+
+def _walk_once(
+    start: int, goal: int, dist: list[float], csr: tuple[list, list, list, list]
+) -> list[int] | None:
+    """:func:`~collsim.topology.routing._walk_lists` where no step has a tie (then the walk does
+    not depend on the hash); ``None`` where some step has one or no next hop."""
+    indptr, indices, data, link_of = csr
+    hops: list[int] = []
+    cur = start
+    while cur != goal:
+        here = dist[cur]
+        ok = [k for k in range(indptr[cur], indptr[cur + 1]) if dist[indices[k]] + data[k] == here]
+        if len(ok) != 1:
+            return None
+        hops.append(link_of[ok[0]])
+        cur = indices[ok[0]]
+    return hops
+
+
+def _matrix(rows: list[tuple[int, ...]]) -> np.ndarray:
+    """Tuples of link ids as a matrix padded with -1."""
+    width = max((len(r) for r in rows), default=0)
+    out = np.full((len(rows), width), -1, dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+class _Pieces:
+    """Distinct link tuples with ids, and their matrix (padded with -1), grown on demand."""
+
+    def __init__(self) -> None:
+        self.ids: dict[tuple[int, ...], int] = {}
+        self.rows: list[tuple[int, ...]] = []
+        self._mat: np.ndarray | None = None
+
+    def add(self, links: tuple[int, ...]) -> int:
+        i = self.ids.get(links)
+        if i is None:
+            i = self.ids[links] = len(self.rows)
+            self.rows.append(links)
+            self._mat = None
+        return i
+
+    @property
+    def matrix(self) -> np.ndarray:
+        if self._mat is None:
+            self._mat = _matrix(self.rows or [()])
+        return self._mat
+
+
+class BatchRoutes:
+    """Routes and paths of arrays of device pairs on one :class:`Network` (see the module doc)."""
+
+    def __init__(self, network: Network) -> None:
+        self.net = network
+        router = network._fast
+        self.router = router
+        self.enabled = (
+            isinstance(router, ServerFabricRouter) and router._dmodk is None and not network._shared
+        )
+        graph = network.graph
+        self.key = np.array(graph.key[: graph.n_devices], dtype=np.uint64)
+        self.kind_switch = np.array([d.kind == "switch" for d in network.devices])
+        self.is_gpu = np.array([d.kind == "gpu" for d in network.devices])
+        self.pieces = _Pieces()  # server walks, fabric walks, segments
+        self._head: dict[tuple[int, int], int] = {}  # (src, exit) -> piece, -1: has ties
+        self._tail: dict[tuple[int, int], int] = {}  # (entry, dst) -> piece, -1: has ties
+        self._ports: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._all_ports: dict[bool, tuple[np.ndarray, np.ndarray]] = {}
+        self._last: tuple[bytes, dict[str, np.ndarray] | None] | None = None
+        empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+        self._walk_table = {True: empty, False: empty}  # sorted (GPU, port) codes -> piece
+        self._next: dict[tuple[int, int], np.ndarray] = {}
+        self._segsets: dict[tuple[int, int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    # -- the parts ---------------------------------------------------------------------------------
+    def _port_dists(self, dev: int, out: bool) -> tuple[np.ndarray, np.ndarray]:
+        """A GPU's server ports (device ids) and its distance to (``out``) or from each."""
+        key = dev if out else -1 - dev
+        found = self._ports.get(key)
+        if found is None:
+            r = self.router
+            region, dist = r._from_source(dev) if out else r._to_dest(dev)
+            ports = region.ports
+            found = (ports, dist[region.local(ports)] if ports.size else np.zeros(0))
+            self._ports[key] = found
+        return found
+
+    def _server_walk(self, src: int, port: int, out: bool) -> int:
+        """Piece id of the tie-free walk from GPU ``src`` to ``port`` (``out``) or from ``port`` to
+        GPU ``src``; -1 where the walk meets a tie (it then depends on the pair)."""
+        cache = self._head if out else self._tail
+        found = cache.get((src, port))
+        if found is None:
+            r = self.router
+            if out:
+                region, dist = r._from_source(src)
+                start = int(region.local(self.net.graph.out_vertex[src]))
+                hops = _walk_once(int(region.local(port)), start, dist.tolist(), region._rev_lists)
+                if hops is not None:
+                    hops.reverse()
+            else:
+                region, dist = r._to_dest(src)
+                start = int(region.local(self.net.graph.out_vertex[port]))
+                hops = _walk_once(start, int(region.local(src)), dist.tolist(), region._fwd_lists)
+            found = -1 if hops is None else self.pieces.add(tuple(hops))
+            cache[(src, port)] = found
+        return found
+
+    def _candidates(self, cur: int, goal: int) -> np.ndarray:
+        """Stored entries of the fabric's CSR that are equal-cost next hops from ``cur`` to
+        ``goal`` (fabric-local ids), in the stored (name-key) order."""
+        found = self._next.get((cur, goal))
+        if found is None:
+            r = self.router
+            f = r._fab_fwd
+            dist = r._fabric_dist()[:, goal]
+            lo, hi = f.indptr[cur], f.indptr[cur + 1]
+            nbrs = f.indices[lo:hi]
+            found = lo + np.flatnonzero(dist[nbrs] + f.data[lo:hi] == dist[cur])
+            self._next[(cur, goal)] = found
+        return found
+
+    def _fabric_walks(
+        self, start: np.ndarray, goal: np.ndarray, salt: tuple[np.ndarray, np.ndarray]
+    ) -> np.ndarray:
+        """The router's fabric walk (:func:`~collsim.topology.routing._walk`, ordered) of every
+        pair at once: links as a matrix padded with -1."""
+        r = self.router
+        f = r._fab_fwd
+        fab_key = np.array(r._fab_key, dtype=np.uint64)
+        cur = start.copy()
+        cols: list[np.ndarray] = []
+        while True:
+            idx = np.flatnonzero(cur != goal)
+            if idx.size == 0:
+                break
+            code = cur[idx] * f.shape[0] + goal[idx]
+            uniq, inv = np.unique(code, return_inverse=True)
+            cands = [self._candidates(int(c // f.shape[0]), int(c % f.shape[0])) for c in uniq]
+            if any(c.size == 0 for c in cands):
+                raise RuntimeError("fabric walk without a next hop")  # the router's check failed
+            count = np.array([c.size for c in cands], dtype=np.int64)
+            table = _matrix([tuple(c.tolist()) for c in cands])
+            cnt = count[inv]
+            pick = np.zeros(idx.size, dtype=np.int64)
+            tie = cnt > 1
+            if tie.any():
+                ti = idx[tie]
+                pick[tie] = _mod(mix_np(salt[0][ti], salt[1][ti], fab_key[cur[ti]]), cnt[tie])
+            entry = table[inv, pick]
+            col = np.full(cur.shape[0], -1, dtype=np.int64)
+            col[idx] = r._fab_link[entry]
+            cols.append(col)
+            cur[idx] = f.indices[entry]
+        if not cols:
+            return np.zeros((cur.shape[0], 0), dtype=np.int64)
+        return np.stack(cols, axis=1)
+
+    # -- routes ------------------------------------------------------------------------------------
+    def _gpu_ports(self, out: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Per device (rows; filled for GPUs): its server's ports (device ids, padded with -1)
+        and the GPU's distance to (``out``) or from each (``inf`` padding)."""
+        found = self._all_ports.get(out)
+        if found is None:
+            gpus = [i for i, d in enumerate(self.net.devices) if d.kind == "gpu"]
+            each = [self._port_dists(g, out) for g in gpus]
+            width = max((p.size for p, _ in each), default=0)
+            ports = np.full((len(self.net.devices), width), -1, dtype=np.int64)
+            dist = np.full((len(self.net.devices), width), np.inf)
+            for g, (p, d) in zip(gpus, each, strict=True):
+                ports[g, : p.size], dist[g, : p.size] = p, d
+            found = (ports, dist)
+            self._all_ports[out] = found
+        return found
+
+    def _server_walks(self, dev: np.ndarray, port: np.ndarray, out: bool) -> np.ndarray:
+        """:meth:`_server_walk` of arrays (each distinct (GPU, port) looked up once)."""
+        n = len(self.net.devices)
+        codes = dev * n + port
+        known, ids = self._walk_table[out]
+        at = np.minimum(np.searchsorted(known, codes), max(known.size - 1, 0))
+        hit = known[at] == codes if known.size else np.zeros(codes.shape, dtype=bool)
+        if not hit.all():
+            new = np.unique(codes[~hit])
+            found = np.array([self._server_walk(int(c // n), int(c % n), out)
+                              for c in new.tolist()], dtype=np.int64)  # fmt: skip
+            known, ids = np.concatenate((known, new)), np.concatenate((ids, found))
+            order = np.argsort(known, kind="stable")
+            known, ids = known[order], ids[order]
+            self._walk_table[out] = (known, ids)
+            at = np.searchsorted(known, codes)
+        return ids[at]
+
+    def cables(self, src: np.ndarray, dst: np.ndarray) -> dict[str, np.ndarray] | None:
+        """For pairs of GPUs (device ids) in distinct servers: each pair's head, fabric and tail
+        walks as matrices padded with -1, and its exit and entry ports; ``None`` where the fast
+        path does not apply (then every pair takes the per-pair router)."""
+        key = src.tobytes() + dst.tobytes()
+        if self._last is not None and self._last[0] == key:  # a wave asks routes, then paths
+            return self._last[1]
+        found = self._cables(src, dst)
+        self._last = (key, found)
+        return found
+
+    def _cables(self, src: np.ndarray, dst: np.ndarray) -> dict[str, np.ndarray] | None:
+        r = self.router
+        graph = self.net.graph
+        exits, a = self._gpu_ports(True)
+        entries, b = self._gpu_ports(False)
+        width = exits.shape[1]
+        if width == 0 or entries.shape[1] != width:
+            return None
+        fab = r._fabric_dist()
+        fl = r._fabric_local
+        ex, en = exits[src], entries[dst]
+        between = fab[fl[np.maximum(ex, 0)][:, :, None], fl[np.maximum(en, 0)][:, None, :]]
+        between = np.where((ex[:, :, None] >= 0) & (en[:, None, :] >= 0), between, np.inf)
+        total = a[src][:, :, None] + between
+        total = total + b[dst][:, None, :]
+        flat = total.reshape(total.shape[0], -1)
+        best = flat.min(axis=1)
+        if not np.all(np.isfinite(best)):
+            return None
+        hit = flat == best[:, None]
+        ks, kd = self.key[src], self.key[dst]
+        k = _mod(mix_np(ks, kd, -1), hit.sum(axis=1))
+        pos = np.argmax(hit & (np.cumsum(hit, axis=1) == (k + 1)[:, None]), axis=1)
+        rows = np.arange(pos.size)
+        exit_dev = ex[rows, pos // width]
+        entry_dev = en[rows, pos % width]
+        head = self._server_walks(src, exit_dev, True)
+        tail = self._server_walks(dst, entry_dev, False)
+        mat = self.pieces.matrix
+        heads, tails = mat[np.maximum(head, 0)], mat[np.maximum(tail, 0)]
+        for i in np.flatnonzero(head < 0).tolist():  # a tie inside the server: the pair's walk
+            s, e = int(src[i]), int(exit_dev[i])
+            region, dist = r._from_source(s)
+            walk = region.path_back(s, e, dist, (graph.key[s], graph.key[int(dst[i])]))
+            heads = _put(heads, i, walk)
+        for i in np.flatnonzero(tail < 0).tolist():
+            d, e = int(dst[i]), int(entry_dev[i])
+            region, dist = r._to_dest(d)
+            walk = region.path_forward(e, d, dist, (graph.key[int(src[i])], graph.key[d]))
+            tails = _put(tails, i, walk)
+        middle = self._fabric_walks(fl[exit_dev], fl[entry_dev], (ks, kd))
+        return {"head": heads, "middle": middle, "tail": tails, "exit": exit_dev,
+                "entry": entry_dev}  # fmt: skip
+
+    def loaded(self, cables: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """CSR ``(ptr, links)`` of rows of cables (padded with -1): each row's cables and then
+        the coupling links of those short of full duplex, as :meth:`Network._route_of`."""
+        coupling = self.net._coupling
+        coupled = np.where(cables >= 0, coupling[np.maximum(cables, 0)], -1)
+        full = np.concatenate((cables, coupled), axis=1)
+        keep = full >= 0
+        ptr = np.zeros(full.shape[0] + 1, dtype=np.int64)
+        np.cumsum(keep.sum(axis=1), out=ptr[1:])
+        return ptr, full[keep]
+
+    def latency(self, cables: np.ndarray) -> np.ndarray:
+        """Each row's route latency, summed as :meth:`Network._route_of` sums it (its links',
+        then the devices' between them), so the bits agree."""
+        net = self.net
+        n = (cables >= 0).sum(axis=1)
+        out = np.zeros(cables.shape[0])
+        for length in np.unique(n).tolist():
+            rows = np.flatnonzero(n == length)
+            hops = _compact(cables[rows], length)
+            links = net.latency_s[hops].sum(axis=1)
+            devices = net.device_latency_s[net.link_dst[hops[:, :-1]]].sum(axis=1)
+            out[rows] = links + devices
+        return out
+
+    def segsets(
+        self, parts: dict[str, np.ndarray], salt: tuple[np.ndarray, np.ndarray], one: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Per pair, its multipath segments between the exit and entry switches: (pair_ptr,
+        segment piece ids, shares); pairs ``one`` (exit and entry one switch) keep their route
+        alone. ``None`` where some pair's route does not cross the switches as one run from its
+        exit to its entry (the per-pair code then decides)."""
+        net = self.net
+        mp = net.multipath
+        assert mp is not None
+        middle = parts["middle"]
+        exit_dev, entry_dev = parts["exit"], parts["entry"]
+        # the route's switches must be exactly the middle walk's devices, exit to entry
+        devices = np.where(middle >= 0, net.link_dst[np.maximum(middle, 0)], -1)
+        middle_switch = np.all((devices < 0) | self.kind_switch[np.maximum(devices, 0)], axis=1)
+        for name in ("head", "tail"):
+            m = parts[name]
+            inner = np.where(m >= 0, net.link_dst[np.maximum(m, 0)], -1)
+            if name == "head":  # its devices after the GPU, the exit last
+                inner = np.where(inner == exit_dev[:, None], -1, inner)
+            else:
+                src_of = np.where(m >= 0, net.link_src[np.maximum(m, 0)], -1)
+                inner = np.where(src_of == entry_dev[:, None], -1, src_of)
+            if np.any((inner >= 0) & self.kind_switch[np.maximum(inner, 0)]):
+                return None
+        if not (middle_switch.all() and self.kind_switch[exit_dev].all()
+                and self.kind_switch[entry_dev].all()):  # fmt: skip
+            return None
+        variant = np.where(one, -1, _mod(mix_np(*salt), np.full(salt[0].shape, VARIANTS)))
+        # the distinct minimal paths, then the distinct (exit, entry, class, path)
+        width = middle.shape[1]
+        shift = np.int64(self.net.n_directed_links + 1)
+        mcode = np.zeros(middle.shape[0], dtype=np.int64)
+        if width and int(shift) ** width < (1 << 62):
+            for c in range(width):
+                mcode = mcode * shift + (middle[:, c] + 1)
+            muniq, minv = np.unique(mcode, return_inverse=True)
+            first = np.zeros(muniq.size, dtype=np.int64)
+            first[minv.reshape(-1)[::-1]] = np.arange(middle.shape[0])[::-1]
+        else:
+            muniq, first, minv = np.unique(middle, axis=0, return_index=True, return_inverse=True)
+        ids = np.array([self.pieces.add(tuple(int(x) for x in middle[i] if x >= 0))
+                        for i in first.tolist()], dtype=np.int64)  # fmt: skip
+        primary = ids[minv.reshape(-1)]
+        n_dev = np.int64(len(net.devices))
+        code = ((exit_dev * n_dev + entry_dev) * (VARIANTS + 1) + variant + 1) * np.int64(
+            len(self.pieces.rows)
+        ) + primary
+        _, index, inv = np.unique(code, return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+        sets = [self._segset(int(exit_dev[i]), int(entry_dev[i]), int(variant[i]),
+                             int(primary[i])) for i in index.tolist()]  # fmt: skip
+        counts = np.array([s[0].size for s in sets], dtype=np.int64)
+        starts = np.zeros(len(sets) + 1, dtype=np.int64)
+        np.cumsum(counts, out=starts[1:])
+        seg_ids = np.concatenate([s[0] for s in sets])
+        shares = np.concatenate([s[1] for s in sets])
+        npaths = counts[inv]
+        pair_ptr = np.zeros(inv.size + 1, dtype=np.int64)
+        np.cumsum(npaths, out=pair_ptr[1:])
+        offsets = np.arange(int(pair_ptr[-1])) - np.repeat(pair_ptr[:-1], npaths)
+        rows = np.repeat(starts[:-1][inv], npaths) + offsets
+        return pair_ptr, seg_ids[rows], shares[rows]
+
+    def _segset(self, s: int, d: int, variant: int, primary: int) -> tuple[np.ndarray, np.ndarray]:
+        key = (s, d, variant, primary)
+        found = self._segsets.get(key)
+        if found is None and variant < 0:
+            found = (np.array([primary]), np.ones(1))
+            self._segsets[key] = found
+        if found is None:
+            segs = self.net.multipath.segments_of(s, d, self.pieces.rows[primary], variant)  # type: ignore[union-attr]
+            found = (np.array([self.pieces.add(tuple(p)) for p, _ in segs], dtype=np.int64),
+                     np.array([w for _, w in segs], dtype=np.float64))  # fmt: skip
+            self._segsets[key] = found
+        return found
+
+
+def _merge(
+    n: int, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """One CSR ``(ptr, values)`` of ``n`` rows from parts ``(rows, ptr, values)`` that each
+    hold some of the rows."""
+    lengths = np.zeros(n, dtype=np.int64)
+    for rows, ptr, _ in parts:
+        lengths[rows] = np.diff(ptr)
+    out = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    dtype = np.result_type(*(v.dtype for _, _, v in parts)) if parts else np.int64
+    values = np.empty(int(out[-1]), dtype=dtype)
+    for rows, ptr, vals in parts:
+        lens = np.diff(ptr)
+        pos = np.repeat(out[:-1][rows] - ptr[:-1], lens) + np.arange(int(ptr[-1]))
+        values[pos] = vals
+    return out, values
+
+
+def _put(mat: np.ndarray, row: int, links: list[int]) -> np.ndarray:
+    """``mat`` with row ``row`` set to ``links`` (padded; widened if needed)."""
+    if len(links) > mat.shape[1]:
+        mat = np.concatenate((mat, np.full((mat.shape[0], len(links) - mat.shape[1]), -1)), axis=1)
+    mat[row] = -1
+    mat[row, : len(links)] = links
+    return mat
+
+
+def _compact(rows: np.ndarray, length: int) -> np.ndarray:
+    """Rows padded with -1 anywhere -> their ``length`` valid entries, in order."""
+    return rows[rows >= 0].reshape(rows.shape[0], length)
+
+
+def concat(*mats: np.ndarray) -> np.ndarray:
+    """Matrices padded with -1, side by side (valid entries keep their order)."""
+    return np.concatenate(mats, axis=1)
+
+
+def _csr(rows: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    ptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum([len(r) for r in rows], out=ptr[1:])
+    flat = np.fromiter((x for r in rows for x in r), dtype=np.int64, count=int(ptr[-1]))
+    return ptr, flat
+
+
+def _split(batch: BatchRoutes, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Which pairs (device ids) the batch router takes: GPUs in two distinct servers."""
+    if not batch.enabled:
+        return np.zeros(src.shape[0], dtype=bool)
+    server = batch.router.server  # type: ignore[union-attr]
+    kinds = batch.is_gpu
+    return (
+        kinds[src]
+        & kinds[dst]
+        & (server[src] >= 0)
+        & (server[dst] >= 0)
+        & (server[src] != server[dst])
+    )
+
+
+def routes(net: Network, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, ...]:
+    """CSR ``(ptr, links)`` and latency of the routes between devices ``src[i] -> dst[i]``:
+    :meth:`Network.route_index`'s, found in batches where :class:`BatchRoutes` applies."""
+    batch = net.batch
+    fast = _split(batch, src, dst)
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    lat = np.zeros(src.shape[0])
+    slow = np.flatnonzero(~fast)
+    if fast.any():
+        rows = np.flatnonzero(fast)
+        found = batch.cables(src[rows], dst[rows])
+        if found is None:
+            slow = np.arange(src.shape[0])
+        else:
+            cab = concat(found["head"], found["middle"], found["tail"])
+            ptr, links = batch.loaded(cab)
+            parts.append((rows, ptr, links))
+            lat[rows] = batch.latency(cab)
+    if slow.size:
+        found_r = [net.route_index(int(src[i]), int(dst[i])) for i in slow.tolist()]
+        ptr, links = _csr([r.links for r in found_r])
+        parts.append((slow, ptr, links))
+        lat[slow] = [r.latency_s for r in found_r]
+    ptr, links = _merge(src.shape[0], parts)
+    return ptr, links, lat
+
+
+def paths(net: Network, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, ...]:
+    """:meth:`Network.paths_index` of each pair ``src[i] -> dst[i]`` (devices) as CSR:
+    ``(pair_ptr, weight, ptr, links, latency)`` (see :meth:`TopologyFabric.paths`)."""
+    batch = net.batch
+    fast = _split(batch, src, dst) if net.multipath is not None else np.zeros(src.shape, bool)
+    slow = np.flatnonzero(~fast)
+    lat = np.zeros(src.shape[0])
+    pair_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    weights: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    path_rows: list[np.ndarray] = []  # per part, the (global) pair of each of its paths
+    path_csr: list[tuple[np.ndarray, np.ndarray]] = []
+    if fast.any():
+        rows = np.flatnonzero(fast)
+        found = batch.cables(src[rows], dst[rows])
+        salt = (batch.key[src[rows]], batch.key[dst[rows]])
+        sets = None
+        if found is not None:
+            one = found["exit"] == found["entry"]  # one switch: the route alone
+            sets = batch.segsets(found, salt, one)
+        if sets is None:
+            slow = np.arange(src.shape[0])
+        else:
+            pair_ptr, seg_ids, shares = sets
+            npaths = np.diff(pair_ptr)
+            which = np.repeat(np.arange(rows.size), npaths)
+            segs = batch.pieces.matrix[seg_ids]
+            cab = concat(found["head"][which], segs, found["tail"][which])
+            ptr, links = batch.loaded(cab)
+            pair_parts.append((rows, pair_ptr, np.zeros(0)))
+            weights.append((rows, pair_ptr, shares))
+            path_rows.append(rows[which])
+            path_csr.append((ptr, links))
+            route = concat(found["head"], found["middle"], found["tail"])
+            lat[rows] = batch.latency(route)
+    if slow.size:
+        found_p = [net.paths_index(int(src[i]), int(dst[i])) for i in slow.tolist()]
+        npaths = np.array([len(f) for f in found_p], dtype=np.int64)
+        pair_ptr = np.zeros(slow.size + 1, dtype=np.int64)
+        np.cumsum(npaths, out=pair_ptr[1:])
+        weights.append((slow, pair_ptr, np.array([w for f in found_p for _, w in f], dtype=float)))
+        path_rows.append(np.repeat(slow, npaths))
+        path_csr.append(_csr([p for f in found_p for p, _ in f]))
+        lat[slow] = [net.route_index(int(src[i]), int(dst[i])).latency_s for i in slow.tolist()]
+    pair_ptr, weight = _merge(src.shape[0], weights)
+    # the paths in pair order: each part's paths are already in their pairs' order
+    owner = np.concatenate(path_rows) if path_rows else np.zeros(0, dtype=np.int64)
+    if len(path_csr) == 1 and np.all(owner[1:] >= owner[:-1]):  # already in pair order
+        return pair_ptr, weight, path_csr[0][0], path_csr[0][1], lat
+    order = np.argsort(owner, kind="stable")
+    lengths = np.concatenate([np.diff(p) for p, _ in path_csr]) if path_csr else np.zeros(0, int)
+    flat = np.concatenate([v for _, v in path_csr]) if path_csr else np.zeros(0, dtype=np.int64)
+    ptr_all = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=ptr_all[1:])
+    ptr, links = _gather(ptr_all, flat, order)
+    return pair_ptr, weight, ptr, links, lat
+
+
+def _gather(ptr: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The CSR ``(ptr, idx)`` of only ``rows``, in that order."""
+    lengths = ptr[1:][rows] - ptr[:-1][rows]
+    out = np.zeros(rows.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    offsets = np.arange(int(out[-1]), dtype=np.int64) - np.repeat(out[:-1], lengths)
+    return out, idx[np.repeat(ptr[:-1][rows], lengths) + offsets]
