@@ -532,6 +532,26 @@ class Predictor:
             out[rows] = timed.best_s
         return out
 
+    def rescaled(self, scale: Scale) -> Predictor:
+        """This predictor with its model seen through ``scale`` instead (a fit's step): the same
+        system, and the models built for a release or a NIC share, which no scale changes."""
+        base = self._unscaled()
+        out = Predictor.wrap(ScaledModel(base, scale), self.model_name)
+        out.whatif = self.whatif
+        for name in ("_nic_share_models", "_release_models"):
+            out.__dict__[name] = self.__dict__.setdefault(name, {})
+        return out
+
+    def _unscaled(self) -> Any:
+        """This predictor's model without its :class:`Scale`."""
+        return self.model.model if isinstance(self.model, ScaledModel) else self.model
+
+    def _scaled(self, model: Any) -> Any:
+        """``model`` seen through this predictor's :class:`Scale`, if it has one."""
+        return (
+            ScaledModel(model, self.model.scale) if isinstance(self.model, ScaledModel) else model
+        )
+
     def _at_nic_share(self, topology: Topology, share: float, release: NcclVersion) -> Any:
         """This predictor's model (its parameters and scale, following ``release``) on
         ``topology`` with its NICs at ``share`` of their rate; built once per share and
@@ -539,20 +559,16 @@ class Predictor:
         cache = self.__dict__.setdefault("_nic_share_models", {})
         key = (share, _release_key(release))
         if key not in cache:
-            scaled = self.model if isinstance(self.model, ScaledModel) else None
-            base = scaled.model if scaled is not None else self.model
-            params = replace(base.params, nccl_release=_release_key(release))
-            model: Any = AnalyticModel(WhatIf(with_nic_share(topology, share)), params)
-            cache[key] = ScaledModel(model, scaled.scale) if scaled is not None else model
-        return cache[key]
+            params = replace(self._unscaled().params, nccl_release=_release_key(release))
+            cache[key] = AnalyticModel(WhatIf(with_nic_share(topology, share)), params)
+        return self._scaled(cache[key])
 
     def _of_release(self, release: NcclVersion) -> Any:
         """This predictor's model with its parameters following NCCL ``release`` (the tree's
         efficiency and correction table by release, :attr:`ModelParams.nccl_release`): a view
         that shares the model's cached structures, which the release does not change. NCCL's own
         model, and a model this predictor only wraps, as they are."""
-        scaled = self.model if isinstance(self.model, ScaledModel) else None
-        base = scaled.model if scaled is not None else self.model
+        base = self._unscaled()
         if self.model_name != "collsim" or not isinstance(base, AnalyticModel):
             return self.model
         key = _release_key(release)
@@ -562,8 +578,8 @@ class Predictor:
         if key not in cache:
             view = copy.copy(base)  # shares the structure cache: the release is not in it
             view.params = replace(base.params, nccl_release=key)
-            cache[key] = ScaledModel(view, scaled.scale) if scaled is not None else view
-        return cache[key]
+            cache[key] = view
+        return self._scaled(cache[key])
 
     def _tree_threshold(
         self, collective: str, algos: list[str], env: dict[str, str]

@@ -171,7 +171,7 @@ def validate_samples(
             env=s.env,
             elem=elem_bytes(s.log),
             gpus_per_thread=s.log.gpus_per_thread,
-            nccl_version=s.log.nccl_version or nccl_version,
+            nccl_version=s.nccl_version or nccl_version,
         )
         results.append(compare(s, pred, labels))
     if progress is not None:
