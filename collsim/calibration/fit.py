@@ -34,15 +34,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from collsim.calibration.identify import identify
+from collsim.calibration.log_context import elem_bytes, log_env, measured_points
 from collsim.calibration.nccltests import NcclTestsLog
-from collsim.calibration.predict import (
-    NCCL_ACHIEVABLE_FRACTION,
-    NCCL_BASE_LATENCY_S,
-    Predictor,
-    elem_bytes,
-    log_env,
-    measured_points,
-)
+from collsim.calibration.predict import NCCL_ACHIEVABLE_FRACTION, NCCL_BASE_LATENCY_S, Predictor
 from collsim.calibration.problem import (
     BOUNDS,
     LOSS_SCALE,

@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
+from collsim.calibration.log_context import elem_bytes
 from collsim.calibration.predict import (
     NCCL_ACHIEVABLE_FRACTION,
     NCCL_BASE_LATENCY_S,
     Predictor,
     Scale,
-    elem_bytes,
 )
 from collsim.model.params import HOST_LAUNCH_S, HOST_P2P_OP_S, ModelParams, ProtocolParams, p2p_ops
 from collsim.model.profile import CLASSES

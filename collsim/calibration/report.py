@@ -31,7 +31,7 @@ import numpy as np
 
 from collsim.calibration.dataset import DatasetEntry, load_index, read_dataset
 from collsim.calibration.fit import Sample
-from collsim.calibration.predict import env_from_notes, topology_for_log
+from collsim.calibration.log_context import env_from_notes, topology_for_log
 from collsim.calibration.report_jobs import Job, RunStats, run_jobs
 from collsim.calibration.report_text import (
     MODES,

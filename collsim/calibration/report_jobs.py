@@ -33,13 +33,8 @@ import numpy as np
 
 from collsim.calibration.dataset import DATA_DIR, load_index, read_entry
 from collsim.calibration.fit import Sample, fit_samples
-from collsim.calibration.predict import (
-    Predictor,
-    elem_bytes,
-    env_from_notes,
-    topology_for_log,
-    uncalibrated_params,
-)
+from collsim.calibration.log_context import elem_bytes, env_from_notes, topology_for_log
+from collsim.calibration.predict import Predictor, uncalibrated_params
 from collsim.calibration.validate import profile_params
 from collsim.errors import CollsimError
 from collsim.io import atomic_write_text, make_folders

@@ -12,16 +12,13 @@ from click.testing import CliRunner
 
 from collsim.calibration.dataset import DATA_DIR
 from collsim.calibration.fit import FIT_BASE, Sample, _doc, _systems, classes_used, fit_samples
-from collsim.calibration.predict import (
-    Predictor,
-    Scale,
-    ScaledModel,
+from collsim.calibration.log_context import (
     constraints,
     elem_bytes,
     env_from_notes,
     topology_for_log,
-    uncalibrated_params,
 )
+from collsim.calibration.predict import Predictor, Scale, ScaledModel, uncalibrated_params
 from collsim.calibration.problem import Problem
 from collsim.calibration.report import dataset_samples
 from collsim.calibration.validate import validate_samples
