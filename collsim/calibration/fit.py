@@ -34,15 +34,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from collsim.calibration.identify import identify
+from collsim.calibration.log_context import elem_bytes, log_env, measured_points
 from collsim.calibration.nccltests import NcclTestsLog
-from collsim.calibration.predict import (
-    NCCL_ACHIEVABLE_FRACTION,
-    NCCL_BASE_LATENCY_S,
-    Predictor,
-    elem_bytes,
-    log_env,
-    measured_points,
-)
+from collsim.calibration.predict import NCCL_ACHIEVABLE_FRACTION, NCCL_BASE_LATENCY_S, Predictor
 from collsim.calibration.problem import (
     BOUNDS,
     LOSS_SCALE,
@@ -82,16 +76,20 @@ on top are the system's own, not the tree's dip."""
 
 @dataclass
 class Sample:
-    """One log to fit or validate, on its sized system."""
+    """One log to fit or validate, on its sized system; ``nccl_version``: the NCCL release it ran
+    (the one the log names, else the given one, e.g. the dataset index's; None: the newest), which
+    the fit predicts it with as validation does (:mod:`collsim.model.nccl_release`)."""
 
     log: NcclTestsLog
     topology: Topology
     env: dict[str, str] = field(default_factory=dict)
     name: str = ""
+    nccl_version: str | None = None
 
     def __post_init__(self) -> None:
         self.name = self.name or self.log.file.rsplit("/", 1)[-1]
         self.env = log_env(self.log, self.env)
+        self.nccl_version = self.log.nccl_version or self.nccl_version
         self.sizes, self.measured_s = measured_points(self.log)
 
 
@@ -221,6 +219,7 @@ def fit_samples(
             env=s.env,
             elem=elem_bytes(s.log),
             gpus_per_thread=s.log.gpus_per_thread,
+            nccl_version=s.nccl_version,
         )[0]
         for s in samples
     ]

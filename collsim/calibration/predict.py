@@ -1,4 +1,4 @@
-"""Predicting a measured nccl-tests log: the system it ran on, and the model's time per row.
+"""Predicting a measured nccl-tests log: the model's time per row.
 
 A prediction is what NCCL would do on the modelled system: per size, the tuner
 (:mod:`collsim.model.tuner`) picks the fastest (algorithm, protocol, channels) among *NCCL's*
@@ -10,28 +10,29 @@ reduce-scatter, chain broadcast / reduce, point-to-point all-to-all and send/rec
 only where NCCL enables it by default (:meth:`collsim.model.analytic.AnalyticModel.enabled`) or the
 log's ``NCCL_PROTO`` names it.
 
-:func:`topology_for_log` builds the measured system: the ranks (and nodes, where known) come
-from the log, ``--nodes`` / ``--gpus-per-node`` override, and a rank count the topology cannot
-hold is a clear error. :func:`measured_points` takes the out-of-place rows (the time nccl-tests
-reports first).
+The log's system, settings and rows (:func:`~.log_context.topology_for_log`,
+:func:`~.log_context.constraints`, :func:`~.log_context.measured_points`) are
+:mod:`collsim.calibration.log_context`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import re
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from collsim.calibration.log_context import (
+    asked_for_ll128,
+    constraints,
+    elem_bytes,
+    log_env,
+    measured_points,
+)
 from collsim.calibration.nccltests import NcclTestsLog
 from collsim.channel_rates import nvidia_compute_capability
-from collsim.collectives.registry import NCCL_ALGORITHMS
-from collsim.dtypes import dtype_bytes
-from collsim.errors import CalibrationError, CollsimError
+from collsim.errors import CalibrationError
 from collsim.model.analytic import AnalyticModel, effective_bytes
 from collsim.model.mapping import intra_inter_bandwidth
 from collsim.model.nccl_release import (
@@ -51,22 +52,13 @@ from collsim.model.params import (
     under_floor,
 )
 from collsim.model.tuner import (
-    NCCL_CHANNELS,
-    PROTOCOL_ORDER,
     Tuner,
     host_floor_s,
     nccl_algorithms,
     nccl_channel_options,
 )
-from collsim.tables import plural
-from collsim.topology.loader import load_topology
 from collsim.topology.spec import Topology
 from collsim.whatif import WhatIf
-
-_ALGO_ENV = {"ring": "ring", "tree": "tree", "nvls": "in_network", "nvlstree": "nvls_tree",
-             "collnet": "collnet", "collnetdirect": "collnet", "pat": "pat",
-             "collnetchain": "collnet"}  # fmt: skip
-
 
 NCCL_BASE_LATENCY_S = 6.6e-6
 """NCCL's per-launch ``baseLat`` for ring/LL, the protocol small messages run with (``tuning.cc``,
@@ -100,227 +92,6 @@ def uncalibrated_params() -> ModelParams:
         source="uncalibrated: datasheet links at NCCL's achievable fraction, NCCL hwLat per hop, "
         "NCCL baseLat per launch, NCCL treeCorrectionFactor",
     )
-
-
-@dataclass(frozen=True)
-class Constraints:
-    """What a log's NCCL_* settings allow: algorithms, protocols and channel counts."""
-
-    algorithms: tuple[str, ...] | None = None
-    protocols: tuple[str, ...] = PROTOCOL_ORDER
-    channels: tuple[int, ...] = NCCL_CHANNELS
-
-
-def _env_list(value: str) -> tuple[list[str], bool]:
-    """NCCL's list syntax: ``a,b`` enables, ``^a,b`` disables (returns names, negated)."""
-    value = value.strip()
-    neg = value.startswith("^")
-    names = [v.strip().lower() for v in value.lstrip("^").split(",") if v.strip()]
-    return names, neg
-
-
-MODELLED_ENV = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS",
-                "NCCL_TREE_THRESHOLD")  # fmt: skip
-"""The NCCL settings that change collsim's predictions (:func:`constraints`); others (network
-interface names, debug levels, ...) are real NCCL settings that collsim does not model."""
-
-
-def unmodelled_env(env: dict[str, str]) -> list[str]:
-    """One note per setting of ``env`` that changes no prediction, with the modelled name a
-    typo was probably meant to be (``NCCL_ALG0`` -> ``NCCL_ALGO``)."""
-    import difflib
-
-    notes = []
-    for key in sorted(set(env) - set(MODELLED_ENV)):
-        close = difflib.get_close_matches(key, MODELLED_ENV, n=1, cutoff=0.8)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        notes.append(f"{key} is not modelled by collsim and changes no prediction{hint}")
-    return notes
-
-
-def check_env(env: dict[str, str]) -> None:
-    """Refuse NCCL settings NCCL itself would refuse: an unknown algorithm (``NCCL_ALGO``) or
-    protocol (``NCCL_PROTO``), a channel count that is not a positive integer."""
-    known = {"NCCL_ALGO": {*_ALGO_ENV, "pat"}, "NCCL_PROTO": {p.lower() for p in PROTOCOL_ORDER}}
-    for key, names in known.items():
-        if key in env:
-            bad = [n for n in _env_list(env[key])[0] if n not in names]
-            if bad or not _env_list(env[key])[0]:
-                raise CalibrationError(
-                    f"{key} takes {', '.join(sorted(names))} (comma-separated, ^ to exclude)",
-                    field="--nccl-env",
-                    value=f"{key}={env[key]}",
-                )
-    for key in ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS"):
-        if key in env and not (env[key].strip().isdecimal() and int(env[key]) >= 1):
-            raise CalibrationError("must be a positive integer", field="--nccl-env",
-                                   value=f"{key}={env[key]}")  # fmt: skip
-
-
-def constraints(
-    env: dict[str, str], collective: str, usual: tuple[int, ...] = NCCL_CHANNELS
-) -> Constraints:
-    """The algorithms / protocols / channels NCCL may use under the settings ``env``, ``usual``
-    being the channel counts it considers unconstrained (one and its own count here,
-    :func:`~collsim.model.tuner.nccl_channel_options`)."""
-    algos: tuple[str, ...] | None = None
-    protos = PROTOCOL_ORDER
-    channels = usual
-    if "NCCL_ALGO" in env:
-        names, neg = _env_list(env["NCCL_ALGO"])
-        chosen = {_ALGO_ENV[n] for n in names if n in _ALGO_ENV}
-        base = NCCL_ALGORITHMS.get(collective, ())
-        algos = tuple(a for a in base if (a in chosen) != neg)
-        if collective in ("broadcast", "reduce") and ("ring" in chosen) != neg:
-            algos = ("chain",)  # NCCL runs broadcast/reduce as a ring chain
-        if not algos:
-            algos = None  # a setting that does not concern this collective
-    if env.get("NCCL_TREE_THRESHOLD", "").strip() == "0" and collective == "all_reduce":
-        algos = tuple(a for a in (algos or NCCL_ALGORITHMS[collective]) if a != "tree")
-    if "NCCL_PROTO" in env:
-        names, neg = _env_list(env["NCCL_PROTO"])
-        picked = tuple(p for p in PROTOCOL_ORDER if (p.lower() in names) != neg)
-        protos = picked or PROTOCOL_ORDER
-    lo = max(1, _int_env(env, "NCCL_MIN_NCHANNELS", 1))
-    hi = max(1, _int_env(env, "NCCL_MAX_NCHANNELS", max(max(usual), lo)))
-    # Where no usual count is allowed (NCCL_MIN_NCHANNELS=32, or 2..4), the most allowed.
-    channels = tuple(c for c in usual if lo <= c <= hi) or (max(lo, min(hi, max(usual))),)
-    return Constraints(algos, protos, channels)
-
-
-def _asked_for_ll128(env: dict[str, str]) -> bool:
-    """``NCCL_PROTO`` names LL128 (not negated)."""
-    if "NCCL_PROTO" not in env:
-        return False
-    names, neg = _env_list(env["NCCL_PROTO"])
-    return "ll128" in names and not neg
-
-
-def _int_env(env: dict[str, str], key: str, default: int) -> int:
-    try:
-        return int(env[key])
-    except (KeyError, ValueError):
-        return default
-
-
-def env_from_notes(notes: str) -> dict[str, str]:
-    """``NCCL_X=value`` settings quoted in free text (the dataset index's notes)."""
-    return {k: v for k, v in re.findall(r"\b(NCCL_[A-Z0-9_]+)=([A-Za-z0-9_,^]+)", notes)}
-
-
-def topology_for_log(
-    topology: str | Topology,
-    log: NcclTestsLog,
-    *,
-    nodes: int | None = None,
-    gpus_per_node: int | None = None,
-) -> Topology:
-    """The measured system: ``topology`` sized to the log's ranks (and nodes), flags overriding.
-
-    Raises :class:`CalibrationError` naming the log, its ranks (or nodes) and the topology's
-    GPUs when they cannot be made to agree: 8 ranks on one node are not two nodes of 4 GPUs,
-    whose network the run never used.
-    """
-    if isinstance(topology, Topology):
-        base = topology
-    else:
-        base = load_topology(topology, nodes=nodes, gpus_per_node=gpus_per_node)
-        # One of the two given: the log's ranks give the other (--nodes 1 for a 4-rank log
-        # means 4 GPUs of the node; never more GPUs per node than the template has).
-        if (nodes is None) != (gpus_per_node is None) and base.n_gpus != log.ranks:
-            given = nodes or gpus_per_node or 1
-            other = log.ranks // given
-            fits = gpus_per_node is not None or other <= base.gpus_per_node
-            if log.ranks % given == 0 and fits:
-                with contextlib.suppress(CollsimError):  # a fixed graph: the check below says why
-                    base = load_topology(
-                        topology,
-                        nodes=nodes if nodes is not None else other,
-                        gpus_per_node=gpus_per_node if gpus_per_node is not None else other,
-                    )
-    flags = nodes is not None or gpus_per_node is not None
-    other_nodes = bool(log.nodes) and base.nodes != log.nodes
-    if not flags and (base.n_gpus != log.ranks or other_nodes) and base.is_template:
-        log_nodes = log.nodes
-        if log_nodes and log.ranks % log_nodes == 0 and not isinstance(topology, Topology):
-            with contextlib.suppress(CollsimError):  # a fixed graph: the check below says why
-                base = load_topology(
-                    topology, nodes=log_nodes, gpus_per_node=log.ranks // log_nodes
-                )
-    where = plural(log.nodes, "node") if log.nodes else "? nodes"
-    if base.n_gpus != log.ranks:
-        raise CalibrationError(
-            f"the log ran on {log.ranks} ranks ({where}) but topology "
-            f"{base.name} has {base.n_gpus} GPUs ({plural(base.nodes, 'node')} x "
-            f"{base.gpus_per_node}); "
-            "pass --nodes / --gpus-per-node to size it",
-            file=log.file,
-            field="ranks",
-            value=log.ranks,
-        )
-    if not flags and log.nodes and base.nodes != log.nodes:
-        raise CalibrationError(
-            f"the log ran on {where} ({log.ranks} ranks; hosts from "
-            f"{_NODES_FROM.get(log.nodes_source, 'the log')}) but topology {base.name} has "
-            f"{plural(base.nodes, 'node')} x {base.gpus_per_node} GPUs; pass --nodes / "
-            "--gpus-per-node to size it",
-            file=log.file,
-            field="nodes",
-            value=log.nodes,
-        )
-    return base
-
-
-_NODES_FROM = {"devices": "its device lines", "NCCL INFO lines": "its NCCL INFO lines",
-               "given": "the index"}  # fmt: skip
-
-
-def _gpu_families(name: str) -> set[str]:
-    """Model numbers in a GPU's name (``A100``, ``H100``, ``MI300X``, ``4090``), not sizes."""
-    words = re.sub(r"[-_/]", " ", name.upper())
-    found = re.findall(r"\b[A-Z]{0,3}\d{3,4}[A-Z]{0,2}\b", words)
-    return {w for w in found if not w.endswith(("GB", "W"))}
-
-
-def gpu_mismatch(log: NcclTestsLog, topology: Topology) -> str | None:
-    """A note when the log's GPU is not the one the topology models (an A100 log predicted on
-    a DGX H100): the prediction is then of another system."""
-    if not log.gpu:
-        return None
-    theirs, ours = _gpu_families(log.gpu), _gpu_families(topology.gpu.model)
-    if theirs and not theirs & ours:  # a topology of no numbered GPU (CPUs under gloo) too
-        return (
-            f"{Path(log.file).name} ran on {log.gpu}, but topology {topology.name} models "
-            f"{topology.gpu.model}: predicted for that system, not the measured one"
-        )
-    return None
-
-
-def log_env(log: NcclTestsLog, env: dict[str, str] | None = None) -> dict[str, str]:
-    """The NCCL_* settings that bind ``log``'s prediction: those it records (NCCL_ALGO=Ring,
-    NCCL_MIN_NCHANNELS=32, ...) over ``env`` (a dataset's notes, the caller's): the log says what
-    NCCL ran with."""
-    return {**(env or {}), **log.nccl_env}
-
-
-def measured_points(log: NcclTestsLog) -> tuple[np.ndarray, np.ndarray]:
-    """(sizes in bytes, out-of-place time in seconds) of every row with a time and data.
-
-    Rows of 0 bytes are left out: they time an empty call, which NCCL may return from at once
-    (nccl-tests prints them where the count rounds down to 0 per rank)."""
-    rows = [r for r in log.rows if r.time_us is not None and r.time_us > 0 and r.size_bytes > 0]
-    if not rows:
-        raise CalibrationError("the log has no timed rows with data", file=log.file)
-    sizes = np.array([r.size_bytes for r in rows], dtype=np.int64)
-    times = np.array([r.time_us for r in rows], dtype=np.float64) * 1e-6
-    return sizes, times
-
-
-def elem_bytes(log: NcclTestsLog) -> int:
-    try:
-        return dtype_bytes(log.dtype)
-    except CollsimError:
-        return 4
 
 
 @dataclass(frozen=True)
@@ -481,7 +252,7 @@ class Predictor:
         if not release.has_ll128:
             protocols = tuple(p for p in protocols if p != "LL128") or ("Simple",)
         # NCCL_PROTO naming LL128 enables it wherever it can run, past NCCL's defaults.
-        forced = self.model_name == "collsim" and _asked_for_ll128(env) and release.has_ll128
+        forced = self.model_name == "collsim" and asked_for_ll128(env) and release.has_ll128
         base = self._of_release(release)
         model = base if gpus_per_thread == 1 else HostThread(base, gpus_per_thread)
         tuner = Tuner(model, protocols=protocols, channels=channels, defaults=not forced)
@@ -532,6 +303,26 @@ class Predictor:
             out[rows] = timed.best_s
         return out
 
+    def rescaled(self, scale: Scale) -> Predictor:
+        """This predictor with its model seen through ``scale`` instead (a fit's step): the same
+        system, and the models built for a release or a NIC share, which no scale changes."""
+        base = self._unscaled()
+        out = Predictor.wrap(ScaledModel(base, scale), self.model_name)
+        out.whatif = self.whatif
+        for name in ("_nic_share_models", "_release_models"):
+            out.__dict__[name] = self.__dict__.setdefault(name, {})
+        return out
+
+    def _unscaled(self) -> Any:
+        """This predictor's model without its :class:`Scale`."""
+        return self.model.model if isinstance(self.model, ScaledModel) else self.model
+
+    def _scaled(self, model: Any) -> Any:
+        """``model`` seen through this predictor's :class:`Scale`, if it has one."""
+        return (
+            ScaledModel(model, self.model.scale) if isinstance(self.model, ScaledModel) else model
+        )
+
     def _at_nic_share(self, topology: Topology, share: float, release: NcclVersion) -> Any:
         """This predictor's model (its parameters and scale, following ``release``) on
         ``topology`` with its NICs at ``share`` of their rate; built once per share and
@@ -539,20 +330,16 @@ class Predictor:
         cache = self.__dict__.setdefault("_nic_share_models", {})
         key = (share, _release_key(release))
         if key not in cache:
-            scaled = self.model if isinstance(self.model, ScaledModel) else None
-            base = scaled.model if scaled is not None else self.model
-            params = replace(base.params, nccl_release=_release_key(release))
-            model: Any = AnalyticModel(WhatIf(with_nic_share(topology, share)), params)
-            cache[key] = ScaledModel(model, scaled.scale) if scaled is not None else model
-        return cache[key]
+            params = replace(self._unscaled().params, nccl_release=_release_key(release))
+            cache[key] = AnalyticModel(WhatIf(with_nic_share(topology, share)), params)
+        return self._scaled(cache[key])
 
     def _of_release(self, release: NcclVersion) -> Any:
         """This predictor's model with its parameters following NCCL ``release`` (the tree's
         efficiency and correction table by release, :attr:`ModelParams.nccl_release`): a view
         that shares the model's cached structures, which the release does not change. NCCL's own
         model, and a model this predictor only wraps, as they are."""
-        scaled = self.model if isinstance(self.model, ScaledModel) else None
-        base = scaled.model if scaled is not None else self.model
+        base = self._unscaled()
         if self.model_name != "collsim" or not isinstance(base, AnalyticModel):
             return self.model
         key = _release_key(release)
@@ -562,8 +349,8 @@ class Predictor:
         if key not in cache:
             view = copy.copy(base)  # shares the structure cache: the release is not in it
             view.params = replace(base.params, nccl_release=key)
-            cache[key] = ScaledModel(view, scaled.scale) if scaled is not None else view
-        return cache[key]
+            cache[key] = view
+        return self._scaled(cache[key])
 
     def _tree_threshold(
         self, collective: str, algos: list[str], env: dict[str, str]

@@ -23,13 +23,12 @@ from typing import Any
 
 import numpy as np
 
+from collsim.calibration.log_context import elem_bytes
 from collsim.calibration.predict import (
     NCCL_ACHIEVABLE_FRACTION,
     NCCL_BASE_LATENCY_S,
     Predictor,
     Scale,
-    ScaledModel,
-    elem_bytes,
 )
 from collsim.model.params import HOST_LAUNCH_S, HOST_P2P_OP_S, ModelParams, ProtocolParams, p2p_ops
 from collsim.model.profile import CLASSES
@@ -125,7 +124,7 @@ class Problem:
         # NVLink's lanes are per direction end to end; what falls short of full duplex is the host
         # side: PCIe root complexes, host-memory staging, NICs reading and writing GPU memory.
         self.duplex = duplex_identifiable(samples) and any(k in classes for k in DUPLEX_CLASSES)
-        self._models: dict[tuple[float, ...], list[Any]] = {}
+        self._models: dict[tuple[float, ...], list[Predictor]] = {}
         self.weights = [np.sqrt(min(1.0, REF_ROWS / s.sizes.size)) for s in samples]
         self.smallest_us = min(float(s.measured_s.min()) for s in samples) * 1e6
         # No call is faster than its floor, so the fastest call measured (per launch, less the
@@ -218,6 +217,11 @@ class Problem:
         return (*rel, *rel_lat, duplex)
 
     def models(self, x: np.ndarray) -> list[Any]:
+        """Each sample's model at ``x``'s structural values, unscaled."""
+        return [p.model for p in self.predictors(x)]
+
+    def predictors(self, x: np.ndarray) -> list[Predictor]:
+        """Each sample's :class:`Predictor` at ``x``'s structural values (cached), unscaled."""
         key = self.structural(x)
         if key not in self._models:
             if len(self._models) > 32:
@@ -244,7 +248,7 @@ class Problem:
                     for q in self.base.protocols
                 ),
             )
-            self._models[key] = [Predictor(system, params).model for system in self.systems]
+            self._models[key] = [Predictor(system, params) for system in self.systems]
         return self._models[key]
 
     def scale(self, x: np.ndarray) -> Scale:
@@ -260,14 +264,16 @@ class Problem:
     def predict(self, x: np.ndarray) -> list[np.ndarray]:
         scale = self.scale(x)
         out = []
-        for model, s in zip(self.models(x), self.samples, strict=True):
-            pred = Predictor.wrap(ScaledModel(model, scale))
-            t, _ = pred.predict(
+        for predictor, s in zip(self.predictors(x), self.samples, strict=True):
+            # the system's predictor, so each log is predicted as validation predicts it: with
+            # its NCCL release's tables and its tree's up-then-down NICs (Predictor.predict)
+            t, _ = predictor.rescaled(scale).predict(
                 s.log.collective,
                 s.sizes,
                 env=s.env,
                 elem=elem_bytes(s.log),
                 gpus_per_thread=s.log.gpus_per_thread,
+                nccl_version=s.nccl_version,
             )
             out.append(t)
         return out

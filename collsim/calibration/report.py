@@ -31,7 +31,7 @@ import numpy as np
 
 from collsim.calibration.dataset import DatasetEntry, load_index, read_dataset
 from collsim.calibration.fit import Sample
-from collsim.calibration.predict import env_from_notes, topology_for_log
+from collsim.calibration.log_context import env_from_notes, topology_for_log
 from collsim.calibration.report_jobs import Job, RunStats, run_jobs
 from collsim.calibration.report_text import (
     MODES,
@@ -68,7 +68,7 @@ def system_of(name: str) -> str:
 
 
 def subset(s: Sample, mask: np.ndarray) -> Sample:
-    out = Sample(s.log, s.topology, s.env, s.name)
+    out = Sample(s.log, s.topology, s.env, s.name, s.nccl_version)
     out.sizes, out.measured_s = s.sizes[mask], s.measured_s[mask]
     return out
 
@@ -140,7 +140,7 @@ def dataset_samples(directory: str | Path | None = None) -> list[Sample]:
     out = []
     for entry, log in read_dataset(directory):
         topo = topology_for_log(entry.topology, log, **entry.topology_overrides())
-        out.append(Sample(log, topo, env_from_notes(entry.notes), entry.name))
+        out.append(Sample(log, topo, env_from_notes(entry.notes), entry.name, entry.nccl_version))
     return out
 
 

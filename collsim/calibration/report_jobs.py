@@ -33,13 +33,8 @@ import numpy as np
 
 from collsim.calibration.dataset import DATA_DIR, load_index, read_entry
 from collsim.calibration.fit import Sample, fit_samples
-from collsim.calibration.predict import (
-    Predictor,
-    elem_bytes,
-    env_from_notes,
-    topology_for_log,
-    uncalibrated_params,
-)
+from collsim.calibration.log_context import elem_bytes, env_from_notes, topology_for_log
+from collsim.calibration.predict import Predictor, uncalibrated_params
 from collsim.calibration.validate import profile_params
 from collsim.errors import CollsimError
 from collsim.io import atomic_write_text, make_folders
@@ -140,11 +135,11 @@ def load_sample(data_dir: str, name: str) -> Sample:
     e = _entries(data_dir)[name]
     log = read_entry(e)
     topo = topology_for_log(e.topology, log, **e.topology_overrides())
-    return Sample(log, topo, env_from_notes(e.notes), e.name)
+    return Sample(log, topo, env_from_notes(e.notes), e.name, e.nccl_version)
 
 
 def _small(s: Sample) -> Sample:
-    out = Sample(s.log, s.topology, s.env, s.name)
+    out = Sample(s.log, s.topology, s.env, s.name, s.nccl_version)
     keep = s.sizes <= SMALL_BYTES
     out.sizes, out.measured_s = s.sizes[keep], s.measured_s[keep]
     return out
@@ -162,8 +157,7 @@ def run_job(job: Job, data_dir: str) -> dict[str, Any]:
     (s,) = samples
     system = WhatIf(s.topology)  # one system: every model below shares its routes
     out: dict[str, Any] = {}
-    # the release the log names, else the index's (collsim.model.nccl_release)
-    version = s.log.nccl_version or _entries(data_dir)[s.name].nccl_version
+    version = s.nccl_version  # the release the log names, else the index's (as the fit's)
 
     def predict(mode: str, params: Any = None, model: str = "collsim") -> None:
         try:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from collsim.calibration.fit import Sample, check_log
+from collsim.calibration.log_context import topology_for_log
 from collsim.calibration.nccltests import read_logs
-from collsim.calibration.predict import topology_for_log
 from collsim.topology.spec import Topology
 
 

@@ -1,7 +1,7 @@
 """Validating the model against measurements: predicted vs measured per size, and the MAPE.
 
 For every timed out-of-place row (0-byte rows excepted, see
-:func:`~collsim.calibration.predict.measured_points`) the relative error on time is
+:func:`~collsim.calibration.log_context.measured_points`) the relative error on time is
 ``|predicted - measured| / measured``; a log's MAPE is the mean over its rows (the mean absolute
 percentage error of forecasting; Hyndman & Koehler, "Another look at measures of forecast
 accuracy", IJF 2006), and the overall MAPE the mean over logs, so every log counts once whatever
@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from collsim.calibration.fit import Sample, classes_used
-from collsim.calibration.predict import Predictor, elem_bytes, uncalibrated_params
+from collsim.calibration.log_context import elem_bytes
+from collsim.calibration.predict import Predictor, uncalibrated_params
 from collsim.errors import CalibrationError
 from collsim.io import save_figure
 from collsim.metrics import bus_factor
@@ -171,7 +172,7 @@ def validate_samples(
             env=s.env,
             elem=elem_bytes(s.log),
             gpus_per_thread=s.log.gpus_per_thread,
-            nccl_version=s.log.nccl_version or nccl_version,
+            nccl_version=s.nccl_version or nccl_version,
         )
         results.append(compare(s, pred, labels))
     if progress is not None:

@@ -268,7 +268,7 @@ def nccl_env(items: tuple[str, ...]) -> dict[str, str]:
             raise CollsimError(f"{key} is given twice ({key}={out[key]} before)",
                                field="--nccl-env", value=item)  # fmt: skip
         out[key] = value.strip()
-    from collsim.calibration.predict import check_env, unmodelled_env
+    from collsim.calibration.log_context import check_env, unmodelled_env
 
     check_env(out)
     for note in unmodelled_env(out):

@@ -307,7 +307,7 @@ def fit_cmd(
     )  # fmt: skip
     from collsim.calibration.fit import fit_samples
     from collsim.calibration.identify import identified_text
-    from collsim.calibration.predict import gpu_mismatch
+    from collsim.calibration.log_context import gpu_mismatch
 
     for s in samples:
         for note in s.log.incomplete_notes:  # the fit uses the rows that completed

@@ -103,7 +103,8 @@ def validate(
     profile on one scale of LOGS and compares the others uncalibrated and calibrated.
     """
     from collsim.calibration.fit import check_log
-    from collsim.calibration.predict import gpu_mismatch, uncalibrated_params
+    from collsim.calibration.log_context import gpu_mismatch
+    from collsim.calibration.predict import uncalibrated_params
     from collsim.calibration.session import load_samples
     from collsim.calibration.validate import plot_validation, validate_samples
     from collsim.errors import CollsimError

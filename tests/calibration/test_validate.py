@@ -203,8 +203,8 @@ def test_a_log_is_not_modelled_on_other_nodes_than_it_ran_on(tmp_path):
     counts agree: its network was never used (it was modelled there silently, 55% off). A
     template resizes to the log's nodes (as it does for another rank count); a fixed graph
     cannot, which is an error naming the nodes; the flags still decide."""
+    from collsim.calibration.log_context import topology_for_log
     from collsim.calibration.nccltests import read_log
-    from collsim.calibration.predict import topology_for_log
     from collsim.topology.loader import load_topology
 
     log = read_log(AR)
