@@ -59,9 +59,9 @@ def test_the_engine_never_passes_the_bound(name, nodes):
     (p5), an NVSwitch with in-network reduction (dgx-h100), a point-to-point mesh (mi300x),
     shared PCIe without peer-to-peer, and GPUDirect pairs: the discrete-event engine at 4 MiB
     stays under its row's bound, and at 1 GiB a ring across nodes on 16 channels (NCCL's count
-    there) comes within 3% of it (a bound that is not vacuous; 6% on GPUDirect EFA, whose 60 us
-    per network step is pipeline fill the bound leaves out: p5 reaches 0.95). Checked on 20 catalog systems
-    at 64 MiB while building it."""
+    there) comes within 3% of it (a bound that is not vacuous; 6% on GPUDirect EFA, whose
+    60 us per network step is pipeline fill the bound leaves out: p5 reaches 0.95). Checked on
+    20 catalog systems at 64 MiB while building it."""
     whatif = WhatIf(load_topology(name, nodes=nodes))
     bounds = whatif.bounds()
     size = 4 << 20
