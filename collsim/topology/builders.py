@@ -116,10 +116,7 @@ def build_node(parts: Parts, n: int, node: NodeIn, gpus: int, gpu_forwards: bool
     # The NICs go up to a CPU only where its forwarding limit is declared: that limit is all the
     # CPU hop changes, and beside their GPUs the NICs keep the nearest-NIC affinity NCCL uses
     # (on the CPU every NIC would be equally near every GPU).
-    phb = (
-        nics.gpu_path in NIC_PATHS_THROUGH_CPU
-        and getattr(node.intra, "host_p2p_bandwidth", None) is not None
-    )
+    phb = nics.gpu_path in NIC_PATHS_THROUGH_CPU and node.intra.host_p2p_bandwidth is not None
     for grp in range(groups):
         group_gpus = range(grp * gpus // groups, (grp + 1) * gpus // groups)
         group_nics = nic_names[grp * count // groups : (grp + 1) * count // groups]
