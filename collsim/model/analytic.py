@@ -62,6 +62,7 @@ from collsim.model.rings import (
 )
 from collsim.model.system import System
 from collsim.model.trees import Pipeline, double_tree, rooted
+from collsim.nvls import nvls_channels
 from collsim.topology.fabric import TopologyFabric
 from collsim.topology.spec import Topology, with_duplex
 
@@ -349,9 +350,17 @@ class AnalyticModel:
         explicit ``predict`` still times any protocol): LL128 only where
         :func:`collsim.model.nccl.ll128_by_default` says; elsewhere NCCL runs LL and Simple.
         NVLS+tree on two channels at least (``tuning.cc``: "NVLS/NVLStree needs at least 2
-        channels"; one would run one of its two trees only)."""
+        channels"; one would run one of its two trees only), and where NCCL runs NVLS on these
+        GPUs, on no fewer than its NVLS thread blocks across domains: NCCL sizes no NVLS+tree
+        call down, it always runs ``nc = comm->nvlsChannels`` (``src/enqueue.cc``
+        ``topoGetAlgoInfo``, v2.26.2 l.1750, v2.28.7 l.1884; the ring's channel tuning by size
+        is skipped for NVLS and NVLS+tree), 32 on Blackwell (:func:`collsim.nvls.nvls_channels`)."""
         if algorithm == "nvls_tree" and channels < 2:
             return False
+        if algorithm == "nvls_tree":
+            nvls = nvls_channels(self.topology.gpu.model, several_domains=True)
+            if nvls is not None and channels < nvls:
+                return False
         return str(protocol).upper() != "LL128" or self.ll128_default
 
     @cached_property

@@ -124,3 +124,28 @@ def test_two_dgx_h100_at_1gib_by_hand():
     pred = float(w.cost_model("collsim").predict("all_reduce", "nvls_tree", [size], channels=8)[0])
     for t in (sim.time_s, pred):
         assert nvlink_s <= t <= nvlink_s * (1 + 3 / 32)
+
+
+def test_nvls_tree_runs_on_nccls_nvls_channels_only():
+    """NCCL never sizes an NVLS+tree call down: ``topoGetAlgoInfo`` sets ``nc =
+    comm->nvlsChannels`` (src/enqueue.cc, v2.26-v2.28), 32 on Blackwell across NVLink domains,
+    16 on Hopper; the tuner offers no fewer (it had picked 8 on 32 GB300 trays at 64 MiB-2 GiB,
+    12-27% faster than the log)."""
+    gb = WhatIf(load_topology("gb300-nvl72", nodes=20)).cost_model("collsim")
+    assert not gb.enabled("all_reduce", "nvls_tree", "Simple", 8)
+    assert gb.enabled("all_reduce", "nvls_tree", "Simple", 32)
+    h100 = WhatIf(load_topology("dgx-h100", nodes=2)).cost_model("collsim")
+    assert not h100.enabled("all_reduce", "nvls_tree", "Simple", 8)
+    assert h100.enabled("all_reduce", "nvls_tree", "Simple", 16)
+
+
+def test_validate_on_two_gb300_racks_runs_nvls_tree_on_32_channels_at_every_size():
+    log = (
+        Path(__file__).parents[2]
+        / "data/nccl-tests/logs/gb300-oci-nvl72-roce8x400-32n-all_reduce-1.txt"
+    )
+    res = CliRunner().invoke(cli, ["validate", "-t", "gb300-nvl72", "--nodes", "32", str(log)])
+    assert res.exit_code == 0, res.output
+    rows = [ln.split() for ln in res.output.splitlines() if ln.strip() and not ln.startswith("#")]
+    assert len(rows) == 16
+    assert {r[-1] for r in rows} == {"nvls_tree/Simple/32ch"}
