@@ -309,7 +309,9 @@ def _routes(prep: Prepared, schedule: Schedule, fabric: Fabric, protocol: Protoc
         kinds = _route_kind(link_kind, prep.route_ptr, prep.route_links)
         transport = _transport_overhead(fabric, protocol, prep.route_ptr, prep.route_links)
         prep.route_latency_s = step_latency_s(route_lat, protocol.hop_latency(kinds), transport)
-        meta = {**schedule.meta, "both_ways": schedule.copies_both_ways()}
+        # Only a fabric with host-staged classes asks (a sort of the transfers' ranks).
+        both = bool(getattr(fabric, "host_staged", ())) and schedule.copies_both_ways()
+        meta = {**schedule.meta, "both_ways": both}
         ceiling = channel_ceiling(fabric, protocol, meta)
         if ceiling is not None:
             prep.route_ceiling = ceiling[kinds]
