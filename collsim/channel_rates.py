@@ -36,6 +36,27 @@ operations (send/recv, all-to-all) over the network get at most ``P2P_PER_CHANNE
 14 GB/s per channel (``src/graph/paths.cc``: the figure NCCL sizes its channels per network
 peer by, ``max(NICs, ceil(NIC GB/s / 14))``). Non-NVIDIA accelerators (AMD, Intel Gaudi, TPU,
 CPU processes) have no NCCL channels and no ceiling.
+
+**Host-staged copies.** Where NCCL cannot let one GPU write into another's memory (no PCIe
+peer-to-peer) it falls back to its SHM transport (``src/transport/shm.cc``): the buffers are in
+pinned host memory, and by default (``direct``; the copy engine only with
+``NCCL_SHM_USE_CUDA_MEMCPY=1``, shm.cc v2.18) a channel's thread block stores each chunk it
+sends into the receiver's host buffer across PCIe, and the receiver's block loads it out of
+there. A block that only receives (or only sends) moves data at the link's pace: the 2-GPU
+no-P2P broadcast and reduce logs reach 11.1 GB/s on 2 channels over a Gen3 x16 link (0.70 of
+it), which the link already gives. A block that receives *and* sends each step (a ring, a
+tree, all-to-all, any rank of a chain that passes data on) alternates a PCIe read of the
+received chunk, which waits a round trip to host memory, with stores of the outgoing chunk
+across the same link and, before posting each step, a system-scope fence that waits for them
+(``prims_simple.h`` ``postPeer``: ``fence_acq_rel_sys()`` when data was stored, v2.18). Its
+rate is then neither link's: :data:`HOST_STAGED_GBPS` per channel, each way. That figure is
+**measured across logs**, not derived: per channel and direction at >= 256 MiB, RTX 2080 Ti
+pair without P2P (PCIe Gen3) all_reduce 2.00, all_gather 1.90, alltoall 2.30, and an RTX 4090
+pair on different root ports (Gen4; rtx4090-kalavai-2gpu-all_reduce-2) 1.91: median 1.95,
+entered as 2.0. It is the same on a Gen3 and a Gen4 link, as a latency-bound copy loop's rate
+would be and a link's would not. It is not applied to networks without GPUDirect RDMA: the one
+such log (a100pcie-ib-2n1g-nogdr, A100) moves 12.6 GB/s on 2 channels up to 470 MB and
+5.5 GB/s from 556 MB on, which no per-channel figure explains.
 """
 
 from __future__ import annotations
@@ -52,6 +73,9 @@ LL128_GBPS = {"volta": 20.0, "ampere": 20.0, "hopper": 36.7, "blackwell": 40.0}
 """Payload GB/s of one LL128 channel (``tuning.cc`` ``perChMaxRingLL128Bws``, column N1)."""
 LL_SHARE = 0.5
 """An LL channel's payload rate relative to Simple's (``tuning.cc``: ring LL ``busBw * .5``)."""
+HOST_STAGED_GBPS = 2.0
+"""Payload GB/s of one channel that both receives and sends through host memory, each way
+(measured across four logs of two systems; see the module doc)."""
 P2P_NET_GBPS = 14.0
 """Payload GB/s of one point-to-point channel over the network (``paths.cc``
 ``P2P_PER_CHANNEL_NET_BW``)."""
@@ -84,10 +108,19 @@ def generation(compute_capability: int) -> str:
 
 
 def channel_payload_bytes_per_s(
-    gpu_model: str, protocol: str, *, point_to_point: bool = False
+    gpu_model: str,
+    protocol: str,
+    *,
+    point_to_point: bool = False,
+    host_staged: tuple[int, ...] = (),
+    flows_per_channel: int = 1,
 ) -> np.ndarray | None:
     """Payload bytes/s one channel moves, per NCCL link class ``(nvlink, pci, net)`` (see the
-    module doc); ``None`` where the GPU has no NCCL channels (no ceiling)."""
+    module doc); ``None`` where the GPU has no NCCL channels (no ceiling). ``host_staged``: the
+    classes whose flows a channel copies both ways through host memory, held to
+    :data:`HOST_STAGED_GBPS` (half that for LL, whose lines carry half data), split over the
+    ``flows_per_channel`` concurrent flows one channel's thread block drives each way (a tree
+    all-reduce's: its child's and its parent's, on each of its two trees)."""
     cc = nvidia_compute_capability(gpu_model)
     if cc is None:
         return None
@@ -102,4 +135,7 @@ def channel_payload_bytes_per_s(
     rates = np.full(3, per * GB)
     if point_to_point:
         rates[HW_NET] = min(per, P2P_NET_GBPS) * GB
+    staged = HOST_STAGED_GBPS * (LL_SHARE if name == "ll" else 1.0) * GB / flows_per_channel
+    for cls in host_staged:
+        rates[cls] = min(rates[cls], staged)
     return rates

@@ -173,6 +173,15 @@ class Schedule:
         """Transfers between different ranks (local copies are not counted)."""
         return int(np.count_nonzero(self._network_mask()))
 
+    def copies_both_ways(self) -> bool:
+        """Whether some rank both sends to and receives from other ranks (every rank of a ring
+        or an all-to-all, a tree's inner ranks, a chain's middle; not a 2-rank broadcast or a
+        direct one). A channel staged through host memory copies slower where it does
+        (:mod:`collsim.channel_rates`, host-staged copies)."""
+        mask = self._network_mask()
+        a = self.arrays
+        return bool(np.intersect1d(a["src"][mask], a["dst"][mask]).size)
+
 
 class ScheduleBuilder:
     """Accumulates operations, one at a time or in numpy batches; ``build`` freezes a Schedule.

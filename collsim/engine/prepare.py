@@ -157,19 +157,36 @@ def validate(schedule: Schedule, fabric: Fabric) -> None:
             _check_ranks(np.asarray(schedule.groups[g], dtype=np.int64), schedule.nranks, "group")
 
 
+def flows_per_channel(meta: dict) -> int:
+    """Concurrent flows one channel's thread block drives into (and out of) a rank: a tree
+    all-reduce (``meta["trees"]``, two per channel) receives from its child and its parent at
+    once, reduce and broadcast overlapping, on each tree; every other schedule one."""
+    trees = int(meta.get("trees", 0))
+    return 2 * trees if trees else 1
+
+
 def channel_ceiling(
     fabric: Fabric, protocol: Protocol, meta: dict | None = None
 ) -> np.ndarray | None:
     """Wire bytes/s a transfer's flow may reach, per link class (nvlink, pci, net): what one
     NCCL channel of ``protocol`` moves (the fabric's ``channel_payload_bytes_per_s``, point to
-    point where the schedule's ``meta`` says so) times the channels the transfer stands for
-    (``meta["channels_per_transfer"]``, 1 by default), over the protocol's payload fraction.
+    point where the schedule's ``meta`` says so; ``meta["both_ways"]``: its ranks send and
+    receive at once, which slows channels staged through host memory, shared by the block's
+    :func:`flows_per_channel`) times the channels the
+    transfer stands for (``meta["channels_per_transfer"]``, 1 by default), over the protocol's
+    payload fraction.
     ``None`` where the fabric has no ceiling. The analytic model caps its flows with the same."""
     meta = meta or {}
     per_channel = getattr(fabric, "channel_payload_bytes_per_s", None)
-    rates = (
-        per_channel(protocol.name, bool(meta.get("point_to_point", False))) if per_channel else None
-    )
+    p2p = bool(meta.get("point_to_point", False))
+    if per_channel is None:
+        rates = None
+    elif meta.get("both_ways"):  # host-staged classes copy slower (channel_rates)
+        rates = per_channel(
+            protocol.name, p2p, both_ways=True, flows_per_channel=flows_per_channel(meta)
+        )
+    else:
+        rates = per_channel(protocol.name, p2p)
     if rates is None:
         return None
     width = float(meta.get("channels_per_transfer", 1.0))
@@ -292,7 +309,10 @@ def _routes(prep: Prepared, schedule: Schedule, fabric: Fabric, protocol: Protoc
         kinds = _route_kind(link_kind, prep.route_ptr, prep.route_links)
         transport = _transport_overhead(fabric, protocol, prep.route_ptr, prep.route_links)
         prep.route_latency_s = step_latency_s(route_lat, protocol.hop_latency(kinds), transport)
-        ceiling = channel_ceiling(fabric, protocol, schedule.meta)
+        # Only a fabric with host-staged classes asks (a sort of the transfers' ranks).
+        both = bool(getattr(fabric, "host_staged", ())) and schedule.copies_both_ways()
+        meta = {**schedule.meta, "both_ways": both}
+        ceiling = channel_ceiling(fabric, protocol, meta)
         if ceiling is not None:
             prep.route_ceiling = ceiling[kinds]
         prep.route = prep.route.astype(int_dtype(-1, keys.size, np.int32))

@@ -34,7 +34,7 @@ from functools import cached_property
 import numpy as np
 
 from collsim.collectives.crossnode import head_ranks
-from collsim.collectives.registry import algorithms_for, needs_in_network
+from collsim.collectives.registry import algorithms_for, build_schedule, needs_in_network
 from collsim.collectives.verify import COLLECTIVES
 from collsim.errors import ScheduleError
 from collsim.metrics import effective_bytes
@@ -157,6 +157,7 @@ class AnalyticModel:
         self._loads: dict[tuple[str, str, str, int], Lines] = {}  # load_lines without structure
         self._shares: dict[bytes, tuple[np.ndarray, ...]] = {}  # flow shares, across protocols
         self._nccl_channels: NcclChannels | None = None
+        self._both: dict[tuple[str, str], tuple[bool, int]] = {}  # see _both_ways
 
     @property
     def description(self) -> str:
@@ -185,7 +186,10 @@ class AnalyticModel:
         if hit is not None:
             return hit
         self._check(collective, algorithm)
-        costs = FlowCosts(self.fabric, self.params, proto, self._shares)
+        both, trees = self._both_ways(collective, algorithm)
+        costs = FlowCosts(
+            self.fabric, self.params, proto, self._shares, both_ways=both, trees=trees
+        )
         oracle = self._oracle(costs, collective, algorithm, channels)
         pipeline = oracle if isinstance(oracle, Pipeline) else None
         path = pipeline.fill if pipeline is not None else discover(oracle)
@@ -198,6 +202,23 @@ class AnalyticModel:
         )
         self._cache[key] = found
         return found
+
+    def _both_ways(self, collective: str, algorithm: str) -> tuple[bool, int]:
+        """Whether the algorithm's ranks send and receive at once, and the concurrent trees of
+        one channel, as the engine reads them off the schedule (``Schedule.copies_both_ways``,
+        ``meta["trees"]``); asked only where some link class is staged through host memory
+        (``TopologyFabric.host_staged``), the only place they change a ceiling. The schedule
+        is built once, at one element per rank pair."""
+        if not getattr(self.fabric, "host_staged", ()):
+            return False, 0
+        key = (collective, algorithm)
+        if key not in self._both:
+            schedule = build_schedule(
+                collective, algorithm, nranks=self.nranks, count=self.nranks * self.nranks,
+                layout=self.layout,
+            )  # fmt: skip
+            self._both[key] = (schedule.copies_both_ways(), int(schedule.meta.get("trees", 0)))
+        return self._both[key]
 
     def _serial_chunks(self, collective: str, algorithm: str) -> SerialChunks | None:
         """The chunk round trips of an NVLS or NVLS+tree all-reduce here (None where there
@@ -241,7 +262,10 @@ class AnalyticModel:
         found = self._loads.get(key)
         if found is None:
             self._check(collective, algorithm)
-            costs = FlowCosts(self.fabric, self.params, proto, self._shares)
+            both, trees = self._both_ways(collective, algorithm)
+            costs = FlowCosts(
+                self.fabric, self.params, proto, self._shares, both_ways=both, trees=trees
+            )
             self._oracle(costs, collective, algorithm, channels)
             found = upper_envelope(*costs.load_lines())
             self._loads[key] = found

@@ -228,6 +228,8 @@ class FlowCosts:
         params: ModelParams,
         protocol: ProtocolParams,
         cache: dict[bytes, tuple[np.ndarray, ...]] | None = None,
+        both_ways: bool = False,
+        trees: int = 0,
     ) -> None:
         self.fabric = fabric
         self.cache = {} if cache is None else cache
@@ -264,11 +266,16 @@ class FlowCosts:
         )
         self.load_s_per_byte = np.zeros(kind.shape[0])
         self.load_lat_s = np.full(kind.shape[0], np.inf)
-        self.ceiling = {p2p: _scaled(channel_ceiling(fabric, protocol, {"point_to_point": p2p}),
+        self.ceiling = {p2p: _scaled(channel_ceiling(fabric, protocol, {"point_to_point": p2p,
+                                                                        "both_ways": both_ways,
+                                                                        "trees": trees}),
                                      params.channel_efficiency)
                         for p2p in (False, True)}  # fmt: skip
         """Wire bytes/s one channel's flow may reach per link class, for collectives and for
-        point-to-point operations (``None``: no ceiling), as the engine caps its flows."""
+        point-to-point operations (``None``: no ceiling), as the engine caps its flows;
+        ``both_ways``: the schedule's ranks send and receive at once (the engine's
+        ``Schedule.copies_both_ways``), which slows host-staged channels, shared by the flows
+        of a channel's ``trees`` (the schedule's ``meta["trees"]``; ``flows_per_channel``)."""
         self.ceiling_lines: list[tuple[float, float]] = []
         """Per wave, the flow whose bytes take longest at its ceiling: ``(latency, s per byte)``,
         a bound beside the links' (one channel's flow moves at most its channel's rate)."""

@@ -290,6 +290,8 @@ def to_explicit_yaml(topo: Topology) -> str:
     }
     if topo.routing is not None:
         doc["routing"] = topo.routing
+    if not topo.gpu_p2p:
+        doc["gpu_p2p"] = False
     if topo.shared:
         doc["shared"] = [
             {

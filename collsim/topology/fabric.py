@@ -32,6 +32,13 @@ _HW_CLASS = {
 """NCCL's latency classes: GPU-to-GPU fabrics count as NVLink, host links as PCI, the rest NET."""
 
 
+def host_staged_classes(network: Network) -> tuple[int, ...]:
+    """NCCL link classes whose GPU-to-GPU traffic goes through host memory here: PCI on nodes
+    without GPU peer-to-peer (``Topology.gpu_p2p`` false: NCCL's SHM transport); none
+    elsewhere."""
+    return () if network.topology.gpu_p2p else (HW_PCI,)
+
+
 def _transport_costs(network: Network) -> tuple[np.ndarray, np.ndarray]:
     """Capacity per link with each cable at a NIC scaled by its transport's attainable
     fraction, and the (3, links) per-step transport overhead of cables at a NIC (0 elsewhere:
@@ -78,16 +85,30 @@ class TopologyFabric:
         self.reduce_bytes_per_s = memory / 3.0
         self.copy_bytes_per_s = memory / 2.0
         self._reducer: dict[tuple[int, ...], int] = {}
+        self.host_staged = host_staged_classes(network)
+        """Link classes whose traffic NCCL stages through host memory here (see
+        :func:`host_staged_classes`): a channel copying both ways over them is held to
+        :data:`collsim.channel_rates.HOST_STAGED_GBPS`."""
         self.couplings = network.couplings
         """Shared capacities of cables short of full duplex: (link, direction, direction) ids."""
 
     def channel_payload_bytes_per_s(
-        self, protocol: str, point_to_point: bool = False
+        self,
+        protocol: str,
+        point_to_point: bool = False,
+        both_ways: bool = False,
+        flows_per_channel: int = 1,
     ) -> np.ndarray | None:
         """Payload bytes/s one NCCL channel of ``protocol`` moves per link class (nvlink, pci,
-        net) on this system's GPUs (:mod:`collsim.channel_rates`); ``None``: no ceiling."""
+        net) on this system's GPUs (:mod:`collsim.channel_rates`); ``None``: no ceiling.
+        ``both_ways``: the collective's ranks receive and send at once, so host-staged classes
+        take the host-staged copy rate, shared by a channel's ``flows_per_channel`` flows."""
         return channel_payload_bytes_per_s(
-            self.network.topology.gpu.model, protocol, point_to_point=point_to_point
+            self.network.topology.gpu.model,
+            protocol,
+            point_to_point=point_to_point,
+            host_staged=self.host_staged if both_ways else (),
+            flows_per_channel=flows_per_channel,
         )
 
     def route(self, src_rank: int, dst_rank: int) -> Route:

@@ -273,7 +273,7 @@ def _from_template(
         fabric_words += f" ({nic.count_for(gpus)}x{nic.link.kind})"
     intra_words = spec.node.intra.kind
     if spec.node.intra.kind == "pcie" and not spec.node.intra.p2p:
-        intra_words += " (no P2P)"
+        intra_words += " (no P2P: SHM through host memory)"
     if domain is not None:
         intra_words = (
             f"nvlink_domain ({domain.nodes} nodes, {domain.switch_trays} switch trays x "
@@ -287,6 +287,7 @@ def _from_template(
         shared=tuple(parts.shared),
         transport=(nic.transport or "") if nic is not None else "",
         nic_gpu_path=nic.gpu_path if nic is not None else "pix",
+        gpu_p2p=not (spec.node.intra.kind == "pcie" and not spec.node.intra.p2p),
         nodes=n_nodes,
         gpus_per_node=gpus,
         description=spec.description,
@@ -395,6 +396,7 @@ def _from_explicit(spec: ExplicitIn, file: str | None) -> Topology:
         default_nodes=len(node_ids),
         sources=_sources(spec),
         routing=spec.routing,
+        gpu_p2p=spec.gpu_p2p,
     )
 
 

@@ -438,4 +438,7 @@ class ExplicitIn(Strict):
     shared: list[SharedIn] = []
     routing: Routing | None = None
     """How the switches (devices of kind ``switch``) spread traffic; none given: by link kind."""
+    gpu_p2p: bool = True
+    """False: the GPUs cannot reach each other's memory, so NCCL stages their traffic through
+    host memory (its SHM transport); see ``node.intra.p2p`` of a template."""
     faults: tuple[FaultIn, ...] = ()

@@ -199,6 +199,11 @@ class Topology:
     transport: str = ""
     """The scale-out NICs' net transport (``node.nics.transport``, a key of
     :data:`collsim.transports.TRANSPORTS`); empty: the default for the NICs' link kind."""
+    gpu_p2p: bool = True
+    """Whether the GPUs of a node reach each other's memory (PCIe or NVLink peer-to-peer); False
+    for a PCIe node without P2P (``intra.p2p: false``, an explicit graph's ``gpu_p2p: false``),
+    where NCCL stages their traffic through host memory (its SHM transport) and a channel that
+    copies both ways runs at :data:`collsim.channel_rates.HOST_STAGED_GBPS`."""
     nic_gpu_path: str = "pix"
     """The PCIe path from a GPU to its nearest NIC (``node.nics.gpu_path``: ``pix``, ``pxb``,
     ``phb``, ``node`` or ``sys``, as ``nvidia-smi topo -m`` prints it); NCCL's LL128 across nodes

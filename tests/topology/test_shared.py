@@ -29,14 +29,17 @@ def box(gpus: int = 2, switches: int = 1, p2p: bool = False):
     return topology_from_dict(doc)
 
 
-def busbw_gbps(topo, collective, algorithm, engine):
+def busbw_gbps(topo, collective, algorithm, engine, channels=8):
+    """On 8 channels by default: a channel copying both ways through host memory moves 2 GB/s
+    (collsim.channel_rates, host-staged copies), so 8 leave the uplink the limit."""
     size = 256 * MIB
     if engine == "analytic":
-        t = AnalyticModel(topo).predict(collective, algorithm, np.array([size]))[0]
+        model = AnalyticModel(topo)
+        t = model.predict(collective, algorithm, np.array([size]), channels=channels)[0]
     else:
         w = WhatIf(topo)
         sched = build_schedule(collective, algorithm, nranks=topo.n_gpus, count=size // 4,
-                               layout=w.layout)  # fmt: skip
+                               layout=w.layout, channels=channels)  # fmt: skip
         t = simulate(sched, w.fabric).time_s
     n = topo.n_gpus
     factor = {"all_reduce": 2 * (n - 1) / n}.get(collective, 1.0)
