@@ -96,3 +96,12 @@ def test_simulate_names_the_proxy_as_the_alltoall_bottleneck() -> None:
     out = CliRunner().invoke(cli, args.split())
     assert out.exit_code == 0, out.output
     assert ".proxy" in out.output
+
+
+def test_topo_show_prints_the_proxy_cost_where_the_transport_has_one() -> None:
+    out = CliRunner().invoke(cli, ["topo", "show", "polaris", "--nodes", "2"])
+    assert out.exit_code == 0, out.output
+    assert "point to point 13.7 us per 128 KiB message on each GPU's proxy" in out.output
+    out = CliRunner().invoke(cli, ["topo", "show", "dgx-h100", "--nodes", "2"])
+    assert out.exit_code == 0, out.output
+    assert "per 128 KiB message" not in out.output
