@@ -49,13 +49,16 @@ engines make it a capacity of its own per GPU (a link every network point-to-poi
 that GPU crosses, at its sender and at its receiver, shared max-min; ``TopologyFabric``), and
 every such transfer waits one message's proxy time before its first byte moves (the critical
 path part, added to its step latency). Collectives' network steps (512 KiB, ``BUFFSIZE / 8``)
-are left as they were: the figures below come from point-to-point logs only. 0 (no limit) where
-no source or log gives a figure: verbs (IB, RoCE), EFA, sockets.
+are left as they were: the figures come from point-to-point logs only. Only ``cxi_swmatch``
+(Slingshot run with the provider's software receive matching, as on ALCF Polaris) has one; 0
+(no limit) where no source or log gives a figure: verbs (IB, RoCE), EFA, sockets, and CXI with
+the default hardware matching (GH200 Slingshot nodes reach ~24 GB/s point to point a GPU,
+NVIDIA/nccl#1272).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -189,16 +192,7 @@ TRANSPORTS: dict[str, Transport] = {
             "mean error at <= 1 MiB: 20 us (grid 0-30 by 5); the tree's all_reduce alone would "
             "take ~10 us, the ring's all_gather ~25 us, the same at 2 and 8 nodes. Busbw tops out "
             "at 36.5 GB/s = 0.73 of two 200 Gb/s NICs for all_reduce and all_gather at 2, 8, 256 "
-            "and 540 nodes. Proxy: 13.7 us per 128 KiB point-to-point message (a send or a "
-            "receive), measured across the Polaris alltoall logs at 2 and 8 nodes, where each "
-            "GPU's network sends and receives together move 9.68 / 9.72 GB/s (2 nodes, 1 GiB / "
-            "512 MiB: 13.5 us a message) and 9.43 / 9.31 (8 nodes: 13.9 / 14.1 us), the per-NIC "
-            "rate ~9.5 GB/s a direction at every scale where the same NICs carry 18.25 for the "
-            "ring collectives (the libfabric cxi provider with FI_CXI_RX_MATCH_MODE=software "
-            "matches every receive on the host, alcf-nccl-tests setup 5). No source gives the "
-            "provider's per-message time; the 256-node log (15.0 us if the proxy bound it) is "
-            "bound by the dragonfly's global links in collsim",
-            proxy_message_us=13.7,
+            "and 540 nodes",
         ),
         Transport(
             "tcpxo",
@@ -221,6 +215,23 @@ TRANSPORTS: dict[str, Transport] = {
     )
 }
 """Every transport collsim knows, by the name a topology's ``node.nics.transport`` gives."""
+
+TRANSPORTS["cxi_swmatch"] = replace(
+    TRANSPORTS["cxi"],
+    name="cxi_swmatch",
+    source=TRANSPORTS["cxi"].source
+    + ". cxi_swmatch: the same, run with FI_CXI_RX_MATCH_MODE=software (the provider matches "
+    "every receive on the host; alcf-nccl-tests setup 5, ALCF Polaris), where the proxy sets "
+    "the point-to-point rate: 13.7 us per 128 KiB message (a send or a receive), measured "
+    "across the Polaris alltoall logs at 2 and 8 nodes, where each GPU's network sends and "
+    "receives together move 9.68 / 9.72 GB/s (2 nodes, 1 GiB / 512 MiB: 13.5 us a message) "
+    "and 9.43 / 9.31 (8 nodes: 13.9 / 14.1 us), ~9.5 GB/s a NIC a direction at every scale "
+    "where the same NICs carry 18.25 for the ring collectives. No source gives the provider's "
+    "per-message time. Not on plain cxi: GH200 nodes on Slingshot 11 (one NIC a GPU, "
+    "NVIDIA/nccl#1272) reach 24.2 GB/s sendrecv busbw a GPU with 2-4 channels a peer, "
+    "2.5 times what 13.7 us a message allows",
+    proxy_message_us=13.7,
+)
 
 DEFAULT_TRANSPORT: dict[str, str] = {
     "infiniband": "ib_verbs",
