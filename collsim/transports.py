@@ -34,15 +34,39 @@ transport tops out (each figure says which logs).
 
 The transport of a NIC is its ``node.nics.transport`` in the topology file, else the default for
 its link kind (:data:`DEFAULT_TRANSPORT`). Intra-node link kinds have none.
+
+**The proxy's message rate for point to point.** NCCL moves a send or receive over the network
+in chunks of ``NCCL_P2P_NET_CHUNKSIZE`` (128 KiB by default, ``src/init.cc``
+``computeBuffSizes``: ``p2pChunkSize`` on more than one node; ``src/proxy.cc``
+``ncclProxyComputeP2p``: one network message per step of that size), and one proxy thread per
+GPU progresses every channel and peer of that GPU, sends and receives alike, one message after
+another (``src/transport/net.cc`` ``sendProxyProgress``/``recvProxyProgress``: ``isend``/``irecv``
+and ``test`` per step). Where the plugin's per-message work is large the thread, not the NIC,
+sets the rate: :attr:`Transport.proxy_message_us` is that time per message, so each GPU's
+proxy moves at most ``P2P_NET_CHUNK_BYTES / proxy_message_us`` bytes/s of point-to-point
+traffic, its network sends and receives together (:attr:`Transport.proxy_bytes_per_s`). Both
+engines make it a capacity of its own per GPU (a link every network point-to-point flow of
+that GPU crosses, at its sender and at its receiver, shared max-min; ``TopologyFabric``), and
+every such transfer waits one message's proxy time before its first byte moves (the critical
+path part, added to its step latency). Collectives' network steps (512 KiB, ``BUFFSIZE / 8``)
+are left as they were: the figures come from point-to-point logs only. Only ``cxi_swmatch``
+(Slingshot run with the provider's software receive matching, as on ALCF Polaris) has one; 0
+(no limit) where no source or log gives a figure: verbs (IB, RoCE), EFA, sockets, and CXI with
+the default hardware matching (GH200 Slingshot nodes reach ~24 GB/s point to point a GPU,
+NVIDIA/nccl#1272).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 _US = 1e-6
+
+P2P_NET_CHUNK_BYTES = 128 * 1024
+"""NCCL's point-to-point network chunk, ``NCCL_P2P_NET_CHUNKSIZE`` (``src/init.cc``, 1 << 17, the
+same from v2.12 to v2.29): one proxy message per chunk."""
 
 PROTOCOL_INDEX = {"ll": 0, "ll128": 1, "simple": 2}
 """Row of :attr:`Transport.step_overhead_s` for each protocol name (lower case)."""
@@ -66,6 +90,17 @@ class Transport:
     needs several connections at once to fill; what that costs NCCL's tree all-reduce, whose
     releases differ in how many they run at once, is
     :func:`collsim.model.nccl_release.tree_nic_share`."""
+    proxy_message_us: float = 0.0
+    """The proxy thread's time per point-to-point network message (a send or a receive of one
+    ``P2P_NET_CHUNK_BYTES`` chunk), us; 0: the proxy sets no limit (see the module doc)."""
+
+    @property
+    def proxy_bytes_per_s(self) -> float:
+        """Point-to-point bytes/s one GPU's proxy moves, sends and receives together; ``inf``
+        where the transport has no per-message figure."""
+        if self.proxy_message_us <= 0:
+            return float("inf")
+        return P2P_NET_CHUNK_BYTES / (self.proxy_message_us * _US)
 
     @property
     def step_overhead_s(self) -> tuple[float, float, float]:
@@ -181,6 +216,23 @@ TRANSPORTS: dict[str, Transport] = {
 }
 """Every transport collsim knows, by the name a topology's ``node.nics.transport`` gives."""
 
+TRANSPORTS["cxi_swmatch"] = replace(
+    TRANSPORTS["cxi"],
+    name="cxi_swmatch",
+    source=TRANSPORTS["cxi"].source
+    + ". cxi_swmatch: the same, run with FI_CXI_RX_MATCH_MODE=software (the provider matches "
+    "every receive on the host; alcf-nccl-tests setup 5, ALCF Polaris), where the proxy sets "
+    "the point-to-point rate: 13.7 us per 128 KiB message (a send or a receive), measured "
+    "across the Polaris alltoall logs at 2 and 8 nodes, where each GPU's network sends and "
+    "receives together move 9.68 / 9.72 GB/s (2 nodes, 1 GiB / 512 MiB: 13.5 us a message) "
+    "and 9.43 / 9.31 (8 nodes: 13.9 / 14.1 us), ~9.5 GB/s a NIC a direction at every scale "
+    "where the same NICs carry 18.25 for the ring collectives. No source gives the provider's "
+    "per-message time. Not on plain cxi: GH200 nodes on Slingshot 11 (one NIC a GPU, "
+    "NVIDIA/nccl#1272) reach 24.2 GB/s sendrecv busbw a GPU with 2-4 channels a peer, "
+    "2.5 times what 13.7 us a message allows",
+    proxy_message_us=13.7,
+)
+
 DEFAULT_TRANSPORT: dict[str, str] = {
     "infiniband": "ib_verbs",
     "roce": "ib_verbs",
@@ -212,3 +264,27 @@ def route_overhead_s(per_link_s: np.ndarray, ptr: np.ndarray, links: np.ndarray)
             per_link_s[np.asarray(links, dtype=np.int64)], np.asarray(ptr)[:-1][nonempty]
         )
     return out
+
+
+def append_links(
+    ptr: np.ndarray, links: np.ndarray, extra: np.ndarray, values: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """CSR rows ``(ptr, links)`` with row ``i``'s ``extra[i]`` link ids (``-1``: none) added
+    after its own: how both engines put a point-to-point flow through its GPUs' proxies.
+    ``values`` (shaped as ``extra``): what to add in their place (a per-link figure of the rows,
+    such as a route's share), in ``links``' dtype."""
+    ptr = np.asarray(ptr, dtype=np.int64)
+    links = np.asarray(links)
+    extra = np.asarray(extra, dtype=np.int64).reshape(ptr.shape[0] - 1, -1)
+    n = extra.shape[0]
+    old = np.diff(ptr)
+    keep = extra >= 0
+    out = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(old + keep.sum(axis=1), out=out[1:])
+    merged = np.empty(int(out[-1]), dtype=links.dtype)
+    pos_old = np.repeat(out[:-1], old) + (np.arange(links.shape[0]) - np.repeat(ptr[:-1], old))
+    merged[pos_old] = links
+    pos_new = (out[:-1] + old)[:, None] + np.cumsum(keep, axis=1) - 1
+    new = extra if values is None else np.asarray(values).reshape(extra.shape)
+    merged[pos_new[keep]] = new[keep]
+    return out, merged

@@ -54,6 +54,10 @@ class Fabric(typing.Protocol):
       one NCCL channel moves per link class ``(nvlink, pci, net)``, or ``None``; each flow's
       rate is then capped at it (times the channels the transfer stands for, see
       :func:`collsim.engine.prepare.channel_ceiling`). A fabric without it has no ceiling.
+    * ``proxy_links(src, dst, ptr, links)`` (optional): for point-to-point transfers over those
+      routes, the extra link ids each crosses (``(n, k)``, ``-1`` none: its GPUs' network
+      proxies, a per-GPU message-rate capacity among the fabric's links) and the seconds each
+      adds to its step latency; ``None`` where there are none (``TopologyFabric.proxy_links``).
     """
 
     nranks: int

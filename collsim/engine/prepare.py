@@ -31,7 +31,7 @@ from collsim.engine.skew import check_rank_slowdown, check_rank_start, op_releas
 from collsim.errors import ScheduleError
 from collsim.nvls import NVLS_LATENCY_S
 from collsim.protocols import Protocol, step_latency_s
-from collsim.transports import PROTOCOL_INDEX, route_overhead_s
+from collsim.transports import PROTOCOL_INDEX, append_links, route_overhead_s
 
 # Operation classes, as the replay dispatches them.
 NET, COPY, LOCAL_REDUCE, IN_NETWORK = 0, 1, 2, 3
@@ -308,6 +308,8 @@ def _routes(prep: Prepared, schedule: Schedule, fabric: Fabric, protocol: Protoc
         prep.route_links = np.asarray(route_links, dtype=np.int64)
         kinds = _route_kind(link_kind, prep.route_ptr, prep.route_links)
         transport = _transport_overhead(fabric, protocol, prep.route_ptr, prep.route_links)
+        if schedule.meta.get("point_to_point", False):
+            transport = transport + _through_proxies(prep, fabric, keys // nranks, keys % nranks)
         prep.route_latency_s = step_latency_s(route_lat, protocol.hop_latency(kinds), transport)
         # Only a fabric with host-staged classes asks (a sort of the transfers' ranks).
         both = bool(getattr(fabric, "host_staged", ())) and schedule.copies_both_ways()
@@ -342,6 +344,29 @@ def _routes(prep: Prepared, schedule: Schedule, fabric: Fabric, protocol: Protoc
         traffic = getattr(fabric, "in_network_traffic", None)
         if traffic is not None:
             prep.in_network_traffic[int(op)] = float(traffic(srcs, dsts))
+
+
+def _through_proxies(
+    prep: Prepared, fabric: Fabric, src: np.ndarray, dst: np.ndarray
+) -> np.ndarray | float:
+    """Put each point-to-point route (and each of its paths) through its sender's and its
+    receiver's proxy links (the fabric's ``proxy_links``: a per-GPU message-rate capacity,
+    :mod:`collsim.transports`); the proxy's per-message time each route adds to its latency."""
+    proxy_links = getattr(fabric, "proxy_links", None)
+    found = None if proxy_links is None else proxy_links(src, dst, prep.route_ptr, prep.route_links)
+    if found is None:
+        return 0.0
+    extra, message_s = found
+    if prep.path_ptr is not None:  # every path of a pair crosses the pair's proxies
+        owner = np.repeat(np.arange(extra.shape[0]), np.diff(prep.path_ptr))
+        prep.path_link_ptr, prep.path_links = append_links(
+            prep.path_link_ptr, prep.path_links, extra[owner]
+        )
+        _, prep.route_share = append_links(
+            prep.route_ptr, prep.route_share, extra, np.ones(extra.shape)
+        )
+    prep.route_ptr, prep.route_links = append_links(prep.route_ptr, prep.route_links, extra)
+    return message_s
 
 
 def _paths(

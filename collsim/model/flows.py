@@ -26,8 +26,8 @@ import numpy as np
 
 from collsim.engine.prepare import channel_ceiling
 from collsim.model.params import ModelParams, ProtocolParams
-from collsim.protocols import step_latency_s
-from collsim.transports import PROTOCOL_INDEX, route_overhead_s
+from collsim.protocols import HW_NET, step_latency_s
+from collsim.transports import PROTOCOL_INDEX, append_links, route_overhead_s
 
 if TYPE_CHECKING:  # the engine's narrow Fabric interface; TopologyFabric implements it
     from collsim.engine.fabric import Fabric
@@ -241,11 +241,10 @@ class FlowCosts:
         eff = np.asarray(params.bandwidth_efficiency)[kind]
         self.capacity = np.asarray(fabric.capacity_bytes_per_s, dtype=np.float64) * eff
         network = getattr(fabric, "network", None)
-        self.link_latency_s = (
-            np.asarray(network.latency_s, dtype=np.float64)
-            if network is not None
-            else np.zeros(kind.shape[0])
-        )
+        self.link_latency_s = np.zeros(kind.shape[0])  # per link, the proxies' (last) 0
+        if network is not None:
+            own = np.asarray(network.latency_s, dtype=np.float64)
+            self.link_latency_s[: own.shape[0]] = own
         self.hop_s = np.asarray(protocol.hop_latency_s, dtype=np.float64)
         # The net transport's per-step overhead per link for this protocol (transports.py).
         table = getattr(fabric, "transport_overhead_s", None)
@@ -290,10 +289,11 @@ class FlowCosts:
         return worst
 
     def routes(
-        self, src: np.ndarray, dst: np.ndarray, split: object = False
+        self, src: np.ndarray, dst: np.ndarray, split: object = False, point_to_point: bool = False
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """CSR routes and step latency (max of route and protocol hop, with the parameter scales)
-        per pair. ``split``: the pairs' :meth:`paths` where the caller has them already."""
+        per pair. ``split``: the pairs' :meth:`paths` where the caller has them already.
+        ``point_to_point``: through the GPUs' proxies (:meth:`proxies`), as the engine does."""
         ptr, links, lat = self.fabric.routes(src, dst)
         ptr = np.asarray(ptr, dtype=np.int64)
         links = np.asarray(links, dtype=np.int64)
@@ -323,23 +323,53 @@ class FlowCosts:
             worst = np.maximum(worst, np.maximum.reduceat(per_path, pair_ptr[:-1]))
         # a transport's overhead sits on its NIC cables, which every path of a pair shares
         transport = route_overhead_s(self.transport_s, ptr, links)
+        proxies = self.proxies(src, dst, ptr, links) if point_to_point else None
+        if proxies is not None:
+            extra, message_s = proxies
+            ptr, links = append_links(ptr, links, extra)
+            transport = transport + message_s
         lat = np.where(nonempty, step_latency_s(lat, self.hop_s[worst], transport), 0.0)
         return ptr, links, lat
 
+    def proxies(
+        self, src: np.ndarray, dst: np.ndarray, ptr: np.ndarray, links: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """The proxy links of point-to-point pairs over routes ``(ptr, links)`` and the proxy's
+        per-message time on their critical path (the fabric's ``proxy_links``, scaled by the
+        network class's latency scale as the transport's overhead is); ``None``: no proxy."""
+        proxy_links = getattr(self.fabric, "proxy_links", None)
+        found = None if proxy_links is None else proxy_links(src, dst, ptr, links)
+        if found is None:
+            return None
+        extra, message_s = found
+        return extra, message_s * float(self.params.route_latency_scale[HW_NET])
+
     def paths(
-        self, src: np.ndarray, dst: np.ndarray
+        self, src: np.ndarray, dst: np.ndarray, point_to_point: bool = False
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
         """``(pair_ptr, weight, ptr, links)``: every path of each pair with its share of the
         bytes, where the fabric splits some pair's flow over several paths
-        (:mod:`collsim.topology.multipath`); ``None`` where each pair has one path (the route)."""
+        (:mod:`collsim.topology.multipath`); ``None`` where each pair has one path (the route).
+        ``point_to_point``: each path through the pair's proxies (:meth:`proxies`)."""
         if not getattr(self.fabric, "multipath", False) or src.shape[0] == 0:
             return None
         pair_ptr, weight, ptr, links, _ = self.fabric.paths(src, dst)  # type: ignore[attr-defined]
         pair_ptr = np.asarray(pair_ptr, dtype=np.int64)
         if np.all(np.diff(pair_ptr) == 1):
             return None
-        return (pair_ptr, np.asarray(weight, dtype=np.float64), np.asarray(ptr, dtype=np.int64),
-                np.asarray(links, dtype=np.int64))  # fmt: skip
+        ptr, links = np.asarray(ptr, dtype=np.int64), np.asarray(links, dtype=np.int64)
+        if point_to_point:  # every path of a pair crosses the pair's proxies, as in the engine
+            first = pair_ptr[:-1]
+            lengths = ptr[first + 1] - ptr[first]
+            route_ptr = np.zeros(first.shape[0] + 1, dtype=np.int64)
+            np.cumsum(lengths, out=route_ptr[1:])
+            route = links[np.repeat(ptr[first], lengths) + np.arange(int(route_ptr[-1]))
+                          - np.repeat(route_ptr[:-1], lengths)]  # fmt: skip
+            proxies = self.proxies(src, dst, route_ptr, route)
+            if proxies is not None:
+                owner = np.repeat(np.arange(src.shape[0]), np.diff(pair_ptr))
+                ptr, links = append_links(ptr, links, proxies[0][owner])
+        return pair_ptr, np.asarray(weight, dtype=np.float64), ptr, links
 
     def wave(
         self,
@@ -367,8 +397,8 @@ class FlowCosts:
         src = np.asarray(src, dtype=np.int64).reshape(-1)
         dst = np.asarray(dst, dtype=np.int64).reshape(-1)
         w = np.broadcast_to(np.asarray(weight, dtype=np.float64), src.shape)
-        split = self.paths(src, dst)
-        ptr, links, lat = self.routes(src, dst, split)
+        split = self.paths(src, dst, point_to_point)
+        ptr, links, lat = self.routes(src, dst, split, point_to_point)
         # Shares scale with a uniform weight (channels), so cache them per normalised weights;
         # the protocol's wire factor multiplies them, its channel ceilings are in the key.
         scale = float(w.min()) if w.size else 1.0

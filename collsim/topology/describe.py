@@ -122,8 +122,8 @@ def routing_words(topo: Topology) -> str:
 
 def _transports(topo: Topology) -> list[dict[str, Any]]:
     """The net transport of each kind of NIC cable (collsim/transports.py): its per-step
-    overhead (LL/LL128, Simple), the fraction of the line rate it attains and the fraction one
-    connection attains on its own."""
+    overhead (LL/LL128, Simple), the fraction of the line rate it attains, the fraction one
+    connection attains on its own and, where set, its proxy's time per point-to-point message."""
     nics = {d.name for d in topo.devices if d.kind == "nic"}
     kinds = sorted({lk.kind for lk in topo.links if lk.a in nics or lk.b in nics})
     out = []
@@ -138,6 +138,8 @@ def _transports(topo: Topology) -> list[dict[str, Any]]:
                 "bandwidth_fraction": transport.bandwidth_fraction,
                 "connection_fraction": transport.connection_fraction,
                 "gpu_path": topo.nic_gpu_path,
+                **({"proxy_message_us": transport.proxy_message_us}
+                   if transport.proxy_message_us > 0 else {}),
             })  # fmt: skip
     return out
 
@@ -221,6 +223,12 @@ def describe_text(info: dict[str, Any]) -> str:
             )
             + f"; GPU to NIC {t['gpu_path'].upper()}"
             + ("" if t["gpu_path"] in ("pix", "pxb") else " (no LL128 across nodes)")
+            + (
+                f"; point to point {t['proxy_message_us']:g} us per 128 KiB message on each "
+                "GPU's proxy"
+                if "proxy_message_us" in t
+                else ""
+            )
             for t in info.get("transports", [])
         ),
     ]

@@ -18,7 +18,7 @@ from collsim.protocols import HW_NET, HW_NVLINK, HW_PCI
 from collsim.topology.batch import paths as batch_paths
 from collsim.topology.batch import routes as batch_routes
 from collsim.topology.graph import Network, Route
-from collsim.transports import transport_for
+from collsim.transports import P2P_NET_CHUNK_BYTES, route_overhead_s, transport_for
 
 _HW_CLASS = {
     "nvlink": HW_NVLINK,
@@ -39,12 +39,14 @@ def host_staged_classes(network: Network) -> tuple[int, ...]:
     return () if network.topology.gpu_p2p else (HW_PCI,)
 
 
-def _transport_costs(network: Network) -> tuple[np.ndarray, np.ndarray]:
+def _transport_costs(network: Network) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Capacity per link with each cable at a NIC scaled by its transport's attainable
-    fraction, and the (3, links) per-step transport overhead of cables at a NIC (0 elsewhere:
-    a route crosses a NIC's cable wherever it leaves or enters a node over the network)."""
+    fraction, the (3, links) per-step transport overhead of cables at a NIC (0 elsewhere:
+    a route crosses a NIC's cable wherever it leaves or enters a node over the network), and
+    per link the proxy's time per point-to-point message of its transport (0: no limit)."""
     capacity = np.array(network.capacity_bytes_per_s, dtype=np.float64)
     overhead = np.zeros((3, capacity.shape[0]))
+    proxy_s = np.zeros(capacity.shape[0])
     override = network.topology.transport
     kinds = [d.kind for d in network.devices]
     for k in range(network.n_directed_links):
@@ -55,7 +57,8 @@ def _transport_costs(network: Network) -> tuple[np.ndarray, np.ndarray]:
             continue
         capacity[k] *= transport.bandwidth_fraction
         overhead[:, k] = transport.step_overhead_s
-    return capacity, overhead
+        proxy_s[k] = transport.proxy_message_us * 1e-6
+    return capacity, overhead, proxy_s
 
 
 class TopologyFabric:
@@ -73,11 +76,26 @@ class TopologyFabric:
         self.link_kind = np.array(
             [_HW_CLASS.get(kind, HW_NET) for kind in network.link_kind], dtype=np.int64
         )
-        self.capacity_bytes_per_s, self.transport_overhead_s = _transport_costs(network)
+        capacity, self.transport_overhead_s, self._proxy_s = _transport_costs(network)
         """Capacities with each NIC cable at its transport's attainable fraction; and per
         protocol (LL, LL128, Simple) and link, the transport's per-step overhead (s), which
         both engines add to the step latency of a route crossing that NIC
         (:mod:`collsim.transports`)."""
+        self.capacity_bytes_per_s = capacity
+        self.proxy_first: int | None = None
+        """Link id of rank 0's proxy (rank ``r``'s is ``proxy_first + r``), where the NICs'
+        transport has a per-message proxy cost; ``None`` otherwise (:meth:`proxy_links`)."""
+        if np.any(self._proxy_s > 0):
+            # One capacity per GPU: its proxy thread's point-to-point bytes/s, sends and
+            # receives together (transports.py), after the network's own links.
+            rate = P2P_NET_CHUNK_BYTES / float(self._proxy_s.max())
+            self.proxy_first = capacity.shape[0]
+            self.link_names = [*network.link_names, *(f"{g}.proxy" for g in self.gpus)]
+            self.capacity_bytes_per_s = np.concatenate((capacity, np.full(self.nranks, rate)))
+            self.link_kind = np.concatenate((self.link_kind, np.full(self.nranks, HW_NET)))
+            pad = ((0, 0), (0, self.nranks))
+            self.transport_overhead_s = np.pad(self.transport_overhead_s, pad)
+            self._proxy_s = np.pad(self._proxy_s, (0, self.nranks))
         # Per-GPU speed (a slow GPU of a what-if fault) scales its memory rates.
         speed = np.array([network.devices[i].speed for i in self._gpu_index], dtype=np.float64)
         memory = network.topology.gpu.memory_bandwidth_bytes_per_s * speed
@@ -110,6 +128,24 @@ class TopologyFabric:
             host_staged=self.host_staged if both_ways else (),
             flows_per_channel=flows_per_channel,
         )
+
+    def proxy_links(
+        self, src: np.ndarray, dst: np.ndarray, ptr: np.ndarray, links: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """For point-to-point transfers ``src[i] -> dst[i]`` over the CSR routes ``(ptr,
+        links)``: the proxy links each crosses (``(n, 2)``, its sender's and its receiver's;
+        ``-1`` where its route crosses no NIC of a transport with a proxy cost) and the proxy's
+        time for one message on its critical path (s, 0 there). ``None`` where no NIC has a
+        proxy cost. Both engines add the links to the flow's route and the time to its step
+        latency (:mod:`collsim.transports`, "The proxy's message rate")."""
+        if self.proxy_first is None:
+            return None
+        message_s = route_overhead_s(self._proxy_s, ptr, links)
+        on = message_s > 0
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.asarray(dst, dtype=np.int64)
+        extra = np.stack((self.proxy_first + src, self.proxy_first + dst), axis=1)
+        return np.where(on[:, None], extra, -1), message_s
 
     def route(self, src_rank: int, dst_rank: int) -> Route:
         """The route between two ranks' GPUs."""
