@@ -149,7 +149,7 @@ def nccl_graph(topology: Topology, network: Network | None = None) -> NcclGraph 
     gpu_bw = net.intra_bandwidth_bytes_per_s() / 1e9
     if cc is None or (gpu_bw <= 0 and topology.nvlink_domains == 1):
         return None
-    nvlink = _gpu_links_nvlink(net)
+    nvlink = gpu_links_nvlink(net)
     total = gpu_bw * (_nvlink_ratio(cc) if nvlink else PCIE_NCCL_PER_DATASHEET)
     family = _family(cc)
     multi = topology.nvlink_domains > 1
@@ -179,7 +179,7 @@ def nccl_channels(topology: Topology, network: Network | None = None) -> NcclCha
     if graph is None or cc is None:
         return NcclChannels(FALLBACK_CHANNELS, FALLBACK_CHANNELS, FALLBACK_CHANNELS)
     gpu_bw = net.intra_bandwidth_bytes_per_s() / 1e9
-    nvlink = _gpu_links_nvlink(net)
+    nvlink = gpu_links_nvlink(net)
     multi = topology.nvlink_domains > 1
     gpu_nics = len(net.nics_of(net.gpu_names[0])) if multi else 0
     gpu_net_gbps = net.injection_bandwidth_bytes_per_s() / 1e9 if multi else 0.0
@@ -220,7 +220,7 @@ def _datasheet_link(cc: int) -> float:
     return 50.0 if cc >= 100 else 14.0625 if cc == 86 else 25.0
 
 
-def _gpu_links_nvlink(net: Network) -> bool:
+def gpu_links_nvlink(net: Network) -> bool:
     """Whether the first GPU's links to its node's GPUs are NVLink-class (not PCIe)."""
     gpu = net.gpu_names[0]
     for lk in net.topology.links:
