@@ -91,3 +91,10 @@ def test_tune_cli_shows_the_ring_at_large_sizes_on_two_polaris_nodes():
     assert result.exit_code == 0, result.output
     rows = [line.split() for line in result.output.splitlines() if not line.startswith("#")][1:]
     assert rows[-1][2:4] == ["ring", "Simple"]
+
+
+def test_nccl_algo_setting_still_wins_over_the_table():
+    pred = Predictor(WhatIf(load_topology("polaris", nodes=2)), uncalibrated_params())
+    _, labels = pred.predict("all_reduce", np.array([GIB]), env={"NCCL_ALGO": "Tree"},
+                             nccl_version="2.21.5")  # fmt: skip
+    assert labels[0].startswith("tree/")
