@@ -4,7 +4,9 @@ A prediction is what NCCL would do on the modelled system: per size, the tuner
 (:mod:`collsim.model.tuner`) picks the fastest (algorithm, protocol, channels) among *NCCL's*
 algorithms (ring and tree all-reduce, NVLS where the switch reduces, ring all-gather /
 reduce-scatter, chain broadcast / reduce, point-to-point all-to-all and send/receive; NCCL,
-``src/enqueue.cc`` ``topoGetAlgoInfo``), honouring the ``NCCL_ALGO`` / ``NCCL_PROTO`` /
+``src/enqueue.cc`` ``topoGetAlgoInfo``), an all-reduce across nodes on the one of ring and tree
+that NCCL's own tuning table ranks first (:mod:`collsim.model.nccl_choice`: NCCL runs its pick,
+not the faster), honouring the ``NCCL_ALGO`` / ``NCCL_PROTO`` /
 ``NCCL_TREE_THRESHOLD`` / ``NCCL_{MIN,MAX}_NCHANNELS`` settings the log records (NCCL's
 ``docs/env.rst``), so a log measured with ``NCCL_ALGO=Ring`` is predicted with the ring; and LL128
 only where NCCL enables it by default (:meth:`collsim.model.analytic.AnalyticModel.enabled`) or the
@@ -35,6 +37,7 @@ from collsim.channel_rates import nvidia_compute_capability
 from collsim.errors import CalibrationError
 from collsim.model.analytic import AnalyticModel, effective_bytes
 from collsim.model.mapping import intra_inter_bandwidth
+from collsim.model.nccl_choice import follow_nccl
 from collsim.model.nccl_release import (
     NcclVersion,
     effective_version,
@@ -263,6 +266,10 @@ class Predictor:
         )
         if threshold is None:
             result = tuner.tune(collective, sizes, elem_bytes=elem, algorithms=algos)
+            if self.model_name == "collsim" and self.whatif is not None:
+                # ring or tree as NCCL's own table ranks them, not as collsim times them
+                result = follow_nccl(result, self.whatif.topology, self.whatif.network,
+                                     protocols=protocols, elem_bytes=elem)  # fmt: skip
             labels = [result.choice_at(i).label() for i in range(len(sizes))]
             best = result.best_s
         else:  # NCCL 2.4: tree up to the threshold (the whole buffer's bytes), ring above

@@ -102,6 +102,12 @@ def _family(cc: int) -> str:
     return "sm100" if cc >= 100 else "sm90" if cc >= 90 else "pre90"
 
 
+def inter_speeds(cc: int) -> tuple[float, ...]:
+    """The speeds (GB/s per channel) NCCL's search tries across nodes on compute capability
+    ``cc``, fastest first (``search.cc`` ``speedArrayInter`` and its sm90/sm100 variants)."""
+    return SPEEDS_INTER[_family(cc)]
+
+
 def _search(total: float, speeds: tuple[float, ...], per_speed) -> tuple[int, float]:  # type: ignore[no-untyped-def]
     """NCCL's search loop: the (channels, speed) with the most ``channels x speed``."""
     best_n, best_bw = 0, 0.0
@@ -120,20 +126,34 @@ def _nvlink_ratio(cc: int) -> float:
     return NVLINK_NCCL_PER_DATASHEET.get(cc, NVLINK_NCCL_PER_DATASHEET[min(100, cc // 10 * 10)])
 
 
-def nccl_channels(topology: Topology, network: Network | None = None) -> NcclChannels:
-    """NCCL's channel counts on ``topology`` (see the module doc)."""
+@dataclass(frozen=True)
+class NcclGraph:
+    """NCCL's ring graph on one system after its search and ``ncclTopoDupChannels``: what
+    ``ncclTopoTuneModel`` reads as ``graph->nChannels`` and ``graph->bwIntra`` (= ``bwInter``
+    for a ring), before ``ncclTopoPostset`` doubles the channels the kernels run on."""
+
+    channels: int
+    """``graph->nChannels``."""
+    speed_gbps: float
+    """``graph->bwIntra`` = ``graph->bwInter`` of the ring: GB/s per channel."""
+    intra_gbps: float
+    """What NCCL counts a GPU's intra-node links at (GB/s, its ``total`` in the search): the
+    ceiling on ``channels x bwIntra`` of any graph; 0 with one GPU per node."""
+
+
+def nccl_graph(topology: Topology, network: Network | None = None) -> NcclGraph | None:
+    """NCCL's ring graph on ``topology`` (see the module doc, steps 1 and 2); None where NCCL's
+    channels do not apply (non-NVIDIA accelerators, no GPU links)."""
     cc = nvidia_compute_capability(topology.gpu.model)
     net = network or Network(topology)
     gpu_bw = net.intra_bandwidth_bytes_per_s() / 1e9
     if cc is None or (gpu_bw <= 0 and topology.nvlink_domains == 1):
-        return NcclChannels(FALLBACK_CHANNELS, FALLBACK_CHANNELS, FALLBACK_CHANNELS)
-    nvlink = _gpu_links_nvlink(net)
+        return None
+    nvlink = gpu_links_nvlink(net)
     total = gpu_bw * (_nvlink_ratio(cc) if nvlink else PCIE_NCCL_PER_DATASHEET)
     family = _family(cc)
     multi = topology.nvlink_domains > 1
     nics, nic_gbps = _nics(net) if multi else (0, 0.0)
-    gpu_nics = len(net.nics_of(net.gpu_names[0])) if multi else 0
-    gpu_net_gbps = net.injection_bandwidth_bytes_per_s() / 1e9 if multi else 0.0
     if multi and nics:
 
         def fits(sp: float) -> int:
@@ -148,6 +168,22 @@ def nccl_channels(topology: Topology, network: Network | None = None) -> NcclCha
         doubled = min(2 * n, MAXCHANNELS // 2)
         sp /= math.ceil(doubled / n)
         n = doubled
+    return NcclGraph(n, sp, float(total))
+
+
+def nccl_channels(topology: Topology, network: Network | None = None) -> NcclChannels:
+    """NCCL's channel counts on ``topology`` (see the module doc)."""
+    net = network or Network(topology)
+    graph = nccl_graph(topology, net)
+    cc = nvidia_compute_capability(topology.gpu.model)
+    if graph is None or cc is None:
+        return NcclChannels(FALLBACK_CHANNELS, FALLBACK_CHANNELS, FALLBACK_CHANNELS)
+    gpu_bw = net.intra_bandwidth_bytes_per_s() / 1e9
+    nvlink = gpu_links_nvlink(net)
+    multi = topology.nvlink_domains > 1
+    gpu_nics = len(net.nics_of(net.gpu_names[0])) if multi else 0
+    gpu_net_gbps = net.injection_bandwidth_bytes_per_s() / 1e9 if multi else 0.0
+    n, sp = graph.channels, graph.speed_gbps
     n = min(MAXCHANNELS, 2 * n)  # ncclTopoPostset
     if cc >= 90 and multi and sp > 45.0 and n < 16:
         n = 2 * n
@@ -184,7 +220,7 @@ def _datasheet_link(cc: int) -> float:
     return 50.0 if cc >= 100 else 14.0625 if cc == 86 else 25.0
 
 
-def _gpu_links_nvlink(net: Network) -> bool:
+def gpu_links_nvlink(net: Network) -> bool:
     """Whether the first GPU's links to its node's GPUs are NVLink-class (not PCIe)."""
     gpu = net.gpu_names[0]
     for lk in net.topology.links:

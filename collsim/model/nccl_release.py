@@ -23,7 +23,9 @@ to up to twice its ``bwInter`` -- ``search.cc`` pass 2, "increase speedIntra for
 or collnet)", present in ``v2.9.9-1`` and ``v2.22.3-1`` alike -- and ``tuning.cc`` prices a 2-node
 tree on ``bwIntra``). So the p4d logs (NCCL 2.8.3 / 2.9.9), whose busbw stays below the ring's
 NIC bound, ran a tree that reached 0.35-0.47 of its bound, not a ring; a version-keyed switch to
-the ring would contradict NCCL's source. Why that tree fell short is the next rule.
+the ring would contradict NCCL's source. Why that tree fell short is the next rule. (Where the
+doubled ``bwIntra`` meets ``perChMaxTreeBw``, NCCL's table ranks the ring first even on two
+nodes -- ALCF Polaris, Ampere at 24 GB/s a channel: :mod:`collsim.model.nccl_choice`.)
 
 * **The Simple tree all-reduce runs its reduce, then its broadcast, through 2.9 -- and later
   where NCCL was built with CUDA 11.2 or 11.3 for an Ampere or newer GPU.** ``v2.8.3-1`` and

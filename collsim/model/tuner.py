@@ -22,6 +22,8 @@ import numpy as np
 
 from collsim.collectives.registry import NCCL_ALGORITHMS, default_algorithm, runs_protocol
 from collsim.errors import ScheduleError
+from collsim.model.nccl import NcclModel
+from collsim.model.nccl_choice import follow_nccl
 from collsim.model.params import under_floor
 
 PROTOCOL_ORDER = ("Simple", "LL128", "LL")
@@ -324,13 +326,18 @@ def nccl_tuning(
     """What NCCL would run per size (``simulate --tuned``, ``tune --candidates nccl``): the
     fastest of NCCL's own algorithms (:data:`collsim.collectives.registry.NCCL_ALGORITHMS`, those
     the model can run here), over the protocols NCCL enables by default and
-    :func:`nccl_channel_options`, as its tuner picks. One function for both commands, so they
-    agree."""
+    :func:`nccl_channel_options`, as its tuner picks; an all-reduce across nodes runs the one of
+    ring and tree NCCL's own tuning table ranks first (:func:`collsim.model.nccl_choice.
+    follow_nccl`), timed by ``model``. One function for both commands, so they agree."""
     tuner = Tuner(model, protocols=PROTOCOL_ORDER, channels=nccl_channel_options(model, collective))
     algos = nccl_algorithms(model, collective)
     result = tuner.tune(collective, sizes_bytes, elem_bytes=elem_bytes, algorithms=algos)
     result.candidates = "nccl"
-    return result
+    topology = getattr(model, "topology", None)
+    if isinstance(model, NcclModel) or topology is None:
+        return result  # NCCL's own model ranks ring and tree itself
+    system = getattr(model, "system", None)
+    return follow_nccl(result, topology, getattr(system, "network", None), elem_bytes=elem_bytes)
 
 
 def nccl_choices(
