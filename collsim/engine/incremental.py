@@ -37,6 +37,9 @@ measured against "all", finish times agree to 2e-16 .. 2e-13 relative on 128 .. 
 hierarchical all-reduces, but to only 5e-11 on a 64-GPU direct all-to-all (measured before
 :mod:`collsim.engine.network` waited after a give-up, which recomputes more reshares in full).
 
+With weights (weighted max-min, :mod:`collsim.engine.maxmin`), "faster" compares rates per
+unit of weight; loads and residual capacities stay in bytes/s.
+
 Both give up past ``limit`` flows (``None``): the caller then recomputes everything, vectorised.
 """
 
@@ -88,13 +91,15 @@ def settle(
     order: list[int],
     limit: int,
     ceiling: list[float] | None = None,
+    weight: list[float] | None = None,
 ) -> tuple[list[int], list[float], list[int]] | None:
     """Flows (slots) whose rates are recomputed, in start order, with their new rates and
     bottlenecks; ``None`` past ``limit`` flows. ``rate`` and ``bottleneck`` (per slot, -1 when
     unknown, :data:`~collsim.engine.maxmin.CAPPED` at its own ``ceiling``) describe the current
     allocation; ``bottleneck`` of outside flows found to be still valid through another link is
     updated in place. A flow at its ceiling stays valid whatever the others do (the group is
-    solved on what the others leave, so no link goes over capacity). See the module doc."""
+    solved on what the others leave, so no link goes over capacity). ``weight`` (per slot;
+    ``None``: all 1): weighted max-min, "faster" per unit of weight. See the module doc."""
     group: set[int] = set()
     for link in set(seeds):
         got = members.get(link)
@@ -114,16 +119,23 @@ def settle(
                     left -= rate[g]
             residual[link] = left if left > 0.0 else 0.0
         caps = None if ceiling is None else [ceiling[s] for s in slots]
-        rates, bns = max_min_small(group_paths, residual, caps)
+        ws = None if weight is None else [weight[s] for s in slots]
+        rates, bns = max_min_small(group_paths, residual, caps, ws)
         new = dict(zip(slots, rates, strict=True))
         grow: set[int] = set()
-        for r, b in zip(rates, bns, strict=True):
+        for i, (r, b) in enumerate(zip(rates, bns, strict=True)):
             if b == CAPPED:
                 continue
-            top = r * (1.0 + _EPS)
-            for g in members[b]:
-                if g not in group and rate[g] > top:
-                    grow.add(g)
+            if weight is None:
+                top = r * (1.0 + _EPS)
+                for g in members[b]:
+                    if g not in group and rate[g] > top:
+                        grow.add(g)
+            else:
+                top = r / ws[i] * (1.0 + _EPS)  # type: ignore[index]
+                for g in members[b]:
+                    if g not in group and rate[g] / weight[g] > top:
+                        grow.add(g)
         checked: set[int] = set()
         stats: dict[int, tuple[float, float]] = {}  # link -> (load, fastest) at the new rates
         for link in touched:
@@ -138,7 +150,7 @@ def settle(
                     bottleneck[g] = CAPPED
                     continue
                 if not _still_fair(g, group, new, members, paths, rate, bottleneck, capacity,
-                                   stats):  # fmt: skip
+                                   stats, weight):  # fmt: skip
                     grow.add(g)
         if not grow:
             return slots, rates, bns
@@ -156,11 +168,12 @@ def _still_fair(
     bottleneck: list[int],
     capacity: list[float],
     stats: dict[int, tuple[float, float]],
+    weight: list[float] | None = None,
 ) -> bool:
     """Whether outside flow ``g`` has a bottleneck given the group's new rates (remembered).
-    ``stats`` caches each link's load and fastest flow for the pass: many outside flows share
-    links, and neither depends on which flow asks."""
-    floor = rate[g] * (1.0 + _EPS)
+    ``stats`` caches each link's load and fastest flow (per unit of ``weight``) for the pass:
+    many outside flows share links, and neither depends on which flow asks."""
+    floor = (rate[g] if weight is None else rate[g] / weight[g]) * (1.0 + _EPS)
     for link in paths[g]:
         got = stats.get(link)
         if got is None:
@@ -169,6 +182,8 @@ def _still_fair(
             for h in members[link]:
                 x = new[h] if h in group else rate[h]
                 load += x
+                if weight is not None:
+                    x /= weight[h]
                 if x > fastest:
                     fastest = x
             stats[link] = got = (load, fastest)

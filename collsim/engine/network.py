@@ -26,6 +26,11 @@ finish detection (``end_s <= until``) and the next finish time (``end_s.min()``)
 Exactness: a flow's finish time is ``anchor_s + remaining_bytes / rate``, and the anchor moves
 only when the flow's rate changes, so an uncontended flow of ``S`` bytes started at ``t`` on a
 bottleneck of ``B`` bytes/s ends at exactly ``t + S / B`` whatever else happens elsewhere.
+
+Weights: a flow may carry a weight (the sub-flows of a transfer split over several paths, each
+its path's share of the transfer's bytes); once some flow has a weight other than 1, every
+recomputation is weighted max-min (:mod:`collsim.engine.maxmin`). Until then the unweighted
+solvers run, bit-identical to what they gave before weights existed.
 """
 
 from __future__ import annotations
@@ -81,6 +86,8 @@ class FlowNetwork:
         self._bottleneck: list[int] = []  # per slot, a link its rate is settled at (-1: unknown)
         self._ceil: list[float] = []  # per slot, its rate ceiling as a Python float
         self._capped = False  # some flow has had a finite ceiling
+        self._weight: list[float] = []  # per slot, its max-min weight as a Python float
+        self._weighted = False  # some flow has had a weight other than 1
         self._skip = 0  # reshares left to recompute in full before settling locally again
         self._backoff = 1  # the next wait after a re-settling that gives up (_MAX_BACKOFF)
         self._next_seq = 0
@@ -99,6 +106,7 @@ class FlowNetwork:
         ("order", 0, np.int64),  # start sequence number
         ("live", False, np.bool_),
         ("ceiling", np.inf, np.float64),  # the flow's own rate ceiling (its NCCL channel's)
+        ("weight", 1.0, np.float64),  # its claim on a shared link (a path's share of its bytes)
     )
 
     def _grow(self, slots: int, width: int) -> None:
@@ -120,6 +128,7 @@ class FlowNetwork:
         self._rate.extend([0.0] * (size - old))
         self._bottleneck.extend([-1] * (size - old))
         self._ceil.extend([float("inf")] * (size - old))
+        self._weight.extend([1.0] * (size - old))
         self._free.extend(range(size - 1, old - 1, -1))
 
     def __len__(self) -> int:
@@ -137,9 +146,11 @@ class FlowNetwork:
         nlinks: np.ndarray,
         links: np.ndarray,
         ceiling_bytes_per_s: np.ndarray | None = None,
+        weight: np.ndarray | None = None,
     ) -> None:
         """Start flows at ``now_s`` (each with > 0 bytes and >= 1 link; ``links`` concatenated),
-        each at most at its ``ceiling_bytes_per_s`` (``None``: no ceiling)."""
+        each at most at its ``ceiling_bytes_per_s`` (``None``: no ceiling) and claiming
+        ``weight`` shares of each link (``None``: 1; weighted max-min, see the module doc)."""
         k = op.shape[0]
         if k == 0:
             return
@@ -161,6 +172,11 @@ class FlowNetwork:
         ceil_list = ceil.tolist()
         if not self._capped and np.isfinite(ceil).any():
             self._capped = True
+        wts = np.ones(k) if weight is None else np.asarray(weight, dtype=np.float64)
+        self.weight[slots] = wts
+        wts_list = wts.tolist()
+        if not self._weighted and weight is not None and np.any(wts != 1.0):
+            self._weighted = True
         seq0 = self._next_seq
         self._next_seq += k
         self.order[slots] = np.arange(seq0, seq0 + k)
@@ -177,6 +193,7 @@ class FlowNetwork:
             paths[s] = path
             seqs[s] = seq0 + i
             self._ceil[s] = ceil_list[i]
+            self._weight[s] = wts_list[i]
             rate[s] = 0.0
             bottleneck[s] = -1
             for link in path:
@@ -249,7 +266,8 @@ class FlowNetwork:
             idx = idx[np.argsort(self.order[idx])]
             rows = self._links[idx]
             new = max_min_rates(rows[rows >= 0], self.nlinks[idx], self.capacity_bytes_per_s,
-                                self.ceiling[idx] if self._capped else None)  # fmt: skip
+                                self.ceiling[idx] if self._capped else None,
+                                self.weight[idx] if self._weighted else None)  # fmt: skip
             if self._scheme == "local":
                 self._bottleneck = [-1] * len(self._paths)
         else:
@@ -293,6 +311,7 @@ class FlowNetwork:
                 self._seq,
                 limit,
                 self._ceil if self._capped else None,
+                self._weight if self._weighted else None,
             )
             if found is None:
                 self._skip = min(self._backoff, _MAX_BACKOFF)
@@ -315,8 +334,10 @@ class FlowNetwork:
         nlinks = self.nlinks[slots]
         if int(nlinks.sum()) <= _SMALL_PAIRS:
             caps = [self._ceil[s] for s in slots] if self._capped else None
-            rates, _ = max_min_small([self._paths[s] for s in slots], self._capacity, caps)
+            wts = [self._weight[s] for s in slots] if self._weighted else None
+            rates, _ = max_min_small([self._paths[s] for s in slots], self._capacity, caps, wts)
             return slots, np.array(rates)
         rows = self._links[slots]
         return slots, max_min_rates(rows[rows >= 0], nlinks, self.capacity_bytes_per_s,
-                                    self.ceiling[slots] if self._capped else None)  # fmt: skip
+                                    self.ceiling[slots] if self._capped else None,
+                                    self.weight[slots] if self._weighted else None)  # fmt: skip

@@ -396,11 +396,15 @@ class Replay:
         count = np.bincount(np.repeat(np.arange(net.shape[0]), npaths), weights=flowing,
                             minlength=net.shape[0]).astype(np.int64)  # fmt: skip
         self.flows_left[net] = np.maximum(count, 1)
+        share = prep.path_weight[paths]
         ceiling = prep.route_ceiling
         if ceiling is not None:  # one channel drives all paths: its rate split by their shares
             route_ceiling = np.repeat(ceiling[self.hot.route[net]], npaths)
-            ceiling = (route_ceiling * prep.path_weight[paths])[flowing]
-        self.network.add(t, owner[flowing], wire[flowing], lengths[flowing], links, ceiling)
+            ceiling = (route_ceiling * share)[flowing]
+        # Each path's flow claims its share of a link, so the transfer's flows together claim
+        # what one unsplit flow does (weighted max-min: routing splits bytes, not claims).
+        self.network.add(t, owner[flowing], wire[flowing], lengths[flowing], links, ceiling,
+                         share[flowing])  # fmt: skip
         return net[count == 0]
 
     def _flows_finished(self, ops: np.ndarray, t: float) -> np.ndarray:

@@ -3,9 +3,11 @@
 Where a fabric's ``routing`` is ``spray`` or ``adaptive`` (:data:`collsim.topology.spec.ROUTINGS`),
 a route between two GPUs whose traffic crosses the switches is several *paths*, each carrying a
 fixed share of the bytes (its *weight*; the weights sum to 1). The engine and the analytic model
-run each path as a sub-flow that shares links max-min with everything else, and a transfer ends
-when its last sub-flow does. Inside the servers (GPU, PCIe, NIC) every path is the usual route
-(:mod:`collsim.topology.routing`); only the part between the first and the last switch differs.
+run each path as a sub-flow that shares links max-min with everything else, claiming its weight's
+part of a link (weighted max-min, :mod:`collsim.engine.maxmin`: routing spreads a flow's bytes, it
+does not multiply its claim), and a transfer ends when its last sub-flow does. Inside the
+servers (GPU, PCIe, NIC) every path is the usual route (:mod:`collsim.topology.routing`); only
+the part between the first and the last switch differs.
 
 Paths between the entry switch ``s`` and the exit switch ``d`` (over links between devices of
 kind ``switch``, at the routing cost of :mod:`collsim.topology.graph`):
