@@ -44,6 +44,11 @@ import numpy as np
 
 _US = 1e-6
 
+FLUSH_STEP_BYTES = 512 * 1024
+"""Bytes of one Simple network step, the unit NCCL flushes: its Simple buffer (4 MiB,
+``DEFAULT_BUFFSIZE`` / ``NCCL_BUFFSIZE``) over ``NCCL_STEPS`` (8) slots (``stepSize =
+buffSize / NCCL_STEPS``, src/transport/net.cc); the tree's chunk is one step."""
+
 PROTOCOL_INDEX = {"ll": 0, "ll128": 1, "simple": 2}
 """Row of :attr:`Transport.step_overhead_s` for each protocol name (lower case)."""
 
@@ -60,12 +65,23 @@ class Transport:
     latency_us: float
     bandwidth_fraction: float
     source: str
+    flush_us: float = 0.0
+    """What one GPUDirect receive flush costs, serially, on the receiving channel: the time NCCL's
+    proxy holds a Simple network receive step back from the GPU while the plugin's loopback read
+    of the received buffer completes (:data:`FLUSH_STEP_BYTES` per step; whether a receive is
+    flushed at all is :func:`collsim.model.nccl_release.receive_flush`); 0: a flush this
+    transport does not serialise with the step (or has none)."""
     connection_fraction: float = 1.0
     """The fraction of the NIC's line rate one NCCL connection (one channel's sends to one peer)
     attains on its own; 1: one connection fills the NIC. Where it is below 1 a NIC direction
     needs several connections at once to fill; what that costs NCCL's tree all-reduce, whose
     releases differ in how many they run at once, is
     :func:`collsim.model.nccl_release.tree_nic_share`."""
+
+    @property
+    def flush_s_per_byte(self) -> float:
+        """The flush's serial cost per payload byte of a flushed Simple network receive."""
+        return self.flush_us * _US / FLUSH_STEP_BYTES
 
     @property
     def step_overhead_s(self) -> tuple[float, float, float]:
@@ -127,6 +143,7 @@ TRANSPORTS: dict[str, Transport] = {
             "amzn/amzn-drivers#124, 2020); p4d's NCCL 2.9.9 tree, one connection per NIC "
             "direction at a time, 0.47 (a100-p4d-efa-2n-all_reduce-1, 4 GiB). Two connections "
             "fill a NIC, as rings and NCCL >= 2.10 trees run on p4d/p4de (8 channels, 4 NICs)",
+            flush_us=27.7,
             connection_fraction=0.5,
         ),
         Transport(
