@@ -82,7 +82,8 @@ class Prepared:
     follow_idx: np.ndarray | None = None
     route_flush_s_per_byte: np.ndarray | None = None
     """Per route, the serial GPUDirect receive flush per payload byte (Simple transfers into a
-    flushing NIC, :func:`route_flush`); ``None``: no route flushes."""
+    flushing NIC, :func:`route_flush`), held after the flow (:meth:`tail_s`); ``None``: no
+    route flushes."""
     route_ceiling: np.ndarray | None = None
     """Per route, the wire bytes/s one transfer's flow on it may reach (its channel's, see
     :func:`channel_ceiling`); ``None``: no ceiling."""
@@ -110,16 +111,25 @@ class Prepared:
                 wire[i] *= self.in_network_traffic.get(int(ids[i]), 1.0)
         return wire
 
+    def tail_s(self, ops: np.ndarray) -> np.ndarray | None:
+        """Time a network transfer of ``ops`` holds after its flow ends, before it completes:
+        the receive's GPUDirect flushes (:func:`route_flush`), in series with the flow, so
+        that the transfer it is followed by on its connection and its successors wait for them
+        (a latency would overlap the transfer before it); ``None`` where nothing flushes."""
+        if self.route_flush_s_per_byte is None:
+            return None
+        tail = np.zeros(ops.shape[0])
+        net = self.cls[ops] == NET
+        ids = ops[net]
+        tail[net] = self.route_flush_s_per_byte[self.route[ids]] * self.payload_bytes(ids)
+        return tail
+
     def latency_s(self, ops: np.ndarray) -> np.ndarray:
         """Latency before the flows of ``ops`` start (0 for local operations)."""
         cls = self.cls[ops]
         net = cls == NET
         latency = np.zeros(ops.shape[0])
         latency[net] = self.route_latency_s[self.route[ops[net]]]
-        if self.route_flush_s_per_byte is not None and net.any():
-            # The receive's flushes hold each step back from the GPU: in series with the flow.
-            ids = ops[net]
-            latency[net] += self.route_flush_s_per_byte[self.route[ids]] * self.payload_bytes(ids)
         if self.in_network:
             for i in np.flatnonzero(cls == IN_NETWORK):
                 latency[i] = self.in_network_latency_s[int(ops[i])]

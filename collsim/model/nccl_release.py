@@ -198,13 +198,22 @@ def tree_threshold_bytes(
     return float(int(ringbw * treebw / (ringbw - treebw) * (ringlat - treelat)))
 
 
-_TRUE = ("1", "true", "yes", "on")
+FLUSH_ENV = (
+    "NCCL_NET_FORCE_FLUSH",
+    "NCCL_GDR_FLUSH_DISABLE",
+    "NCCL_GDRCOPY_FLUSH_ENABLE",
+    "OFI_NCCL_GDR_FLUSH_DISABLE",
+)
+"""The settings :func:`receive_flush` reads: NCCL's (integers, non-zero on) and aws-ofi-nccl's."""
 
 
 def _set(env: dict[str, str], name: str) -> bool | None:
     """Whether ``env`` turns ``name`` on (True), off (False) or leaves it unset (None)."""
     raw = env.get(name)
-    return None if raw is None else raw.strip().lower() in _TRUE
+    if raw is None:
+        return None
+    text = raw.strip()
+    return int(text) != 0 if text.lstrip("-").isdecimal() else text.lower() in ("true", "yes")
 
 
 def receive_flush(
@@ -291,6 +300,7 @@ def with_nic_share(topology: Topology, share: float) -> Topology:
 
 
 __all__ = [
+    "FLUSH_ENV",
     "NEWEST",
     "OLD_ONLY_ENV",
     "NcclVersion",
