@@ -142,7 +142,12 @@ TRANSPORTS: dict[str, Transport] = {
             "0.55 of 100 Gb/s, two endpoint pairs the line rate (c5n, ofiwg/libfabric#5694, "
             "amzn/amzn-drivers#124, 2020); p4d's NCCL 2.9.9 tree, one connection per NIC "
             "direction at a time, 0.47 (a100-p4d-efa-2n-all_reduce-1, 4 GiB). Two connections "
-            "fill a NIC, as rings and NCCL >= 2.10 trees run on p4d/p4de (8 channels, 4 NICs)",
+            "fill a NIC, as rings and NCCL >= 2.10 trees run on p4d/p4de (8 channels, 4 NICs). "
+            "A flushed receive (aws-ofi-nccl's fi_read of the received GPU buffer, v1.1.x "
+            "src/nccl_ofi_net.c ofi_iflush) holds each 512 KiB Simple step 27.7 us in series: "
+            "a100-p4d-efa-2n-all_reduce-2 (NCCL 2.8.3, flushing) minus -1 (2.9.9, its plugin "
+            "set OFI_NCCL_GDR_FLUSH_DISABLE=1), 28.4 / 30.1 / 27.7 us per step at 256 MiB / "
+            "512 MiB / 1 GiB; one pair of logs, no datasheet figure",
             flush_us=27.7,
             connection_fraction=0.5,
         ),
