@@ -233,7 +233,12 @@ def _transport_overhead(
 
 
 def route_flush(
-    fabric: Fabric, protocol: str, ptr: np.ndarray, links: np.ndarray, trees: int = 0
+    fabric: Fabric,
+    protocol: str,
+    ptr: np.ndarray,
+    links: np.ndarray,
+    trees: int = 0,
+    per_link_scale: np.ndarray | None = None,
 ) -> np.ndarray | None:
     """Per route, the serial GPUDirect receive flush per payload byte (the fabric's
     ``flush_s_per_byte``, largest over the route's links: a route enters one receiving NIC),
@@ -243,13 +248,17 @@ def route_flush(
     binary tree's two trees on different channels, ``src/graph/connect.cc``), so a channel's
     flushes follow each other on its one connection where the schedule gives each channel both
     trees with half its bytes at once: each tree's bytes pay the flushes of all of them. The
-    analytic model adds the same to its flows' seconds per byte (:mod:`collsim.model.flows`)."""
+    analytic model adds the same to its flows' seconds per byte (:mod:`collsim.model.flows`),
+    each link's figure times ``per_link_scale`` (a calibration's bandwidth efficiency divides
+    it, as it divides the time of the link's bytes)."""
     table = getattr(fabric, "flush_s_per_byte", None)
     if table is None or protocol.lower() != "simple":
         return None
     table = np.asarray(table, dtype=np.float64)
     if not np.any(table > 0):
         return None
+    if per_link_scale is not None:
+        table = table * per_link_scale
     return route_overhead_s(table, ptr, links) * max(1, int(trees))
 
 

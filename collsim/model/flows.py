@@ -240,6 +240,7 @@ class FlowCosts:
         kind = np.asarray(fabric.link_kind, dtype=np.int64)
         self.link_kind = kind
         eff = np.asarray(params.bandwidth_efficiency)[kind]
+        self.eff = eff
         self.capacity = np.asarray(fabric.capacity_bytes_per_s, dtype=np.float64) * eff
         network = getattr(fabric, "network", None)
         self.link_latency_s = (
@@ -404,7 +405,7 @@ class FlowCosts:
             self.cache[key] = unit
         spb = self.wire * scale * unit[0]
         # A flushed receive holds each step back in series (the engine adds it to the latency).
-        flush = route_flush(self.fabric, self.protocol.name, ptr, links, self.trees)
+        flush = route_flush(self.fabric, self.protocol.name, ptr, links, self.trees, 1.0 / self.eff)
         if flush is not None:
             spb = spb + flush
         load = np.broadcast_to(np.asarray(load_bytes, dtype=np.float64), src.shape)
