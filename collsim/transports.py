@@ -68,6 +68,11 @@ P2P_NET_CHUNK_BYTES = 128 * 1024
 """NCCL's point-to-point network chunk, ``NCCL_P2P_NET_CHUNKSIZE`` (``src/init.cc``, 1 << 17, the
 same from v2.12 to v2.29): one proxy message per chunk."""
 
+FLUSH_STEP_BYTES = 512 * 1024
+"""Bytes of one Simple network step, the unit NCCL flushes: its Simple buffer (4 MiB,
+``DEFAULT_BUFFSIZE`` / ``NCCL_BUFFSIZE``) over ``NCCL_STEPS`` (8) slots (``stepSize =
+buffSize / NCCL_STEPS``, src/transport/net.cc); the tree's chunk is one step."""
+
 PROTOCOL_INDEX = {"ll": 0, "ll128": 1, "simple": 2}
 """Row of :attr:`Transport.step_overhead_s` for each protocol name (lower case)."""
 
@@ -84,6 +89,12 @@ class Transport:
     latency_us: float
     bandwidth_fraction: float
     source: str
+    flush_us: float = 0.0
+    """What one GPUDirect receive flush costs, serially, on the receiving channel: the time NCCL's
+    proxy holds a Simple network receive step back from the GPU while the plugin's loopback read
+    of the received buffer completes (:data:`FLUSH_STEP_BYTES` per step; whether a receive is
+    flushed at all is :func:`collsim.model.nccl_release.receive_flush`); 0: a flush this
+    transport does not serialise with the step (or has none)."""
     connection_fraction: float = 1.0
     """The fraction of the NIC's line rate one NCCL connection (one channel's sends to one peer)
     attains on its own; 1: one connection fills the NIC. Where it is below 1 a NIC direction
@@ -101,6 +112,11 @@ class Transport:
         if self.proxy_message_us <= 0:
             return float("inf")
         return P2P_NET_CHUNK_BYTES / (self.proxy_message_us * _US)
+
+    @property
+    def flush_s_per_byte(self) -> float:
+        """The flush's serial cost per payload byte of a flushed Simple network receive."""
+        return self.flush_us * _US / FLUSH_STEP_BYTES
 
     @property
     def step_overhead_s(self) -> tuple[float, float, float]:
@@ -161,7 +177,13 @@ TRANSPORTS: dict[str, Transport] = {
             "0.55 of 100 Gb/s, two endpoint pairs the line rate (c5n, ofiwg/libfabric#5694, "
             "amzn/amzn-drivers#124, 2020); p4d's NCCL 2.9.9 tree, one connection per NIC "
             "direction at a time, 0.47 (a100-p4d-efa-2n-all_reduce-1, 4 GiB). Two connections "
-            "fill a NIC, as rings and NCCL >= 2.10 trees run on p4d/p4de (8 channels, 4 NICs)",
+            "fill a NIC, as rings and NCCL >= 2.10 trees run on p4d/p4de (8 channels, 4 NICs). "
+            "A flushed receive (aws-ofi-nccl's fi_read of the received GPU buffer, v1.1.x "
+            "src/nccl_ofi_net.c ofi_iflush) holds each 512 KiB Simple step 27.7 us in series: "
+            "a100-p4d-efa-2n-all_reduce-2 (NCCL 2.8.3, flushing) minus -1 (2.9.9, its plugin "
+            "set OFI_NCCL_GDR_FLUSH_DISABLE=1), 28.4 / 30.1 / 27.7 us per step at 256 MiB / "
+            "512 MiB / 1 GiB; one pair of logs, no datasheet figure",
+            flush_us=27.7,
             connection_fraction=0.5,
         ),
         Transport(

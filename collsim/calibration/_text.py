@@ -53,8 +53,13 @@ _BINARY = re.compile(
     r"\b(all_reduce|all_gather|reduce_scatter|alltoall|broadcast|reduce|sendrecv|gather|scatter|"
     r"hypercube|alltoallv)_perf(?:_mpi)?\b"
 )
-_ENV_ASSIGN = re.compile(r"\b(NCCL_[A-Z0-9_]+)=((?:\\.|[^\s\"'])+|\"[^\"]*\"|'[^']*')")
+_ENV_ASSIGN = re.compile(r"\b((?:OFI_)?NCCL_[A-Z0-9_]+)=((?:\\.|[^\s\"'])+|\"[^\"]*\"|'[^']*')")
 _ENV_INFO = re.compile(r"\b(NCCL_[A-Z0-9_]+) set by environment to (\S+)")
+_PLUGIN_ENV = re.compile(
+    r"\bSetting ((?:OFI_)?NCCL_[A-Z0-9_]*FLUSH[A-Z0-9_]*) environment variable to (\S+)"
+)
+"""A net plugin setting a flush variable itself (aws-ofi-nccl: "NET/OFI Setting
+OFI_NCCL_GDR_FLUSH_DISABLE environment variable to 1"): what the receives ran with."""
 _NRANKS_INFO = re.compile(r"\bnranks (\d+)\b")
 _PARAMS = re.compile(r"nThread (-?\d+) nGpus (-?\d+)")
 _RANGE = re.compile(r"minBytes (\d+) maxBytes (\d+) step: (\d+)\((factor|bytes)\)")
@@ -345,7 +350,7 @@ class Scanner:
         """Facts from one NCCL INFO/WARN message (``who``: host, pid, device)."""
         target = self.current or self.ctx
         target.info_hosts.add(who)
-        for name, value in _ENV_INFO.findall(message):
+        for name, value in _ENV_INFO.findall(message) + _PLUGIN_ENV.findall(message):
             target.env[name] = value.rstrip(".")
         if version := _VERSION.search(message):
             target.nccl_version = version.group(1)

@@ -24,6 +24,7 @@ from collsim.calibration.nccltests import NcclTestsLog
 from collsim.collectives.registry import NCCL_ALGORITHMS
 from collsim.dtypes import dtype_bytes
 from collsim.errors import CalibrationError, CollsimError
+from collsim.model.nccl_release import FLUSH_ENV
 from collsim.model.tuner import NCCL_CHANNELS, PROTOCOL_ORDER
 from collsim.tables import plural
 from collsim.topology.loader import load_topology
@@ -52,9 +53,11 @@ def _env_list(value: str) -> tuple[list[str], bool]:
 
 
 MODELLED_ENV = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS",
-                "NCCL_TREE_THRESHOLD")  # fmt: skip
-"""The NCCL settings that change collsim's predictions (:func:`constraints`); others (network
-interface names, debug levels, ...) are real NCCL settings that collsim does not model."""
+                "NCCL_TREE_THRESHOLD", *FLUSH_ENV)  # fmt: skip
+"""The NCCL (and net plugin) settings that change collsim's predictions (:func:`constraints`;
+the GPUDirect receive flush's, :func:`collsim.model.nccl_release.receive_flush`); others
+(network interface names, debug levels, ...) are real NCCL settings that collsim does not
+model."""
 
 
 def unmodelled_env(env: dict[str, str]) -> list[str]:
@@ -72,7 +75,8 @@ def unmodelled_env(env: dict[str, str]) -> list[str]:
 
 def check_env(env: dict[str, str]) -> None:
     """Refuse NCCL settings NCCL itself would refuse: an unknown algorithm (``NCCL_ALGO``) or
-    protocol (``NCCL_PROTO``), a channel count that is not a positive integer."""
+    protocol (``NCCL_PROTO``), a channel count that is not a positive integer, a flush switch
+    (:data:`~collsim.model.nccl_release.FLUSH_ENV`) that is not an integer."""
     known = {"NCCL_ALGO": {*_ALGO_ENV, "pat"}, "NCCL_PROTO": {p.lower() for p in PROTOCOL_ORDER}}
     for key, names in known.items():
         if key in env:
@@ -86,6 +90,10 @@ def check_env(env: dict[str, str]) -> None:
     for key in ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS"):
         if key in env and not (env[key].strip().isdecimal() and int(env[key]) >= 1):
             raise CalibrationError("must be a positive integer", field="--nccl-env",
+                                   value=f"{key}={env[key]}")  # fmt: skip
+    for key in FLUSH_ENV:  # NCCL reads them as integers (0 off), the plugin too
+        if key in env and not env[key].strip().lstrip("-").isdecimal():
+            raise CalibrationError("takes an integer (0: off, 1: on)", field="--nccl-env",
                                    value=f"{key}={env[key]}")  # fmt: skip
 
 

@@ -41,10 +41,13 @@ from collsim.model.nccl_choice import follow_nccl
 from collsim.model.nccl_release import (
     NcclVersion,
     effective_version,
+    nic_transport,
     parse_nccl_version,
+    receive_flush,
     tree_nic_share,
     tree_threshold_bytes,
     with_nic_share,
+    with_receive_flushes,
 )
 from collsim.model.params import (
     DEFAULT_PARAMS,
@@ -278,35 +281,63 @@ class Predictor:
             use_tree = sizes <= threshold
             best = np.where(use_tree, tree.best_s, ring.best_s)
             labels = [(tree if t else ring).choice_at(i).label() for i, t in enumerate(use_tree)]
-        return self._up_then_down(collective, sizes, best, labels, release, elem,
-                                  gpus_per_thread), labels  # fmt: skip
+        flushes = self._receive_flushes(version, env)
+        return self._retimed(collective, sizes, best, labels, release, elem, gpus_per_thread,
+                             flushes), labels  # fmt: skip
 
-    def _up_then_down(
-        self, collective: str, sizes: np.ndarray, best: np.ndarray, labels: list[str],
-        release: NcclVersion, elem: int, gpus_per_thread: int,
-    ) -> np.ndarray:  # fmt: skip
-        """``best`` with each tree all-reduce re-timed where ``release`` runs its reduce, then its
-        broadcast (:meth:`NcclVersion.tree_up_then_down`) and so drives each NIC
-        direction with fewer connections than fill it (:func:`tree_nic_share`): on NICs at that
-        share of their rate. NCCL's own model knows nothing of it, so the choice stays."""
+    def _receive_flushes(self, version: NcclVersion | None, env: dict[str, str]) -> float:
+        """1 where NCCL ``version`` flushes every Simple network receive on this system under
+        ``env`` (:func:`receive_flush`) and its transport serialises the flush with the step
+        (:attr:`Transport.flush_us`), else 0. Only for a stated release: a log that names none
+        does not say which plugin and libfabric ran, and the one such EFA log (p4de, whose
+        aws-ofi-nccl of 2023 or later flushes there: ``net_flush_required``,
+        src/platform-aws.c v1.14.0) reaches 0.84 of the NICs' line rate, which the serial cost
+        measured with NCCL 2.8.3 (:data:`collsim.transports.TRANSPORTS` ``efa``) would forbid."""
         topology = self.whatif.topology if self.whatif is not None else None
-        if collective != "all_reduce" or topology is None or self.model_name != "collsim":
+        if version is None or topology is None or self.model_name != "collsim":
+            return 0.0
+        transport = nic_transport(topology)
+        if transport is None or transport.flush_us <= 0:
+            return 0.0
+        cc = nvidia_compute_capability(topology.gpu.model)
+        return 1.0 if receive_flush(version, cc, transport, env) else 0.0
+
+    def _retimed(
+        self, collective: str, sizes: np.ndarray, best: np.ndarray, labels: list[str],
+        release: NcclVersion, elem: int, gpus_per_thread: int, flushes: float,
+    ) -> np.ndarray:  # fmt: skip
+        """``best`` with each choice re-timed for what NCCL's own model knows nothing of, so that
+        the choice stays: a tree all-reduce where ``release`` runs its reduce, then its
+        broadcast (:meth:`NcclVersion.tree_up_then_down`), and so drives each NIC direction
+        with fewer connections than fill it (:func:`tree_nic_share`: on NICs at that share of
+        their rate); and Simple where every network receive is flushed (``flushes`` per step,
+        :attr:`Topology.receive_flushes`), twice per step where the tree's phases run in turn:
+        each channel then receives every step once up and once down, in series, where the
+        pipelined schedule overlaps the two."""
+        topology = self.whatif.topology if self.whatif is not None else None
+        if topology is None or self.model_name != "collsim":
+            return best
+        if collective != "all_reduce" and flushes == 0:
             return best
         cc = nvidia_compute_capability(topology.gpu.model)
         out = np.array(best, dtype=np.float64)
         for label in sorted(set(labels)):
             algorithm, protocol, count = label.split("/")
-            if algorithm != "tree" or not release.tree_up_then_down(cc, protocol):
-                continue
             channels = int(count.removesuffix("ch"))
-            share = tree_nic_share(topology, channels, up_then_down=True)
-            if share >= 1.0:
+            up_down = (
+                collective == "all_reduce"
+                and algorithm == "tree"
+                and release.tree_up_then_down(cc, protocol)
+            )
+            share = tree_nic_share(topology, channels, up_then_down=True) if up_down else 1.0
+            flushed = flushes * (2.0 if up_down else 1.0) if protocol == "Simple" else 0.0
+            if share >= 1.0 and flushed == 0:
                 continue
-            model = self._at_nic_share(topology, share, release)
+            model = self._at_nic_share(topology, share, release, flushed)
             model = model if gpus_per_thread == 1 else HostThread(model, gpus_per_thread)
             rows = np.flatnonzero([x == label for x in labels])
             tuner = Tuner(model, protocols=(protocol,), channels=(channels,), defaults=False)
-            timed = tuner.tune(collective, sizes[rows], elem_bytes=elem, algorithms=["tree"])
+            timed = tuner.tune(collective, sizes[rows], elem_bytes=elem, algorithms=[algorithm])
             out[rows] = timed.best_s
         return out
 
@@ -330,15 +361,18 @@ class Predictor:
             ScaledModel(model, self.model.scale) if isinstance(self.model, ScaledModel) else model
         )
 
-    def _at_nic_share(self, topology: Topology, share: float, release: NcclVersion) -> Any:
+    def _at_nic_share(
+        self, topology: Topology, share: float, release: NcclVersion, flushes: float = 0.0
+    ) -> Any:
         """This predictor's model (its parameters and scale, following ``release``) on
-        ``topology`` with its NICs at ``share`` of their rate; built once per share and
-        release."""
+        ``topology`` with its NICs at ``share`` of their rate and ``flushes`` serial flushes
+        per Simple network receive step; built once per share, flushes and release."""
         cache = self.__dict__.setdefault("_nic_share_models", {})
-        key = (share, _release_key(release))
+        key = (share, _release_key(release), flushes)
         if key not in cache:
             params = replace(self._unscaled().params, nccl_release=_release_key(release))
-            cache[key] = AnalyticModel(WhatIf(with_nic_share(topology, share)), params)
+            changed = with_receive_flushes(with_nic_share(topology, share), flushes)
+            cache[key] = AnalyticModel(WhatIf(changed), params)
         return self._scaled(cache[key])
 
     def _of_release(self, release: NcclVersion) -> Any:

@@ -251,7 +251,8 @@ def nccl_env_option(func: Callable[..., Any]) -> Callable[..., Any]:
         multiple=True,
         metavar="NCCL_KEY=VALUE",
         help="NCCL setting the measured run used, where its log does not record it (e.g. "
-        "NCCL_ALGO=Ring), repeatable; settings the log records win.",
+        "NCCL_ALGO=Ring; the aws-ofi-nccl plugin's OFI_NCCL_GDR_FLUSH_DISABLE=1 too), "
+        "repeatable; settings the log records win.",
     )(func)
 
 
@@ -261,7 +262,7 @@ def nccl_env(items: tuple[str, ...]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip()
-        if not sep or not key.startswith("NCCL_") or not value.strip():
+        if not sep or not key.startswith(("NCCL_", "OFI_NCCL_")) or not value.strip():
             raise CollsimError("expected NCCL_KEY=VALUE, e.g. NCCL_ALGO=Ring",
                                field="--nccl-env", value=item)  # fmt: skip
         if key in out and out[key] != value.strip():  # an environment holds a name once

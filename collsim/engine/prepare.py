@@ -80,6 +80,10 @@ class Prepared:
     after: np.ndarray | None = None  # the op a transfer's flow follows on its connection, or -1
     follow_ptr: np.ndarray | None = None  # CSR: the transfers following each op (``after``)
     follow_idx: np.ndarray | None = None
+    route_flush_s_per_byte: np.ndarray | None = None
+    """Per route, the serial GPUDirect receive flush per payload byte (Simple transfers into a
+    flushing NIC, :func:`route_flush`), held after the flow (:meth:`tail_s`); ``None``: no
+    route flushes."""
     route_ceiling: np.ndarray | None = None
     """Per route, the wire bytes/s one transfer's flow on it may reach (its channel's, see
     :func:`channel_ceiling`); ``None``: no ceiling."""
@@ -106,6 +110,19 @@ class Prepared:
             for i in np.flatnonzero(self.cls[ids] == IN_NETWORK):
                 wire[i] *= self.in_network_traffic.get(int(ids[i]), 1.0)
         return wire
+
+    def tail_s(self, ops: np.ndarray) -> np.ndarray | None:
+        """Time a network transfer of ``ops`` holds after its flow ends, before it completes:
+        the receive's GPUDirect flushes (:func:`route_flush`), in series with the flow, so
+        that the transfer it is followed by on its connection and its successors wait for them
+        (a latency would overlap the transfer before it); ``None`` where nothing flushes."""
+        if self.route_flush_s_per_byte is None:
+            return None
+        tail = np.zeros(ops.shape[0])
+        net = self.cls[ops] == NET
+        ids = ops[net]
+        tail[net] = self.route_flush_s_per_byte[self.route[ids]] * self.payload_bytes(ids)
+        return tail
 
     def latency_s(self, ops: np.ndarray) -> np.ndarray:
         """Latency before the flows of ``ops`` start (0 for local operations)."""
@@ -215,6 +232,36 @@ def _transport_overhead(
     return route_overhead_s(np.asarray(table[row], dtype=np.float64), ptr, links)
 
 
+def route_flush(
+    fabric: Fabric,
+    protocol: str,
+    ptr: np.ndarray,
+    links: np.ndarray,
+    trees: int = 0,
+    per_link_scale: np.ndarray | None = None,
+) -> np.ndarray | None:
+    """Per route, the serial GPUDirect receive flush per payload byte (the fabric's
+    ``flush_s_per_byte``, largest over the route's links: a route enters one receiving NIC),
+    for Simple only (NCCL flushes Simple network receives: ``p == NCCL_PROTO_SIMPLE``,
+    src/transport/net.cc); ``None`` where nothing flushes. ``trees``: the concurrent trees of
+    one channel in the schedule (``meta["trees"]``): NCCL runs one tree per channel (its double
+    binary tree's two trees on different channels, ``src/graph/connect.cc``), so a channel's
+    flushes follow each other on its one connection where the schedule gives each channel both
+    trees with half its bytes at once: each tree's bytes pay the flushes of all of them. The
+    analytic model adds the same to its flows' seconds per byte (:mod:`collsim.model.flows`),
+    each link's figure times ``per_link_scale`` (a calibration's bandwidth efficiency divides
+    it, as it divides the time of the link's bytes)."""
+    table = getattr(fabric, "flush_s_per_byte", None)
+    if table is None or protocol.lower() != "simple":
+        return None
+    table = np.asarray(table, dtype=np.float64)
+    if not np.any(table > 0):
+        return None
+    if per_link_scale is not None:
+        table = table * per_link_scale
+    return route_overhead_s(table, ptr, links) * max(1, int(trees))
+
+
 def prepare(
     schedule: Schedule,
     fabric: Fabric,
@@ -311,6 +358,10 @@ def _routes(prep: Prepared, schedule: Schedule, fabric: Fabric, protocol: Protoc
         if schedule.meta.get("point_to_point", False):
             transport = transport + _through_proxies(prep, fabric, keys // nranks, keys % nranks)
         prep.route_latency_s = step_latency_s(route_lat, protocol.hop_latency(kinds), transport)
+        prep.route_flush_s_per_byte = route_flush(
+            fabric, protocol.name, prep.route_ptr, prep.route_links,
+            int(schedule.meta.get("trees", 0)),
+        )  # fmt: skip
         # Only a fabric with host-staged classes asks (a sort of the transfers' ranks).
         both = bool(getattr(fabric, "host_staged", ())) and schedule.copies_both_ways()
         meta = {**schedule.meta, "both_ways": both}

@@ -126,9 +126,13 @@ class _Hot:
         self.waiting = prep.waiting.astype(np.intp)
         self.latency_s = np.zeros(n)
         self.wire_bytes = np.zeros(n)
+        self.tail_s = None if prep.route_flush_s_per_byte is None else np.zeros(n)
         for part in chunks(n):
-            self.latency_s[part] = prep.latency_s(np.arange(part.start, part.stop))
+            ids = np.arange(part.start, part.stop)
+            self.latency_s[part] = prep.latency_s(ids)
             self.wire_bytes[part] = prep.wire_bytes(part)
+            if self.tail_s is not None:
+                self.tail_s[part] = prep.tail_s(ids)
 
 
 class Replay:
@@ -410,16 +414,20 @@ class Replay:
     def _flows_finished(self, ops: np.ndarray, t: float) -> np.ndarray:
         """Flows of ``ops`` (one entry per flow) ended at ``t``; returns ops now complete.
 
-        A fused receive-reduce completes at max(flow end, flow start + reduction time)."""
+        A fused receive-reduce completes at max(flow end, flow start + reduction time); a
+        flushed receive after its flushes (:meth:`Prepared.tail_s`)."""
         if self.prep.in_network or self.prep.path_ptr is not None:  # several flows per op
             ops, counts = np.unique(ops, return_counts=True)
             self.flows_left[ops] -= counts
         else:  # one flow per operation: ``ops`` has no repeats
             self.flows_left[ops] -= 1
         complete = ops[self.flows_left[ops] == 0]
-        late = self.prep.fused[complete] & (self.fused_end_s[complete] > t)
+        done_at = np.where(self.prep.fused[complete], self.fused_end_s[complete], t)
+        if self.hot.tail_s is not None:
+            done_at = np.maximum(done_at, t + self.hot.tail_s[complete])
+        late = done_at > t
         if late.any():
-            self._push(self.fused_end_s[complete[late]], complete[late], _DONE)
+            self._push(done_at[late], complete[late], _DONE)
             complete = complete[~late]
         return complete
 

@@ -125,6 +125,9 @@ def _durations(prep: Prepared, flows: _Flows) -> np.ndarray:
     local &= prep.cls != IN_NETWORK
     duration[local] = prep.local_s[local]
     del local
+    if prep.route_flush_s_per_byte is not None:  # a flushed receive holds after its flow
+        for part in chunks(duration.shape[0]):
+            duration[part] += prep.tail_s(np.arange(part.start, part.stop))
     # Fused receive-reduce: fs + max(a, b) == max(fs + a, fs + b), rounding being monotone.
     fused = np.flatnonzero(prep.fused)
     duration[fused] = np.maximum(duration[fused], prep.local_s[fused])

@@ -207,9 +207,12 @@ class AnalyticModel:
         """Whether the algorithm's ranks send and receive at once, and the concurrent trees of
         one channel, as the engine reads them off the schedule (``Schedule.copies_both_ways``,
         ``meta["trees"]``); asked only where some link class is staged through host memory
-        (``TopologyFabric.host_staged``), the only place they change a ceiling. The schedule
+        (``TopologyFabric.host_staged``), the only place they change a ceiling, or where some
+        receive is flushed (the trees then share a channel's flushes, ``route_flush``). The schedule
         is built once, at one element per rank pair."""
-        if not getattr(self.fabric, "host_staged", ()):
+        staged = bool(getattr(self.fabric, "host_staged", ()))
+        flushing = bool(np.any(np.asarray(getattr(self.fabric, "flush_s_per_byte", 0.0)) > 0))
+        if not staged and not flushing:  # trees also set a flushed receive's serial share
             return False, 0
         key = (collective, algorithm)
         if key not in self._both:
@@ -218,7 +221,8 @@ class AnalyticModel:
                 layout=self.layout,
             )  # fmt: skip
             self._both[key] = (schedule.copies_both_ways(), int(schedule.meta.get("trees", 0)))
-        return self._both[key]
+        both, trees = self._both[key]
+        return both and staged, trees
 
     def _serial_chunks(self, collective: str, algorithm: str) -> SerialChunks | None:
         """The chunk round trips of an NVLS or NVLS+tree all-reduce here (None where there

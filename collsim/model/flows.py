@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from collsim.engine.prepare import channel_ceiling
+from collsim.engine.prepare import channel_ceiling, route_flush
 from collsim.model.params import ModelParams, ProtocolParams
 from collsim.protocols import HW_NET, step_latency_s
 from collsim.transports import PROTOCOL_INDEX, append_links, route_overhead_s
@@ -216,6 +216,7 @@ class FlowCosts:
         trees: int = 0,
     ) -> None:
         self.fabric = fabric
+        self.trees = int(trees)
         self.cache = {} if cache is None else cache
         self.params = params
         self.protocol = protocol
@@ -223,6 +224,7 @@ class FlowCosts:
         kind = np.asarray(fabric.link_kind, dtype=np.int64)
         self.link_kind = kind
         eff = np.asarray(params.bandwidth_efficiency)[kind]
+        self.eff = eff
         self.capacity = np.asarray(fabric.capacity_bytes_per_s, dtype=np.float64) * eff
         network = getattr(fabric, "network", None)
         self.link_latency_s = np.zeros(kind.shape[0])  # per link, the proxies' (last) 0
@@ -416,6 +418,10 @@ class FlowCosts:
                 unit = (np.where(np.isinf(rates), 0.0, 1.0 / np.where(rates > 0, rates, 1.0)),)
             self.cache[key] = unit
         spb = self.wire * scale * unit[0]
+        # A flushed receive holds each step back in series (the engine adds it to the latency).
+        flush = route_flush(self.fabric, self.protocol.name, ptr, links, self.trees, 1.0 / self.eff)
+        if flush is not None:
+            spb = spb + flush
         load = np.broadcast_to(np.asarray(load_bytes, dtype=np.float64), src.shape)
         if np.any(load > 0):
             share = np.ones(links.shape[0])
@@ -430,7 +436,8 @@ class FlowCosts:
                       share * load[owner] * self.wire / self.capacity[links])  # fmt: skip
             np.minimum.at(self.load_lat_s, links, lat[owner])
             if ceil is not None:  # each copy's bytes at its own ceiling
-                per_copy = np.where(np.diff(ptr) > 0, load / w * self.wire * scale / ceil, 0.0)
+                per_byte = self.wire * scale / ceil + (0.0 if flush is None else flush)
+                per_copy = np.where(np.diff(ptr) > 0, load / w * per_byte, 0.0)
                 worst = int(np.argmax(per_copy))
                 if per_copy[worst] > 0:
                     self.ceiling_lines.append((float(lat[worst]), float(per_copy[worst])))

@@ -44,6 +44,21 @@ nodes -- ALCF Polaris, Ampere at 24 GB/s a channel: :mod:`collsim.model.nccl_cho
   :attr:`collsim.transports.Transport.connection_fraction` and
   :func:`tree_connections_per_nic`.
 
+* **GPUDirect receive flush.** Before the GPU reads a Simple-protocol network receive that the
+  NIC wrote into its memory, NCCL's proxy asks the net plugin to flush it (``ncclNetIflush``: a
+  loopback RDMA read of the buffer, which PCIe orders behind the NIC's writes), and hands the
+  step to the GPU only when that completes (``v2.8.3-1`` ``src/transport/net.cc`` lines
+  407-425, "Don't pass data to the GPU yet, flush first", for ``size > 0 && protocol ==
+  NCCL_PROTO_SIMPLE && useGdr``). Through 2.14 NCCL asks on every GPU and the plugin decides:
+  ``net_ib`` reads unless ``NCCL_GDR_FLUSH_DISABLE=1`` (``net_ib.cc`` v2.8.3 lines 476-518),
+  aws-ofi-nccl issues an ``fi_read`` unless ``OFI_NCCL_GDR_FLUSH_DISABLE=1`` (v1.1.x
+  ``src/nccl_ofi_net.c`` ``ofi_iflush``). From 2.15 ``ncclTopoNeedFlush`` (``src/graph/
+  paths.cc``) flushes below compute capability 9.0 and on Hopper or later only with
+  ``NCCL_NET_FORCE_FLUSH`` (default 1 in 2.15-2.18, 0 from 2.19.1; aws-ofi-nccl sets it to 0 on
+  p5, PR #314). ``NCCL_GDRCOPY_FLUSH_ENABLE=1`` (2.9 on) flushes with a CPU read through GDRCopy
+  instead, not the NIC. :func:`receive_flush` is that rule; what a flush costs is the
+  transport's (:attr:`collsim.transports.Transport.flush_us`).
+
 A log that does not say its release is predicted with the newest behaviour, except that a setting
 only NCCL < 2.5 reads (``NCCL_TREE_THRESHOLD``) is taken as that release's: whoever set it ran a
 release that reads it.
@@ -57,7 +72,7 @@ from dataclasses import dataclass, field, replace
 
 from collsim.errors import CalibrationError
 from collsim.topology.spec import Topology
-from collsim.transports import transport_for
+from collsim.transports import Transport, transport_for
 
 _VERSION = re.compile(r"^\s*v?(\d+)\.(\d+)\.(\d+)")
 _CUDA = re.compile(r"\+cuda(\d+)\.(\d+)")
@@ -185,6 +200,53 @@ def tree_threshold_bytes(
     return float(int(ringbw * treebw / (ringbw - treebw) * (ringlat - treelat)))
 
 
+FLUSH_ENV = (
+    "NCCL_NET_FORCE_FLUSH",
+    "NCCL_GDR_FLUSH_DISABLE",
+    "NCCL_GDRCOPY_FLUSH_ENABLE",
+    "OFI_NCCL_GDR_FLUSH_DISABLE",
+)
+"""The settings :func:`receive_flush` reads: NCCL's (integers, non-zero on) and aws-ofi-nccl's."""
+
+
+def _set(env: dict[str, str], name: str) -> bool | None:
+    """Whether ``env`` turns ``name`` on (True), off (False) or leaves it unset (None)."""
+    raw = env.get(name)
+    if raw is None:
+        return None
+    text = raw.strip()
+    return int(text) != 0 if text.lstrip("-").isdecimal() else text.lower() in ("true", "yes")
+
+
+def receive_flush(
+    release: NcclVersion,
+    compute_capability: int | None,
+    transport: Transport | None,
+    env: dict[str, str],
+) -> bool:
+    """Whether NCCL ``release`` flushes each Simple network receive into a GPU of
+    ``compute_capability`` with the NIC's loopback read, through ``transport`` under ``env``
+    (the NCCL and plugin settings a log records): the module's rule. No GPUDirect transport
+    (sockets, host-staged EFA: the NIC writes host memory), no flush."""
+    if transport is None or transport.name in ("socket", "efa_host"):
+        return False
+    plugin_off = "NCCL_GDR_FLUSH_DISABLE" if transport.name == "ib_verbs" else (
+        "OFI_NCCL_GDR_FLUSH_DISABLE"
+    )  # fmt: skip
+    if _set(env, plugin_off) or _set(env, "NCCL_GDRCOPY_FLUSH_ENABLE"):
+        return False
+    if release < NcclVersion(2, 15, 0) or compute_capability is None or compute_capability < 90:
+        return True
+    forced = _set(env, "NCCL_NET_FORCE_FLUSH")
+    return forced if forced is not None else release < NcclVersion(2, 19, 1)
+
+
+def with_receive_flushes(topology: Topology, flushes: float) -> Topology:
+    """``topology`` with each Simple network receive step paying ``flushes`` serial flushes
+    (:attr:`~collsim.topology.spec.Topology.receive_flushes`)."""
+    return replace(topology, receive_flushes=float(flushes))
+
+
 def _nic_cables(topology: Topology) -> list[int]:
     """Indices of ``topology``'s links between a NIC and the network (a scale-out link kind)."""
     kinds = {d.name: d.kind for d in topology.devices}
@@ -194,6 +256,14 @@ def _nic_cables(topology: Topology) -> list[int]:
         if "nic" in (kinds.get(link.a), kinds.get(link.b))
         and transport_for(link.kind, topology.transport) is not None
     ]
+
+
+def nic_transport(topology: Topology) -> Transport | None:
+    """The net transport of ``topology``'s scale-out NICs; None on one node or without NICs."""
+    cables = _nic_cables(topology)
+    if topology.nodes < 2 or not cables:
+        return None
+    return transport_for(topology.links[cables[0]].kind, topology.transport)
 
 
 def tree_connections_per_nic(topology: Topology, channels: int, up_then_down: bool) -> int:
@@ -232,13 +302,17 @@ def with_nic_share(topology: Topology, share: float) -> Topology:
 
 
 __all__ = [
+    "FLUSH_ENV",
     "NEWEST",
     "OLD_ONLY_ENV",
     "NcclVersion",
     "effective_version",
+    "nic_transport",
     "parse_nccl_version",
+    "receive_flush",
     "tree_connections_per_nic",
     "tree_nic_share",
     "tree_threshold_bytes",
     "with_nic_share",
+    "with_receive_flushes",
 ]

@@ -39,14 +39,20 @@ def host_staged_classes(network: Network) -> tuple[int, ...]:
     return () if network.topology.gpu_p2p else (HW_PCI,)
 
 
-def _transport_costs(network: Network) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _transport_costs(
+    network: Network,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Capacity per link with each cable at a NIC scaled by its transport's attainable
     fraction, the (3, links) per-step transport overhead of cables at a NIC (0 elsewhere:
     a route crosses a NIC's cable wherever it leaves or enters a node over the network), and
-    per link the proxy's time per point-to-point message of its transport (0: no limit)."""
+    per link the proxy's time per point-to-point message of its transport (0: no limit), and
+    per link the serial flush seconds per payload byte of a Simple receive over it
+    (``Topology.receive_flushes`` times the transport's :attr:`Transport.flush_s_per_byte`)."""
     capacity = np.array(network.capacity_bytes_per_s, dtype=np.float64)
     overhead = np.zeros((3, capacity.shape[0]))
     proxy_s = np.zeros(capacity.shape[0])
+    flush = np.zeros(capacity.shape[0])
+    flushes = float(network.topology.receive_flushes)
     override = network.topology.transport
     kinds = [d.kind for d in network.devices]
     for k in range(network.n_directed_links):
@@ -58,7 +64,8 @@ def _transport_costs(network: Network) -> tuple[np.ndarray, np.ndarray, np.ndarr
         capacity[k] *= transport.bandwidth_fraction
         overhead[:, k] = transport.step_overhead_s
         proxy_s[k] = transport.proxy_message_us * 1e-6
-    return capacity, overhead, proxy_s
+        flush[k] = flushes * transport.flush_s_per_byte
+    return capacity, overhead, proxy_s, flush
 
 
 class TopologyFabric:
@@ -76,11 +83,15 @@ class TopologyFabric:
         self.link_kind = np.array(
             [_HW_CLASS.get(kind, HW_NET) for kind in network.link_kind], dtype=np.int64
         )
-        capacity, self.transport_overhead_s, self._proxy_s = _transport_costs(network)
+        capacity, self.transport_overhead_s, self._proxy_s, self.flush_s_per_byte = (
+            _transport_costs(network)
+        )
         """Capacities with each NIC cable at its transport's attainable fraction; and per
         protocol (LL, LL128, Simple) and link, the transport's per-step overhead (s), which
         both engines add to the step latency of a route crossing that NIC
-        (:mod:`collsim.transports`)."""
+        (:mod:`collsim.transports`); ``flush_s_per_byte``: per link, the serial GPUDirect
+        receive flush per payload byte of a Simple transfer crossing it, which the engine adds
+        to the transfer's latency and the model to its seconds per byte."""
         self.capacity_bytes_per_s = capacity
         self.proxy_first: int | None = None
         """Link id of rank 0's proxy (rank ``r``'s is ``proxy_first + r``), where the NICs'
@@ -96,6 +107,7 @@ class TopologyFabric:
             pad = ((0, 0), (0, self.nranks))
             self.transport_overhead_s = np.pad(self.transport_overhead_s, pad)
             self._proxy_s = np.pad(self._proxy_s, (0, self.nranks))
+            self.flush_s_per_byte = np.pad(self.flush_s_per_byte, (0, self.nranks))
         # Per-GPU speed (a slow GPU of a what-if fault) scales its memory rates.
         speed = np.array([network.devices[i].speed for i in self._gpu_index], dtype=np.float64)
         memory = network.topology.gpu.memory_bandwidth_bytes_per_s * speed

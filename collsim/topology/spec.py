@@ -204,6 +204,13 @@ class Topology:
     for a PCIe node without P2P (``intra.p2p: false``, an explicit graph's ``gpu_p2p: false``),
     where NCCL stages their traffic through host memory (its SHM transport) and a channel that
     copies both ways runs at :data:`collsim.channel_rates.HOST_STAGED_GBPS`."""
+    receive_flushes: float = 0.0
+    """GPUDirect receive flushes each Simple network step on a NIC pays in series, at its
+    transport's :attr:`~collsim.transports.Transport.flush_us`: 0 where NCCL does not flush (or
+    unknown), 1 where every receive is flushed, 2 where a tree all-reduce runs its reduce, then
+    its broadcast, so that each channel receives every step twice in turn. Set by the prediction
+    of a log from its NCCL release, GPU and plugin settings
+    (:func:`collsim.model.nccl_release.receive_flush`), not by topology files."""
     nic_gpu_path: str = "pix"
     """The PCIe path from a GPU to its nearest NIC (``node.nics.gpu_path``: ``pix``, ``pxb``,
     ``phb``, ``node`` or ``sys``, as ``nvidia-smi topo -m`` prints it); NCCL's LL128 across nodes
