@@ -140,10 +140,9 @@ def fit_samples(
     classes = sorted({k for s in systems.values() for k in classes_used(s)})
     prob = Problem(samples, classes, base, systems=[systems[id(s.topology)] for s in samples])
     rows = sum(int(s.sizes.size) for s in samples)
-    # Each class's own factors, and the protocols' efficiencies, have a prior that holds them
-    # where the rows cannot: what the rows must determine are the others (efficiency, latency,
-    # base, floor, size factors, duplex).
-    own = sum(":" not in k and not k.startswith("proto_") for k in prob.kinds)
+    # Each class's own factors have a prior that holds them where the rows cannot: what the rows
+    # must determine are the others (efficiency, latency, base, floor, size factors, duplex).
+    own = sum(":" not in k for k in prob.kinds)
     if rows <= own:
         raise CalibrationError(
             f"{plural(rows, 'measured row')} cannot determine the fit's {own} "
@@ -303,7 +302,6 @@ def _doc(prob: Problem, x: np.ndarray) -> ProfileDoc:
         p2p_op_us=round(HOST_P2P_OP_S * 1e6, 4),
         memory_efficiency=round(prob.memory_efficiency(x), 5),
         size_efficiency=[(s, round(f, 5)) for s, f in size_table(x[4 : 4 + len(SIZE_KNOTS_BYTES)])],
-        protocol_efficiency={name: round(f, 5) for name, f in prob.protocol_factors(x)},
         tree_correction=prob.base.tree_correction,
         provenance=Provenance(logs=[], collectives=[], ranks=[], method="", fitted=[]),
     )

@@ -109,9 +109,6 @@ class Scale:
     launch_floor_s: float = 0.0
     p2p_op_s: float = 0.0
     size_factors: tuple[tuple[float, float], ...] = ()
-    protocol_factors: tuple[tuple[str, float], ...] = ()
-    """(protocol, factor) on that protocol's bandwidth term
-    (:attr:`~collsim.model.params.ModelParams.protocol_efficiency`)."""
 
 
 class ScaledModel:
@@ -142,9 +139,7 @@ class ScaledModel:
         eff = effective_bytes(collective, sizes, elem_bytes, self.nranks)
         sc = self.scale
         p = self.model.params
-        stretch = p.stretch(
-            collective, algorithm, protocol, eff, sc.size_factors, sc.protocol_factors
-        )
+        stretch = p.stretch(collective, algorithm, protocol, eff, sc.size_factors)
         t = (
             p.base_latency_s
             + sc.base_latency_s

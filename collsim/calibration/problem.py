@@ -46,14 +46,9 @@ BOUNDS = {
     "rel": (0.05, 5.0),
     "rel_lat": (0.05, 5.0),
     "duplex": (0.5, 1.0),
-    "proto": (0.1, 1.5),
 }
 """Per kind of parameter; ``rel`` and ``rel_lat`` (a link class's efficiency and latency scale
 relative to the reference class's) are ``rel:K`` / ``rel_lat:K`` for class K."""  # fmt: skip
-FITTED_PROTOCOLS = ("LL", "LL128")
-"""Protocols whose achieved rate relative to the model's is fitted (``proto_<name>``, prior 1:
-:attr:`~collsim.model.params.ModelParams.protocol_efficiency`); Simple is the reference the link
-and memory efficiencies describe."""
 ONE_WAY = frozenset({"broadcast", "reduce"})
 """Collectives whose traffic crosses each link one way; the others load both directions."""
 DUPLEX_CLASSES = (1, 2)
@@ -94,7 +89,7 @@ base when only all_reduce was measured -- the priors put it in the floor, up to 
 cost, and the rest in the per-call base. A parameter no row moves at all
 (:mod:`.identify`) is set to its prior exactly after the fit."""
 PRIOR_WIDTH_LN = LOSS_SCALE / PRIOR_WEIGHT
-RIDGE_KINDS = ("eff", "lat", "size", "rel", "rel_lat", "duplex", "proto")
+RIDGE_KINDS = ("eff", "lat", "size", "rel", "rel_lat", "duplex")
 """Kinds with the log-space prior (``rel`` and ``rel_lat`` on their class's own values)."""
 
 
@@ -154,23 +149,17 @@ class Problem:
             self.kinds += [f"rel:{k}"] + ([f"rel_lat:{k}"] if k != self.ref else [])
         if self.duplex:
             self.kinds += ["duplex"]
-        self.kinds += [f"proto_{name}" for name in FITTED_PROTOCOLS]
         # The prior (the uncalibrated model) on the physical values (:meth:`phys`).
         self.frac = NCCL_ACHIEVABLE_FRACTION
         centre = {"eff": self.frac[self.ref] if self.tied else 1.0, "lat": 1.0,
                   "base": NCCL_BASE_LATENCY_S * 1e6, "floor": self.floor_prior_us, "size": 1.0,
-                  "rel_lat": 1.0, "duplex": 1.0, "proto": 1.0}  # fmt: skip
+                  "rel_lat": 1.0, "duplex": 1.0}  # fmt: skip
         self.prior_phys = np.array(
-            [self.frac[self.cls(k)] if k.startswith("rel:") else centre[self.kind(k)]
+            [self.frac[self.cls(k)] if k.startswith("rel:") else centre[k.split(":")[0]]
              for k in self.kinds]
         )  # fmt: skip
-        self.ridge = np.array([self.kind(k) in RIDGE_KINDS for k in self.kinds])
-        self.bounds = [BOUNDS[self.kind(k)] for k in self.kinds]
-
-    @staticmethod
-    def kind(name: str) -> str:
-        """The kind of parameter ``name`` (``rel:2`` -> ``rel``, ``proto_LL`` -> ``proto``)."""
-        return "proto" if name.startswith("proto_") else name.split(":")[0]
+        self.ridge = np.array([k.split(":")[0] in RIDGE_KINDS for k in self.kinds])
+        self.bounds = [BOUNDS[k.split(":")[0]] for k in self.kinds]
 
     @staticmethod
     def cls(kind: str) -> int:
@@ -186,9 +175,7 @@ class Problem:
                  "duplex": "duplex_efficiency"}  # fmt: skip
         out = []
         for k in self.kinds:
-            if k.startswith("proto_"):
-                out.append(f"protocol_efficiency@{k.removeprefix('proto_')}")
-            elif k == "size":
+            if k == "size":
                 out.append(f"size_efficiency@{format_size(next(knots))}")
             elif ":" in k:
                 what = "bandwidth_efficiency" if k.startswith("rel:") else "latency_scale"
@@ -272,14 +259,6 @@ class Problem:
             launch_floor_s=float(x[3]) * 1e-6,
             p2p_op_s=HOST_P2P_OP_S,
             size_factors=tuple(size_table(x[4 : 4 + len(SIZE_KNOTS_BYTES)])),
-            protocol_factors=self.protocol_factors(x),
-        )
-
-    def protocol_factors(self, x: np.ndarray) -> tuple[tuple[str, float], ...]:
-        """(protocol, efficiency) of ``x`` (:data:`FITTED_PROTOCOLS`)."""
-        pairs = zip(self.kinds, x, strict=True)
-        return tuple(
-            (k.removeprefix("proto_"), float(v)) for k, v in pairs if k.startswith("proto_")
         )
 
     def predict(self, x: np.ndarray) -> list[np.ndarray]:

@@ -129,15 +129,6 @@ class ModelParams:
     one thread block copying (and reducing), so a calibration moves it with the GPU's copy rate
     (a profile's ``memory_efficiency``); 1 uncalibrated."""
     size_factors: tuple[tuple[float, float], ...] = ()
-    protocol_efficiency: tuple[tuple[str, float], ...] = ()
-    """(protocol, factor) pairs: the rate a protocol achieves relative to what the model gives
-    it, a factor on its bandwidth term at every size (absent: 1). A calibration's: LL stores a
-    4-byte flag beside every 4 bytes of data and LL128 one per 120 bytes, and the receiving
-    threads poll every line, so what those protocols carry depends on how fast the GPU's
-    threads issue and poll lines, which NCCL's own model does not price from the wire (it caps
-    LL by a measured table, ``llMaxBws``, and LL128 by ``perChMaxRingLL128Bws``, tuning.cc).
-    Where it is below 1 NCCL's tuner leaves LL/LL128 at smaller sizes than the nominal rates
-    say, and so does collsim's. Applied by the analytic model (:meth:`stretch`), not the engine."""
     tree_correction: bool = False
     source: str = "datasheet defaults (what the discrete-event engine assumes)"
     nccl_release: tuple[int, int, int] | None = None
@@ -183,14 +174,6 @@ class ModelParams:
                 value=self.size_factors,
             )
         object.__setattr__(self, "size_factors", pts)
-        protos = tuple((str(n), float(f)) for n, f in self.protocol_efficiency)
-        if any(not np.isfinite(f) or f <= 0 for _, f in protos):
-            raise CalibrationError(
-                "protocol_efficiency must be (protocol, factor > 0) pairs",
-                field="protocol_efficiency",
-                value=self.protocol_efficiency,
-            )
-        object.__setattr__(self, "protocol_efficiency", protos)
         if not isinstance(self.tree_correction, bool):
             raise CalibrationError(
                 "must be true or false", field="tree_correction", value=self.tree_correction
@@ -228,25 +211,19 @@ class ModelParams:
         protocol: str,
         size_bytes: np.ndarray,
         factors: tuple[tuple[float, float], ...] | None = None,
-        protocols: tuple[tuple[str, float], ...] | None = None,
     ) -> np.ndarray | float:
         """What each size's bytes are multiplied by in the bandwidth term: 1 / (the size
-        factors x ``protocol``'s efficiency -- these, or ``factors`` and ``protocols`` where
-        given: a calibration's -- x NCCL's tree efficiency and tree correction where on, of
-        :attr:`nccl_release`)."""
+        factors -- these, or ``factors`` where given: a calibration's -- x NCCL's tree
+        efficiency and tree correction where on, of :attr:`nccl_release`)."""
         pts = self.size_factors if factors is None else factors
-        pairs = self.protocol_efficiency if protocols is None else protocols
-        proto = {n.lower(): f for n, f in pairs}.get(str(protocol).lower(), 1.0)
         tree = self.tree_correction and algorithm == "tree" and collective == "all_reduce"
         if not pts and not tree:
-            return 1.0 / proto
+            return 1.0
         size_bytes = np.asarray(size_bytes, dtype=np.float64)
-        factor = np.full_like(size_bytes, proto)
+        factor = np.ones_like(size_bytes)
         if pts:
             xs = np.log2([s for s, _ in pts])
-            factor = factor * np.interp(
-                np.log2(np.maximum(size_bytes, 1.0)), xs, [f for _, f in pts]
-            )
+            factor = np.interp(np.log2(np.maximum(size_bytes, 1.0)), xs, [f for _, f in pts])
         if tree:
             rel = self.nccl_release
             factor = factor * tree_efficiency(rel) * tree_correction(protocol, size_bytes, rel)
@@ -267,7 +244,6 @@ class ModelParams:
             "copy_efficiency": self.copy_efficiency,
             "channel_efficiency": self.channel_efficiency,
             "size_factors": [list(p) for p in self.size_factors],
-            "protocol_efficiency": [list(p) for p in self.protocol_efficiency],
             "tree_correction": self.tree_correction,
             "protocols": {
                 p.name: {
@@ -286,8 +262,7 @@ class ModelParams:
         --profile``)."""
         if not isinstance(data, Mapping):
             raise CalibrationError("model parameters must be a mapping", field="params", value=data)
-        known = [*_RANGES, "size_factors", "protocol_efficiency", "protocols", "tree_correction",
-                 "source"]  # fmt: skip
+        known = [*_RANGES, "size_factors", "protocols", "tree_correction", "source"]
         extra = sorted(set(data) - set(known), key=str)
         if extra:
             raise CalibrationError(
@@ -311,8 +286,6 @@ class ModelParams:
             kwargs["size_factors"] = tuple(_size_factor(p, i) for i, p in enumerate(pts))
         if "protocols" in data:
             kwargs["protocols"] = _protocols(data["protocols"])
-        if "protocol_efficiency" in data:
-            kwargs["protocol_efficiency"] = _protocol_efficiency(data["protocol_efficiency"])
         return cls(**kwargs)
 
 
@@ -379,24 +352,3 @@ def _protocols(data: Any) -> tuple[ProtocolParams, ...]:
 
 DEFAULT_PARAMS = ModelParams()
 """The engine's physics; the model agrees with the engine under these."""
-
-
-def _protocol_efficiency(pairs: Any) -> tuple[tuple[str, float], ...]:
-    """``[[LL, 0.8], [LL128, 0.9]]`` -> pairs, each protocol one of NCCL's and its factor in
-    0.01-10 (one error naming the pair)."""
-    if not isinstance(pairs, list | tuple):
-        raise CalibrationError(
-            "needs a list of [protocol, factor] pairs", field="protocol_efficiency", value=pairs
-        )
-    out = []
-    for i, pair in enumerate(pairs):
-        name = pair[0] if isinstance(pair, list | tuple) and len(pair) == 2 else None
-        if not isinstance(name, str) or name.lower() not in PROTOCOLS:
-            raise CalibrationError(
-                f"needs [protocol, factor] with protocol one of {', '.join(PROTOCOLS)}",
-                field=f"protocol_efficiency[{i}]",
-                value=pair,
-            )
-        (factor,) = _numbers(pair[1:], f"protocol_efficiency[{i}]", 1, 0.01, 10.0)
-        out.append((PROTOCOLS[name.lower()].name, float(factor)))
-    return tuple(out)

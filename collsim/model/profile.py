@@ -172,10 +172,6 @@ class ProfileDoc(_Strict):
     """Host cost per point-to-point operation a call enqueues (a priori, not fitted)."""
     memory_efficiency: Num = Field(default=1.0, ge=0.001, le=4)
     size_efficiency: list[tuple[Num, Num]] = []
-    protocol_efficiency: dict[Literal["LL", "LL128", "Simple"], Num] = {}
-    """Per protocol, the rate it achieves relative to the model's at every size
-    (:attr:`~collsim.model.params.ModelParams.protocol_efficiency`; absent: 1). Describes the
-    fit's scale only, as the size efficiency does."""
     tree_correction: StrictBool = False
     """Whether tree all-reduces take NCCL's medium-size correction (fits since it existed do;
     files without the key were fitted without it)."""
@@ -279,7 +275,6 @@ class Profile:
         bound = prior is not None and topology is not None and self.other_scale(topology)
         base_latency_us = prior.base_latency_us if bound and prior else self.doc.base_latency_us
         sizes = [] if bound else self.doc.size_efficiency
-        protocol_eff = {} if bound else self.doc.protocol_efficiency
         return dataclasses.replace(
             base,
             protocols=protocols,
@@ -293,7 +288,6 @@ class Profile:
             bandwidth_efficiency=tuple(eff),  # type: ignore[arg-type]
             duplex_efficiency=tuple(duplex),  # type: ignore[arg-type]
             size_factors=tuple((float(s), float(f)) for s, f in sizes),
-            protocol_efficiency=tuple((n, float(f)) for n, f in protocol_eff.items()),
             tree_correction=self.doc.tree_correction,
             source=f"profile {self.file or self.topology_name}",
         )
@@ -444,14 +438,6 @@ def profile_from_dict(data: Any, file: str | None = None) -> Profile:
             field="size_efficiency",
             value=doc.size_efficiency,
         )
-    for name, f in doc.protocol_efficiency.items():
-        if not (math.isfinite(f) and 0.01 <= f <= 10):
-            raise CalibrationError(
-                "a protocol's efficiency must be from 0.01 to 10",
-                file=file,
-                field=f"protocol_efficiency.{name}",
-                value=f,
-            )
     return Profile(doc, file)
 
 
