@@ -255,6 +255,7 @@ def fit_samples(
                 ),
                 fitted=[n for n, s in zip(labels, seen, strict=True) if s.status != "prior"],
                 at_bounds=at_bounds,
+                nccl_releases={s.name: str(s.nccl_version) for s in samples if s.nccl_version},
             ),
             "fit_error": FitError(
                 mape=round(float(np.mean(list(per_log.values()))), 6),

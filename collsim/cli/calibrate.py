@@ -270,6 +270,13 @@ def read_cmd(
 @click.option("--allow-anomalies", is_flag=True, help="Fit logs with anomalies (#wrong > 0).")
 @nccl_env_option
 @click.option(
+    "--nccl-version",
+    default=None,
+    metavar="X.Y.Z",
+    help="NCCL release the runs used, where a log does not say (e.g. 2.9.9+cuda11.2); the fit "
+    "predicts those logs with its choices, as validate does. Default: the newest behaviour.",
+)
+@click.option(
     "-o",
     "--output",
     required=True,
@@ -286,6 +293,7 @@ def fit_cmd(
     gpus_per_thread: int | None,
     allow_anomalies: bool,
     nccl_env_items: tuple[str, ...],
+    nccl_version: str | None,
     output: str,
 ) -> None:
     """Fit a calibration profile of TOPOLOGY to nccl-tests LOGS (least squares on time error).
@@ -295,25 +303,31 @@ def fit_cmd(
     and network links a duplex efficiency where the logs hold one-way and two-way collectives; a
     per-call base latency and the host's launch floor under back-to-back calls, per GPU one host
     thread drives, as nccl-tests -g gives it; size-dependent efficiency) that 'simulate',
-    'validate' and 'step' accept as --profile.
+    'validate' and 'step' accept as --profile. Each log is predicted as its NCCL release runs
+    it: the release its header names, else --nccl-version, else the newest behaviour.
     """
     from collsim.calibration.session import load_samples
+    from collsim.model.nccl_release import parse_nccl_version
 
     refuse_overwriting_inputs([*logs, topology], output=output)
+    parse_nccl_version(nccl_version, field="--nccl-version")  # a bad value: one line, now
     samples = load_samples(
         logs, topology, nodes=nodes, gpus_per_node=gpus_per_node, collective=collective,
         ranks=ranks, gpus_per_thread=gpus_per_thread, allow_anomalies=allow_anomalies,
-        for_fit=True, env=nccl_env(nccl_env_items),
+        for_fit=True, env=nccl_env(nccl_env_items), nccl_version=nccl_version,
     )  # fmt: skip
     from collsim.calibration.fit import fit_samples
     from collsim.calibration.identify import identified_text
     from collsim.calibration.log_context import gpu_mismatch
+    from collsim.calibration.session import release_lines
 
     for s in samples:
         for note in s.log.incomplete_notes:  # the fit uses the rows that completed
             click.echo(f"# note: {s.name}: {note}")
         if note := gpu_mismatch(s.log, s.topology):
             click.echo(f"# note: {note}")
+    for line in release_lines(samples, nccl_version):
+        click.echo(f"# {line}")
     profile = fit_samples(samples)
     profile.save(output)
     doc = profile.doc

@@ -119,6 +119,7 @@ def validate(
     samples = load_samples(
         logs, topology, nodes=nodes, gpus_per_node=gpus_per_node, collective=collective,
         ranks=ranks, gpus_per_thread=gpus_per_thread, env=nccl_env(nccl_env_items),
+        nccl_version=nccl_version,  # so --cross-scale's fit and predictions follow it too
     )  # fmt: skip
     for s in samples:  # a wrong row would count in the error as if it were a measurement
         check_log(s.log, allow_anomalies=allow_anomalies, action="validate")

@@ -118,6 +118,10 @@ class Provenance(_Strict):
     ranks: list[Int]
     method: str
     fitted: list[str]
+    nccl_releases: dict[str, str] = {}
+    """Per log, the NCCL release whose choices the fit predicted it with (the log's own, or the
+    one given for it: ``calibrate fit --nccl-version``, the dataset index); a log not listed:
+    none known, the newest behaviour."""
     at_bounds: list[str] = []
     """Parameters the fit left at a bound (``name = value (lower|upper bound)``): the data
     pushed them further than a physical value goes, so the model misses something there."""
