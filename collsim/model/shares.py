@@ -19,6 +19,19 @@ Shares = dict[bytes, tuple[np.ndarray, ...]]
 (:meth:`FlowCosts.wave`); valid for one fabric and one set of link capacities."""
 
 
+class _Set(dict):  # type: ignore[type-arg]
+    """One capacity set's shares, counting the bytes of the arrays put in it."""
+
+    nbytes = 0
+
+    def __setitem__(self, key: bytes, unit: tuple[np.ndarray, ...]) -> None:
+        old = self.get(key)
+        self.nbytes += sum(a.nbytes for a in unit) - (
+            0 if old is None else sum(a.nbytes for a in old)
+        )
+        super().__setitem__(key, unit)
+
+
 class WaveShares:
     """The max-min results of waves on one fabric, shared by every cost model of one system
     (:class:`~collsim.model.system.System`), grouped by the link capacities they were shared
@@ -38,7 +51,7 @@ class WaveShares:
     def __init__(self, keep: int = 16, budget_bytes: int = 512 * 1024**2) -> None:
         self.keep = keep
         self.budget_bytes = budget_bytes
-        self._sets: OrderedDict[bytes, Shares] = OrderedDict()
+        self._sets: OrderedDict[bytes, _Set] = OrderedDict()
 
     def for_capacity(self, capacity_bytes_per_s: np.ndarray) -> Shares:
         """The shares computed over exactly these capacities (a new, empty set if none)."""
@@ -47,11 +60,11 @@ class WaveShares:
         ).digest()
         found = self._sets.get(key)
         if found is None:
-            found = self._sets[key] = {}
+            found = self._sets[key] = _Set()
         self._sets.move_to_end(key)
         held = 0
         for kept, k in enumerate(reversed(list(self._sets)), start=1):  # newest first
-            held += sum(a.nbytes for unit in self._sets[k].values() for a in unit)
+            held += self._sets[k].nbytes
             if kept > 1 and (kept > self.keep or held > self.budget_bytes):
                 del self._sets[k]
         return found
