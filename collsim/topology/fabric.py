@@ -7,8 +7,7 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -79,7 +78,6 @@ class TopologyFabric:
         self.reduce_bytes_per_s = memory / 3.0
         self.copy_bytes_per_s = memory / 2.0
         self._reducer: dict[tuple[int, ...], int] = {}
-        self._memo = _Memo()
         self.couplings = network.couplings
         """Shared capacities of cables short of full duplex: (link, direction, direction) ids."""
 
@@ -102,9 +100,6 @@ class TopologyFabric:
         """CSR ``(ptr, link_ids)`` and ``latency_s`` for each rank pair (computed once per pair)."""
         src = np.asarray(src, dtype=np.int64)
         dst = np.asarray(dst, dtype=np.int64)
-        return self._memo.get(b"routes", src, dst, self._routes)  # type: ignore[return-value]
-
-    def _routes(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, ...]:
         keys = src * self.nranks + dst
         unique, inverse = np.unique(keys, return_inverse=True)
         gpu = self._gpu_index
@@ -129,9 +124,6 @@ class TopologyFabric:
         See :mod:`collsim.topology.multipath`."""
         src = np.asarray(src, dtype=np.int64)
         dst = np.asarray(dst, dtype=np.int64)
-        return self._memo.get(b"paths", src, dst, self._paths)  # type: ignore[return-value]
-
-    def _paths(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, ...]:
         keys = src * self.nranks + dst
         unique, inverse = np.unique(keys, return_inverse=True)
         inverse = inverse.reshape(-1)
@@ -267,53 +259,6 @@ class TopologyFabric:
                 value="in_network",
             )
         return chosen
-
-
-class _Memo:
-    """The routes and paths of the small arrays of rank pairs asked for last (read-only).
-
-    A calibration fit rebuilds its cost models a few hundred times over the same systems, and
-    each rebuild asks the fabric the routes and paths of the same few thousand waves (on a
-    two-node p4d, ~50k asks of 16 pairs each: a third of the fit's time went to finding them
-    again). Results up to ``MAX_ENTRY_BYTES`` are kept, the newest ``BUDGET_BYTES`` of them;
-    the large waves of an all-to-all at scale (megabytes each, each asked a few times, in a
-    cycle longer than any budget) are computed every time. The arrays are made read-only, so
-    a caller that wrote into one would fail loudly instead of changing a later answer."""
-
-    MAX_ENTRY_BYTES = 1 << 16
-    BUDGET_BYTES = 64 << 20
-
-    def __init__(self) -> None:
-        self._found: OrderedDict[tuple[bytes, bytes, bytes], tuple[np.ndarray, ...]] = OrderedDict()
-        self._bytes = 0
-
-    def get(
-        self,
-        kind: bytes,
-        src: np.ndarray,
-        dst: np.ndarray,
-        compute: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, ...]],
-    ) -> tuple[np.ndarray, ...]:
-        """``compute(src, dst)``, or what it gave for the same ``kind`` and pairs before."""
-        if src.nbytes + dst.nbytes > self.MAX_ENTRY_BYTES:
-            return compute(src, dst)
-        key = (kind, src.tobytes(), dst.tobytes())
-        found = self._found.get(key)
-        if found is not None:
-            self._found.move_to_end(key)
-            return found
-        found = compute(src, dst)
-        size = sum(a.nbytes for a in found)
-        if size > self.MAX_ENTRY_BYTES:
-            return found
-        for a in found:
-            a.flags.writeable = False
-        self._found[key] = found
-        self._bytes += size
-        while self._bytes > self.BUDGET_BYTES:
-            _, old = self._found.popitem(last=False)
-            self._bytes -= sum(a.nbytes for a in old)
-        return found
 
 
 def _ptr(lengths: np.ndarray) -> np.ndarray:
