@@ -60,6 +60,7 @@ from collsim.model.rings import (
     hierarchical_gather_scatter,
     two_level_all_reduce,
 )
+from collsim.model.shares import Shares
 from collsim.model.system import System
 from collsim.model.trees import Pipeline, double_tree, rooted
 from collsim.nvls import nvls_channels
@@ -155,7 +156,7 @@ class AnalyticModel:
         self.params = params
         self._cache: dict[tuple[str, str, str, int], Structure] = {}
         self._loads: dict[tuple[str, str, str, int], Lines] = {}  # load_lines without structure
-        self._shares: dict[bytes, tuple[np.ndarray, ...]] = {}  # flow shares, across protocols
+        self._shares: Shares | None = None  # flow shares, across protocols (set on first use)
         self._nccl_channels: NcclChannels | None = None
         self._both: dict[tuple[str, str], tuple[bool, int]] = {}  # see _both_ways
 
@@ -187,9 +188,7 @@ class AnalyticModel:
             return hit
         self._check(collective, algorithm)
         both, trees = self._both_ways(collective, algorithm)
-        costs = FlowCosts(
-            self.fabric, self.params, proto, self._shares, both_ways=both, trees=trees
-        )
+        costs = self._flow_costs(proto, both, trees)
         oracle = self._oracle(costs, collective, algorithm, channels)
         pipeline = oracle if isinstance(oracle, Pipeline) else None
         path = pipeline.fill if pipeline is not None else discover(oracle)
@@ -267,13 +266,20 @@ class AnalyticModel:
         if found is None:
             self._check(collective, algorithm)
             both, trees = self._both_ways(collective, algorithm)
-            costs = FlowCosts(
-                self.fabric, self.params, proto, self._shares, both_ways=both, trees=trees
-            )
+            costs = self._flow_costs(proto, both, trees)
             self._oracle(costs, collective, algorithm, channels)
             found = upper_envelope(*costs.load_lines())
             self._loads[key] = found
         return found
+
+    def _flow_costs(self, proto: ProtocolParams, both: bool = False, trees: int = 0) -> FlowCosts:
+        """The flows of this system under this model's parameters and ``proto``: their max-min
+        results shared with every protocol and channel count of this model, and with the other
+        models of this system whose link capacities are the same (:class:`WaveShares`)."""
+        shares = self._shares if self._shares is not None else self.system.wave_shares
+        costs = FlowCosts(self.fabric, self.params, proto, shares, both_ways=both, trees=trees)
+        self._shares = costs.cache
+        return costs
 
     def _key(
         self, collective: str, algorithm: str, protocol: str, channels: int

@@ -26,6 +26,7 @@ import numpy as np
 
 from collsim.engine.prepare import channel_ceiling, route_flush
 from collsim.model.params import ModelParams, ProtocolParams
+from collsim.model.shares import Shares, WaveShares
 from collsim.protocols import HW_NET, step_latency_s
 from collsim.transports import PROTOCOL_INDEX, append_links, route_overhead_s
 
@@ -204,20 +205,24 @@ def _scaled(ceiling: np.ndarray | None, factor: float) -> np.ndarray | None:
 
 
 class FlowCosts:
-    """Latencies and fair shares of rank-to-rank flows on one fabric, under one parameter set."""
+    """Latencies and fair shares of rank-to-rank flows on one fabric, under one parameter set.
+
+    ``cache``: max-min results to reuse and add to, a dict that holds for this fabric and this
+    parameter set's capacities (a model shares one between its protocols and channel counts),
+    or a :class:`WaveShares` of the fabric, from which the set for these capacities is taken
+    (:attr:`cache` then holds it)."""
 
     def __init__(
         self,
         fabric: Fabric,
         params: ModelParams,
         protocol: ProtocolParams,
-        cache: dict[bytes, tuple[np.ndarray, ...]] | None = None,
+        cache: Shares | WaveShares | None = None,
         both_ways: bool = False,
         trees: int = 0,
     ) -> None:
         self.fabric = fabric
         self.trees = int(trees)
-        self.cache = {} if cache is None else cache
         self.params = params
         self.protocol = protocol
         self.nranks = int(fabric.nranks)
@@ -226,6 +231,11 @@ class FlowCosts:
         eff = np.asarray(params.bandwidth_efficiency)[kind]
         self.eff = eff
         self.capacity = np.asarray(fabric.capacity_bytes_per_s, dtype=np.float64) * eff
+        self.cache: Shares = (
+            cache.for_capacity(self.capacity)
+            if isinstance(cache, WaveShares)
+            else ({} if cache is None else cache)
+        )
         network = getattr(fabric, "network", None)
         self.link_latency_s = np.zeros(kind.shape[0])  # per link, the proxies' (last) 0
         if network is not None:

@@ -12,6 +12,7 @@ import numpy as np
 from collsim.collectives.crossnode import head_ranks
 from collsim.collectives.layout import RankLayout
 from collsim.collectives.registry import algorithms_for
+from collsim.model.shares import WaveShares
 from collsim.topology.fabric import TopologyFabric
 from collsim.topology.graph import Network
 from collsim.topology.rings import mesh_rings
@@ -104,6 +105,8 @@ class System:
         self.fabric = TopologyFabric(self.network)
         self.layout = layout_for(topology)
         self.has_in_network = topology.reduces_for_all_gpus
+        self.wave_shares = WaveShares()
+        """Max-min results of waves on this fabric, which its cost models share."""
 
     def candidates(self, collective: str) -> list[str]:
         """Algorithms ``auto`` considers for ``collective`` on this topology.

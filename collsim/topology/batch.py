@@ -136,6 +136,7 @@ class BatchRoutes:
         self._walk_table = {True: empty, False: empty}  # sorted (GPU, port) codes -> piece
         self._next: dict[tuple[int, int], np.ndarray] = {}
         self._segsets: dict[tuple[int, int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._coupled: bool | None = None  # some cable short of full duplex (first use)
 
     # -- the parts ---------------------------------------------------------------------------------
     def _port_dists(self, dev: int, out: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -315,8 +316,13 @@ class BatchRoutes:
         """CSR ``(ptr, links)`` of rows of cables (padded with -1): each row's cables and then
         the coupling links of those short of full duplex, as :meth:`Network._route_of`."""
         coupling = self.net._coupling
-        coupled = np.where(cables >= 0, coupling[np.maximum(cables, 0)], -1)
-        full = np.concatenate((cables, coupled), axis=1)
+        if self._coupled is None:
+            self._coupled = bool(np.any(coupling >= 0))
+        if self._coupled:
+            coupled = np.where(cables >= 0, coupling[np.maximum(cables, 0)], -1)
+            full = np.concatenate((cables, coupled), axis=1)
+        else:  # no cable short of full duplex: the cables alone (the same rows, half the work)
+            full = cables
         keep = full >= 0
         ptr = np.zeros(full.shape[0] + 1, dtype=np.int64)
         np.cumsum(keep.sum(axis=1), out=ptr[1:])

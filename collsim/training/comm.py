@@ -37,6 +37,7 @@ from collsim.engine import simulate
 from collsim.errors import ScheduleError
 from collsim.model.analytic import AnalyticModel
 from collsim.model.params import DEFAULT_PARAMS
+from collsim.model.shares import WaveShares
 from collsim.model.tuner import Tuner
 from collsim.topology.fabric import TopologyFabric
 from collsim.topology.graph import Network
@@ -277,6 +278,7 @@ def group_analytic_model(
     view.layout = group_layout(topology, gpus)
     view.has_in_network = topology.reduces_for(gpus)
     view._models = {}
+    view.wave_shares = WaveShares()  # the group's fabric: its own waves
     model = AnalyticModel(view, params if params is not None else DEFAULT_PARAMS)
     model.nranks = len(gpus)
     return model
