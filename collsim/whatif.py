@@ -376,8 +376,9 @@ def profile_classes(
 def whatif_with_profile(topology: Topology, profile: Profile, engine: str = "analytic") -> WhatIf:
     """A :class:`WhatIf` that sees ``profile``: for the analytic engine its collsim cost model
     runs under :meth:`Profile.params`; for the discrete-event engine the links are scaled
-    (:meth:`Profile.apply_to_topology`; base latency, launch floor, size factors and the tree
-    correction are analytic only). Both apply the same rule at another scale than the fit's:
+    (:meth:`Profile.apply_to_topology`; memory efficiency, which scales the per-channel
+    ceiling, base latency, launch floor, size factors and the tree correction are analytic
+    only). Both apply the same rule at another scale than the fit's:
     only what the fit pinned down for the classes this system's routes cross."""
     profile.check_topology(topology)
     whatif = WhatIf(topology)

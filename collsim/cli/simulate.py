@@ -56,8 +56,9 @@ SLOW_RUN_S = 30.0
     type=FILE,
     default=None,
     help="Calibration profile (collsim calibrate fit) for this topology. The des engine takes its "
-    "link rates and latencies; its base latency, launch floor, size factors and NCCL's tree "
-    "correction apply with --engine analytic (the collsim model) only.",
+    "link rates and latencies; its memory efficiency (the per-channel ceiling), base latency, "
+    "launch floor, size factors and NCCL's tree correction apply with --engine analytic (the "
+    "collsim model) only.",
 )
 @click.option("--json", "json_file", type=OUT_FILE, help="Write JSON here.")
 @click.option("--trace", type=OUT_FILE, help="Chrome/Perfetto trace (max size).")
