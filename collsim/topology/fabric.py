@@ -15,8 +15,8 @@ from collsim.channel_rates import channel_payload_bytes_per_s
 from collsim.errors import ScheduleError, TopologyError
 from collsim.nvls import nvls_channels, nvls_chunks, nvls_heads, nvls_tree_chunks
 from collsim.protocols import HW_NET, HW_NVLINK, HW_PCI
-from collsim.topology.batch import paths as batch_paths
-from collsim.topology.batch import routes as batch_routes
+from collsim.topology.batch_pairs import paths as batch_paths
+from collsim.topology.batch_pairs import routes as batch_routes
 from collsim.topology.graph import Network, Route
 from collsim.transports import P2P_NET_CHUNK_BYTES, route_overhead_s, transport_for
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collsim.topology.batch import mix_np, paths, routes
+from collsim.topology.batch import mix_np
+from collsim.topology.batch_pairs import paths, routes
 from collsim.topology.graph import Network
 from collsim.topology.loader import load_topology
 from collsim.topology.routing import mix
