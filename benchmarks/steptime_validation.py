@@ -14,10 +14,13 @@ from pathlib import Path
 import numpy as np
 
 from collsim.io import atomic_write_text
+from collsim.training.bridge_runs import BRIDGE_ASSUMPTIONS
+from collsim.training.ranking import layout_groups
 from collsim.training.reference import (
     ASSUMPTIONS,
     CALIBRATION_RUN,
     Predictor,
+    leave_one_source_out,
     load_runs,
     to_reference,
     validate,
@@ -40,13 +43,123 @@ def _layout(p: object) -> str:
 
 
 def _stats(rows: list[dict], label: str) -> str:
-    e = np.array([abs(r["error"]) for r in rows])
+    signed = np.array([r["error"] for r in rows])
+    e = np.abs(signed)
     if not e.size:
-        return f"| {label} | 0 | - | - | - |"
+        return f"| {label} | 0 | - | - | - | - |"
     within = int((e <= 0.10).sum())
     return (
-        f"| {label} | {e.size} | {100 * e.mean():.1f}% | {100 * e.max():.1f}% | {within}/{e.size} |"
+        f"| {label} | {e.size} | {100 * e.mean():.1f}% | {100 * signed.mean():+.1f}% | "
+        f"{100 * e.max():.1f}% | {within}/{e.size} |"
     )
+
+
+def _targets(rows: list[dict], rhos: list[float]) -> list[str]:
+    """Issue 29's accuracy targets, MET or MISS."""
+    e = np.array([r["error"] for r in rows])
+    bias = {
+        g: float(np.mean([r["error"] for r in rows if r["group"] == g]))
+        for g in {r["group"] for r in rows}
+    }
+    worst = max(bias, key=lambda g: abs(bias[g]))
+    checks = [
+        ("mean abs error", f"{100 * np.abs(e).mean():.1f}%", np.abs(e).mean() <= 0.06, "<= 6%"),
+        (
+            "runs within 10%",
+            f"{100 * (np.abs(e) <= 0.10).mean():.0f}%",
+            (np.abs(e) <= 0.10).mean() >= 0.85,
+            ">= 85%",
+        ),
+        (
+            "worst source bias",
+            f"{100 * bias[worst]:+.1f}% ({worst})",
+            abs(bias[worst]) <= 0.05,
+            "within +-5%",
+        ),
+        (
+            "Spearman rho, every group of >= 3 configurations",
+            "min " + (f"{min(rhos):+.2f}" if rhos else "-") + f" over {len(rhos)} groups",
+            bool(rhos) and min(rhos) >= 0.8,
+            ">= 0.8",
+        ),
+    ]
+    out = [
+        f"Targets (issue 29), over the {len(rows)} runs other than the calibration run:",
+        "",
+        "| target | now | limit | verdict |",
+        "|---|---|---|---|",
+    ]
+    for name, now, ok, limit in checks:
+        out.append(f"| {name} | {now} | {limit} | {'MET' if ok else '**MISS**'} |")
+    return out
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    """Predicted vs measured step time, log axes, one colour per source."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    for g in sorted({r["group"] for r in rows}):
+        mine = [r for r in rows if r["group"] == g]
+        ax.scatter([r["measured_s"] for r in mine], [r["predicted_s"] for r in mine], s=14, label=g)
+    lo = min(min(r["measured_s"], r["predicted_s"]) for r in rows) / 1.5
+    hi = max(max(r["measured_s"], r["predicted_s"]) for r in rows) * 1.5
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    for f in (0.9, 1.1):
+        ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi))
+    ax.set(xlabel="measured step time (s)", ylabel="predicted step time (s)")
+    ax.set_title("collsim step model vs published runs (dotted: +-10%)")
+    ax.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def _config(r: dict, with_recipe: bool) -> str:
+    """A run's configuration (ranking.py): layout, batch, sharding, recompute (and recipe)."""
+    p = r["layout"]
+    text = (
+        f"{_layout(p)} mb{r['micro_batch']} gb{r['global_batch']}"
+        + (" FSDP" if p.fsdp else "")
+        + ("" if r["recompute"] == "none" else f" rc-{r['recompute']}")
+    )
+    return text + (f" {r['recipe']}" if with_recipe else "")
+
+
+def _ranking_section(rows: list[dict]) -> tuple[list[str], list[float]]:
+    """Spearman rho per group of >= 3 configurations of one model on one cluster."""
+    out = [
+        "| group (source, model, system, GPUs) | configurations | rho |",
+        "|---|---|---|",
+    ]
+    rhos = []
+
+    def group(r: dict) -> str:
+        return f"{r['group']}, {r['model']}, {r['system']}, {r['gpus']} GPUs"
+
+    strict = layout_groups(
+        rows, lambda r: group(r) + f", {r['recipe']}", lambda r: _config(r, False)
+    )
+    loose = layout_groups(rows, group, lambda r: _config(r, True))
+    for g in loose:
+        rhos.append(g.rho)
+        out.append(f"| {g.key} | {len(g.labels)} | {g.rho:+.2f} |")
+    out += [
+        "",
+        f"Strict grouping (one precision recipe, so only the layout varies): {len(strict)} "
+        "group(s) with >= 3 configurations"
+        + (": " + "; ".join(f"{g.key}: rho {g.rho:+.2f}" for g in strict) if strict else "")
+        + ". The data have no sweep of layouts at one recipe on one cluster beyond these, so "
+        "the loose grouping above (the recipe is part of the configuration) is what the target "
+        "is scored on; its ranks mix the precision recipes' speed with the layouts'.",
+    ]
+    return out, rhos
 
 
 def _zero3_section(
@@ -159,8 +272,17 @@ def main() -> None:
     args = ap.parse_args()
     start = time.perf_counter()
     v = validate(args.engine, args.calibrate_on)
-    took = time.perf_counter() - start
     others = [r for r in v.rows if r["id"] != v.calibration_run]
+    ranking, rhos = _ranking_section(others)
+    loso_lines = []
+    for group, (eff, errors) in leave_one_source_out(args.engine).items():
+        e = np.array(errors)
+        loso_lines.append(
+            f"| {group} | {eff:.4f} | {e.size} | {100 * np.abs(e).mean():.1f}% | "
+            f"{100 * e.mean():+.1f}% | {int((np.abs(e) <= 0.10).sum())}/{e.size} |"
+        )
+    _plot(others, Path(args.out).parent / "steptime" / "pred_vs_meas.png")
+    took = time.perf_counter() - start
     zero3 = [r for r in others if "zero3" in r["id"]]
     megatron = [r for r in others if "zero3" not in r["id"]]
     lines = [
@@ -175,33 +297,67 @@ def main() -> None:
         f"312 BF16 TFLOP/s, so {v.efficiency * 271.2 / 312:.3f} of its peak; the split lets "
         "the value carry to GPUs that reach a different fraction of their peak, "
         "`docs/topology-format.md`, `matmul_tflops`). Every other run is predicted with that "
-        "value on the `selene` "
-        "topology (DGX A100 80GB, 8x HDR200 IB, 3-tier rail-optimized fat tree) sized to the "
-        "run's GPU count. "
+        "value on its system's catalog topology sized to the run's GPU count: `selene` (DGX "
+        "A100 80GB, 8x HDR200 IB, 3-tier rail-optimized fat tree) for the two papers' runs, "
+        "`dgx-h100`, `hgx-b200`, `gb200-nvl72` and `gb300-nvl72` for Megatron-Bridge's "
+        "(`collsim/training/bridge_runs.py`). "
         "Errors are (predicted - measured) / measured step time; 'measured' is the published "
         "iteration time, or the time implied by the published TFLOP/s (Narayanan et al. 2021 "
-        "Eq. 3) or MFU (Korthikanti et al. 2022 App. A). Table 4 rows of Korthikanti 2022 are "
-        "one transformer layer's forward + backward time.",
+        "Eq. 3), MFU (Korthikanti et al. 2022 App. A) or tokens/s per GPU (Megatron-Bridge). "
+        "Table 4 rows of Korthikanti 2022 are one transformer layer's forward + backward time. "
+        "Low-precision runs (FP8, FP8-CS, MXFP8, NVFP4) run their linear layers' GEMMs at the "
+        "FP8/FP4 matmul rate and the attention core and output layer at the BF16 rate, and pay "
+        "their recipe's quantisation kernels (`collsim/training/precision.py`).",
         "",
         "## Summary",
         "",
-        "| runs | n | mean abs error | max abs error | within 10% |",
-        "|---|---|---|---|---|",
+        "| runs | n | mean abs error | mean signed (bias) | max abs error | within 10% |",
+        "|---|---|---|---|---|---|",
         _stats(others, "all (calibration run excluded)"),
-        _stats(megatron, "Megatron-LM runs (3D parallelism)"),
+        *[
+            _stats([r for r in others if r["group"] == g], f"source {g}")
+            for g in sorted({r["group"] for r in others})
+        ],
+        *[
+            _stats([r for r in others if r["system"] == t], f"system `{t}`")
+            for t in sorted({r["system"] for r in others})
+        ],
+        _stats(megatron, "Megatron-LM / Megatron-Bridge runs (3D parallelism)"),
         _stats(zero3, "DeepSpeed ZeRO-3 runs (Narayanan 2021 Table 2)"),
         "",
-        "Target of the issue: <= 10% per run and <= 5% mean.",
+        *_targets(others, rhos),
+        "",
+        "## Layout ranking (Spearman rho, predicted vs measured order)",
+        "",
+        *ranking,
+        "",
+        "## Calibration",
+        "",
+        "Constants fitted on this data: **one**, the GEMM efficiency (above, fitted on "
+        f"{v.calibration_run}). Everything else is a datasheet figure, a measured matmul rate "
+        "or an a-priori mechanism constant (`collsim/training/precision.py`: the quantisation "
+        "kernels' bytes per element, the share of linear layers NVFP4 keeps in BF16). "
+        "Leave-one-source-out: the efficiency refitted on every other source's runs (median "
+        "signed error zero), then the left-out source predicted with it:",
+        "",
+        "| left-out source | efficiency fitted without it | runs | mean abs error | bias | "
+        "within 10% |",
+        "|---|---|---|---|---|---|",
+        *loso_lines,
+        "",
+        "![predicted vs measured step time, one colour per source](steptime/pred_vs_meas.png)",
         "",
         "## Per run",
         "",
-        "| run | GPUs | layout | recompute | basis | measured (s) | predicted (s) | error |",
-        "|---|---|---|---|---|---|---|---|",
+        "| run | system | GPUs | layout | recipe | recompute | basis | measured (s) | "
+        "predicted (s) | error |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in v.rows:
         mark = " (calibration)" if r["id"] == v.calibration_run else ""
         lines.append(
-            f"| {r['id']}{mark} | {r['gpus']} | {_layout(r['layout'])} | {r['recompute']} | "
+            f"| {r['id']}{mark} | {r['system']} | {r['gpus']} | {_layout(r['layout'])} | "
+            f"{r['recipe']} | {r['recompute']} | "
             f"{r['basis']} | {r['measured_s']:.4g} | {r['predicted_s']:.4g} | "
             f"{100 * r['error']:+.1f}% |"
         )
@@ -335,7 +491,7 @@ def main() -> None:
         "activations do not fit, so Meta saved memory in some way collsim does not model.",
     ]
     lines += ["", "## Assumptions (the same for every run)", ""]
-    lines += [f"* {a}" for a in ASSUMPTIONS]
+    lines += [f"* {a}" for a in ASSUMPTIONS + BRIDGE_ASSUMPTIONS]
     lines += ["", "## Ranking checks", ""]
     by = {r["id"]: r for r in v.rows}
     checks = []

@@ -19,8 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from collsim.errors import CollsimError
 from collsim.topology.loader import load_topology
+from collsim.training.bridge_runs import (
+    BRIDGE_GROUP,
+    bridge_measured_s,
+    bridge_workload,
+    recipe_of,
+    topology_of,
+)
 from collsim.training.comm import make_timer
 from collsim.training.step import StepModel
 from collsim.training.transformer import eq3_flops_per_sample, model_flops_per_sample
@@ -64,6 +73,10 @@ class RefRun:
     basis: str
     layer: bool = False
     """Measured is one layer's forward + backward (Korthikanti 2022 Table 4)."""
+    system: str = SYSTEM
+    """Catalog topology the run is predicted on."""
+    recipe: str = "fp16"
+    """Precision recipe (:data:`collsim.training.bridge_runs.RECIPES`)."""
 
 
 def load_runs(path: Path = RUNS_FILE) -> list[dict[str, Any]]:
@@ -93,7 +106,14 @@ def _layout(r: dict[str, Any]) -> tuple[int, int, int]:
 
 
 def to_reference(r: dict[str, Any]) -> RefRun:
-    """A runs.json record -> :class:`RefRun` (see ``ASSUMPTIONS``)."""
+    """A runs.json record -> :class:`RefRun` (see ``ASSUMPTIONS`` and, for Megatron-Bridge's
+    tables, :data:`collsim.training.bridge_runs.BRIDGE_ASSUMPTIONS`)."""
+    if r.get("source_group") == BRIDGE_GROUP:
+        w = workload_from_dict(bridge_workload(r))
+        return RefRun(
+            r["id"], w, int(r["num_gpus"]), bridge_measured_s(r), "tokens/s per GPU",
+            system=topology_of(r), recipe=recipe_of(r),
+        )  # fmt: skip
     tp, pp, v = _layout(r)
     n = int(r["num_gpus"])
     dp = n // (tp * pp)
@@ -141,22 +161,27 @@ def to_reference(r: dict[str, Any]) -> RefRun:
 
 
 class Predictor:
-    """Predicts reference runs on Selene-sized topologies (one topology and timer per size)."""
+    """Predicts reference runs, each on its system's catalog topology sized to its GPUs (one
+    topology and timer per system and size)."""
 
     def __init__(self, engine: str = "analytic", system: str = SYSTEM) -> None:
         self.engine = engine
         self.system = system
-        self._models: dict[int, StepModel] = {}
+        self._models: dict[tuple[str, int], StepModel] = {}
+        self._per_node: dict[str, int] = {}
 
-    def model(self, n_gpus: int) -> StepModel:
-        nodes = max(1, -(-n_gpus // 8))
-        if nodes not in self._models:
-            topo = load_topology(self.system, nodes=nodes)
-            self._models[nodes] = StepModel(topo, make_timer(self.engine, topo))
-        return self._models[nodes]
+    def model(self, n_gpus: int, system: str | None = None) -> StepModel:
+        system = system or self.system
+        if system not in self._per_node:
+            self._per_node[system] = load_topology(system, nodes=1).n_gpus
+        nodes = max(1, -(-n_gpus // self._per_node[system]))
+        if (system, nodes) not in self._models:
+            topo = load_topology(system, nodes=nodes)
+            self._models[system, nodes] = StepModel(topo, make_timer(self.engine, topo))
+        return self._models[system, nodes]
 
     def predict(self, run: RefRun, efficiency: float) -> float:
-        sm = self.model(run.n_gpus)
+        sm = self.model(run.n_gpus, run.system)
         sm.efficiency = efficiency
         if run.layer:
             fwd, bwd = sm.layer_times(run.workload, run.n_gpus)
@@ -212,6 +237,44 @@ def validate(
                 "error": (t - run.measured_s) / run.measured_s,
                 "group": raw[run.id]["source_group"],
                 "layer": run.layer,
+                "system": run.system,
+                "recipe": run.recipe,
+                "micro_batch": run.workload.micro_batch,
+                "global_batch": run.workload.global_batch,
             }
         )
     return Validation(calibration_run, eff, rows)
+
+
+def calibrate_on_runs(
+    pred: Predictor, runs: list[RefRun], lo: float = 0.2, hi: float = 1.0, steps: int = 14
+) -> float:
+    """The GEMM efficiency whose median signed error over ``runs`` is zero (bisection: every
+    run's predicted time falls as the efficiency rises), to ``(hi - lo) / 2**steps``."""
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        errors = [(pred.predict(r, mid) - r.measured_s) / r.measured_s for r in runs]
+        if float(np.median(errors)) > 0:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def leave_one_source_out(
+    engine: str = "analytic", path: Path = RUNS_FILE
+) -> dict[str, tuple[float, list[float]]]:
+    """For each source group: the efficiency fitted on every *other* source's runs
+    (:func:`calibrate_on_runs`), and the signed errors of the left-out source's runs with it --
+    how the one fitted constant transfers to data it never saw."""
+    raw = load_runs(path)
+    runs = [to_reference(r) for r in raw]
+    source = {r["id"]: r["source_group"] for r in raw}
+    pred = Predictor(engine)
+    out = {}
+    for group in sorted(set(source.values())):
+        fit = [r for r in runs if source[r.id] != group]
+        held = [r for r in runs if source[r.id] == group]
+        eff = calibrate_on_runs(pred, fit)
+        out[group] = (eff, [(pred.predict(r, eff) - r.measured_s) / r.measured_s for r in held])
+    return out

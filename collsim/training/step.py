@@ -73,6 +73,7 @@ from collsim.training.layout import (
     resolve_layout,
     sharded_params,
 )
+from collsim.training.precision import cast_seconds, linear_flops_per_s
 from collsim.training.sharing import group_shares
 from collsim.training.step_result import (
     BREAKDOWN_KEYS,
@@ -273,6 +274,7 @@ class StepModel:
             w, lay, self._place(lay), costs[:1], -1, lay.micro,
             matmul_flops(self.topology, w.dtype) * eff,
             self.topology.gpu.memory_bandwidth_bytes_per_s, w.compute.elementwise_traffic,
+            matmul_flops(self.topology, w.value_dtype) * eff,
         )  # fmt: skip
         calls = 4 + (2 if w.recomputes == "full" else 0)
         tp_fwd = one["tp"] * 2 / calls
@@ -293,7 +295,9 @@ class StepModel:
         self, w: WorkloadIn, lay: Layout, groups: Groups
     ) -> tuple[list[LayerCosts], list[range], list[dict[str, float]]]:
         """Every layer's costs, each pipeline stage's layers and its per-micro-batch times."""
-        flops_s = matmul_flops(self.topology, w.dtype) * self._efficiency(w)
+        eff = self._efficiency(w)
+        flops_s = matmul_flops(self.topology, w.dtype) * eff
+        wide_s = matmul_flops(self.topology, w.value_dtype) * eff
         mem_bw = self.topology.gpu.memory_bandwidth_bytes_per_s
         traffic = w.compute.elementwise_traffic
         costs = self._layer_costs(w, lay, DTYPE_BYTES[w.value_dtype])
@@ -305,7 +309,9 @@ class StepModel:
             ranges.append(idx)
             first += count
             mine = [costs[j] for j in idx]
-            stages.append(self._stage(w, lay, groups, mine, i, lay.micro, flops_s, mem_bw, traffic))
+            stages.append(
+                self._stage(w, lay, groups, mine, i, lay.micro, flops_s, mem_bw, traffic, wide_s)
+            )
         return costs, ranges, stages
 
     def _layer_costs(self, w: WorkloadIn, lay: Layout, elem: int) -> list[LayerCosts]:
@@ -342,18 +348,37 @@ class StepModel:
         flops_s: float,
         mem_bw: float,
         traffic: float,
+        wide_s: float | None = None,
     ) -> dict[str, float]:
-        """One micro-batch on one stage: compute, TP and EP communication, parameters."""
+        """One micro-batch on one stage: compute, TP and EP communication, parameters.
+
+        ``flops_s`` prices the linear layers' GEMMs (the training type's rate); ``wide_s`` the
+        attention core and the output layer, which low-precision recipes keep in 16 bits
+        (:mod:`collsim.training.precision`; default: ``flops_s``). The attention core is counted
+        whole, as Megatron-LM counts it, at the 16-bit GEMM rate: a causal FlashAttention kernel
+        skips the masked half but runs below the GEMMs' rate, and the two roughly cancel
+        (reports/steptime_validation.md, the Llama 3 section)."""
+        wide_s = wide_s or flops_s
+        flops_s = linear_flops_per_s(w.recipe, flops_s, wide_s)
         gemm = sum(c.fwd_flops for c in layers) * b
+        core = sum(c.attn_core_flops for c in layers) * b
+        core_s = core / wide_s
         elementwise = sum(c.elementwise_bytes for c in layers) * b * traffic
-        fwd = gemm / flops_s + elementwise / mem_bw
+        fwd_plain = (gemm - core) / flops_s + core_s + elementwise / mem_bw
+        cast_fwd, cast_bwd = (
+            cast_seconds(w.model, w.recipe, lay.tp, lay.sequence_parallel, lay.cp, b, mem_bw)
+            if w.model.kind == "transformer"
+            else (0.0, 0.0)
+        )
+        cast_fwd, cast_bwd = cast_fwd * len(layers), cast_bwd * len(layers)
+        fwd = fwd_plain + cast_fwd
         recompute_flops = 0.0
         if w.recomputes == "full":
             recompute_flops = gemm
             redo = fwd
         elif w.recomputes == "selective":
-            recompute_flops = sum(c.attn_core_flops for c in layers) * b
-            redo = recompute_flops / flops_s
+            recompute_flops = core
+            redo = core_s
             redo += sum(c.attn_elementwise_bytes for c in layers) * b * traffic / mem_bw
         else:
             redo = 0.0
@@ -368,10 +393,10 @@ class StepModel:
             if last:  # the output layer and loss run on this GPU's 1 / cp of the tokens
                 lg = logits_flops(model, lay.tp) * b / lay.cp
                 soft = 4.0 * model.seq_len * model.vocab * b / lay.tp / lay.cp * traffic
-                extra = 3 * lg / flops_s + 3 * soft / mem_bw
+                extra = 3 * lg / wide_s + 3 * soft / mem_bw
                 if lay.pp > 1 or not model.tied_embeddings:
                     params += embed
-        compute = 3 * fwd + redo + extra
+        compute = 3 * fwd_plain + cast_fwd + cast_bwd + redo + extra
         algo = w.training.algorithm
         tp_calls = 4 + (2 if w.recomputes == "full" else 0)
         tp = 0.0
@@ -400,7 +425,7 @@ class StepModel:
         return {
             "compute": compute,
             "fwd": fwd + extra / 3,
-            "bwd": 2 * fwd + redo + 2 * extra / 3,
+            "bwd": 2 * fwd_plain + cast_bwd + redo + 2 * extra / 3,
             "tp": tp,
             "cp": cp,
             "cp_fwd": cp_fwd,

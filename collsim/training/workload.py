@@ -28,6 +28,7 @@ from collsim.errors import CollsimError
 from collsim.topology import loader as _topo_loader
 from collsim.topology.input_errors import one_line
 from collsim.topology.schema import Strict
+from collsim.training.precision import LOW_PRECISION, Recipe, default_recipe
 from collsim.training.workload_sections import (
     MAX_STRAGGLER_SAMPLES as MAX_STRAGGLER_SAMPLES,  # re-exported: the CLI's --samples bound
 )
@@ -48,9 +49,12 @@ CATALOG_DIR = Path(
     os.environ.get("COLLSIM_WORKLOADS", Path(__file__).resolve().parents[2] / "workloads")
 )
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "tf32": 4}
-"""Bytes per element of the training data types."""
-PEAK_KEY = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "fp8": "fp8", "tf32": "tf32"}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "tf32": 4, "fp4": 1}
+"""Bytes per element of the training data types (FP4 values are packed two to a byte, but only
+inside the GEMMs: weights and activations stay 16-bit, :attr:`WorkloadIn.value_dtype`)."""
+PEAK_KEY = {
+    "bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "fp8": "fp8", "tf32": "tf32", "fp4": "fp4",
+}  # fmt: skip
 """Which ``peak_tflops`` entry of the GPU a data type runs at."""
 
 
@@ -66,8 +70,12 @@ class WorkloadIn(Strict):
     global_batch: Annotated[int, Field(ge=1, le=1 << 40)]
     micro_batch: Pos = 1
     dtype: Annotated[
-        Literal["bf16", "fp16", "fp32", "fp8", "tf32"], training_dtype(tuple(DTYPE_BYTES))
+        Literal["bf16", "fp16", "fp32", "fp8", "tf32", "fp4"], training_dtype(tuple(DTYPE_BYTES))
     ] = "bf16"
+    precision: Recipe | None = None
+    """The low-precision recipe (:mod:`collsim.training.precision`): ``fp8`` (delayed scaling),
+    ``fp8-cs`` (current scaling), ``mxfp8`` with ``dtype: fp8``; ``nvfp4`` with ``dtype: fp4``.
+    Default: :func:`collsim.training.precision.default_recipe` of ``dtype``."""
     parallel: ParallelIn = ParallelIn()
     recompute: Literal["none", "selective", "full"] = "none"
     training: TrainingIn = TrainingIn()
@@ -131,6 +139,21 @@ class WorkloadIn(Strict):
     def _batch(cls, micro: int, info: ValidationInfo) -> int:
         return _divides(micro, "micro_batch", info, "global_batch")
 
+    @field_validator("precision")
+    @classmethod
+    def _recipe_fits_dtype(cls, precision: str | None, info: ValidationInfo) -> str | None:
+        dtype = info.data.get("dtype")
+        if precision is None or dtype is None:
+            return precision
+        needs = {"fp8": "fp8", "fp8-cs": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}.get(precision)
+        if needs is None and precision != dtype:
+            raise ValueError(f"precision {precision} is a data type: it must equal dtype ({dtype})")
+        if needs is not None and needs != dtype:
+            raise ValueError(
+                f"the {precision} recipe runs its GEMMs in {needs}: set dtype: {needs}"
+            )
+        return precision
+
     @property
     def grad_dtype(self) -> str:
         """The gradients' type: ``training.grad_reduce_dtype``, else the training type, except
@@ -138,7 +161,12 @@ class WorkloadIn(Strict):
         "FP8 Formats for Deep Learning", arXiv:2209.05433, section 4)."""
         if self.training.grad_reduce_dtype:
             return self.training.grad_reduce_dtype
-        return "bf16" if self.dtype == "fp8" else self.dtype
+        return "bf16" if self.dtype in LOW_PRECISION else self.dtype
+
+    @property
+    def recipe(self) -> str:
+        """The precision recipe in effect (``precision``, else the data type's default)."""
+        return self.precision or default_recipe(self.dtype)
 
     @property
     def value_dtype(self) -> str:
@@ -146,7 +174,7 @@ class WorkloadIn(Strict):
         messages, weight all-gathers): the training type, except that FP8 recipes cast to FP8
         only inside the GEMMs and keep 16-bit weights and activations (Micikevicius et al. 2022,
         section 4; NVIDIA Transformer Engine)."""
-        return "bf16" if self.dtype == "fp8" else self.dtype
+        return "bf16" if self.dtype in LOW_PRECISION else self.dtype
 
     @property
     def recomputes(self) -> str:

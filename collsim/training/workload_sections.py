@@ -108,6 +108,8 @@ def training_dtype(allowed: tuple[str, ...]) -> Any:
     def check(value: object) -> object:
         if not isinstance(value, str):
             return value  # the type check says what it is
+        if "fp4" in allowed and value.strip().lower() in ("fp4", "nvfp4", "e2m1"):
+            return "fp4"  # no collective carries FP4: not in collsim.dtypes
         try:
             return _TRAINING_NAME[canonical_dtype(value, types)]
         except CollsimError:

@@ -10,9 +10,13 @@ from collsim.training.step import DEFAULT_EFFICIENCY
 
 def test_all_runs_become_workloads_with_a_measured_time():
     runs = [to_reference(r) for r in load_runs()]
-    assert len(runs) == 40
+    assert len(runs) == 120
     assert all(r.measured_s > 0 for r in runs)
     assert sum(r.layer for r in runs) == 5
+    # Every Megatron-Bridge system (GB200 / GB300 NVL72 included) has a catalog topology.
+    assert {r.system for r in runs} == {
+        "selene", "dgx-h100", "hgx-b200", "gb200-nvl72", "gb300-nvl72",
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize("run_id", ["korthikanti2022-t5-22B-full", "korthikanti2022-t5-22B-seqsel"])
