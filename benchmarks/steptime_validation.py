@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from steptime_sections import layout_label, plot, ranking_section, targets
 
 from collsim.io import atomic_write_text
 from collsim.training.bridge_runs import BRIDGE_ASSUMPTIONS
-from collsim.training.ranking import layout_groups
 from collsim.training.reference import (
     ASSUMPTIONS,
     CALIBRATION_RUN,
@@ -31,17 +31,6 @@ from collsim.training.zero3 import LIST_COPY_S
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _layout(p: object) -> str:
-    text = f"TP{p.tp} PP{p.pp} DP{p.dp}"  # type: ignore[attr-defined]
-    if p.virtual_stages > 1:  # type: ignore[attr-defined]
-        text += f" v{p.virtual_stages}"  # type: ignore[attr-defined]
-    if p.sequence_parallel:  # type: ignore[attr-defined]
-        text += " SP"
-    if p.zero:  # type: ignore[attr-defined]
-        text += f" ZeRO-{p.zero}"  # type: ignore[attr-defined]
-    return text
-
-
 def _stats(rows: list[dict], label: str) -> str:
     signed = np.array([r["error"] for r in rows])
     e = np.abs(signed)
@@ -52,114 +41,6 @@ def _stats(rows: list[dict], label: str) -> str:
         f"| {label} | {e.size} | {100 * e.mean():.1f}% | {100 * signed.mean():+.1f}% | "
         f"{100 * e.max():.1f}% | {within}/{e.size} |"
     )
-
-
-def _targets(rows: list[dict], rhos: list[float]) -> list[str]:
-    """Issue 29's accuracy targets, MET or MISS."""
-    e = np.array([r["error"] for r in rows])
-    bias = {
-        g: float(np.mean([r["error"] for r in rows if r["group"] == g]))
-        for g in {r["group"] for r in rows}
-    }
-    worst = max(bias, key=lambda g: abs(bias[g]))
-    checks = [
-        ("mean abs error", f"{100 * np.abs(e).mean():.1f}%", np.abs(e).mean() <= 0.06, "<= 6%"),
-        (
-            "runs within 10%",
-            f"{100 * (np.abs(e) <= 0.10).mean():.0f}%",
-            (np.abs(e) <= 0.10).mean() >= 0.85,
-            ">= 85%",
-        ),
-        (
-            "worst source bias",
-            f"{100 * bias[worst]:+.1f}% ({worst})",
-            abs(bias[worst]) <= 0.05,
-            "within +-5%",
-        ),
-        (
-            "Spearman rho, every group of >= 3 configurations",
-            "min " + (f"{min(rhos):+.2f}" if rhos else "-") + f" over {len(rhos)} groups",
-            bool(rhos) and min(rhos) >= 0.8,
-            ">= 0.8",
-        ),
-    ]
-    out = [
-        f"Targets (issue 29), over the {len(rows)} runs other than the calibration run:",
-        "",
-        "| target | now | limit | verdict |",
-        "|---|---|---|---|",
-    ]
-    for name, now, ok, limit in checks:
-        out.append(f"| {name} | {now} | {limit} | {'MET' if ok else '**MISS**'} |")
-    return out
-
-
-def _plot(rows: list[dict], path: Path) -> None:
-    """Predicted vs measured step time, log axes, one colour per source."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 6))
-    for g in sorted({r["group"] for r in rows}):
-        mine = [r for r in rows if r["group"] == g]
-        ax.scatter([r["measured_s"] for r in mine], [r["predicted_s"] for r in mine], s=14, label=g)
-    lo = min(min(r["measured_s"], r["predicted_s"]) for r in rows) / 1.5
-    hi = max(max(r["measured_s"], r["predicted_s"]) for r in rows) * 1.5
-    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
-    for f in (0.9, 1.1):
-        ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
-    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi))
-    ax.set(xlabel="measured step time (s)", ylabel="predicted step time (s)")
-    ax.set_title("collsim step model vs published runs (dotted: +-10%)")
-    ax.legend(fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    tmp.replace(path)
-
-
-def _config(r: dict, with_recipe: bool) -> str:
-    """A run's configuration (ranking.py): layout, batch, sharding, recompute (and recipe)."""
-    p = r["layout"]
-    text = (
-        f"{_layout(p)} mb{r['micro_batch']} gb{r['global_batch']}"
-        + (" FSDP" if p.fsdp else "")
-        + ("" if r["recompute"] == "none" else f" rc-{r['recompute']}")
-    )
-    return text + (f" {r['recipe']}" if with_recipe else "")
-
-
-def _ranking_section(rows: list[dict]) -> tuple[list[str], list[float]]:
-    """Spearman rho per group of >= 3 configurations of one model on one cluster."""
-    out = [
-        "| group (source, model, system, GPUs) | configurations | rho |",
-        "|---|---|---|",
-    ]
-    rhos = []
-
-    def group(r: dict) -> str:
-        return f"{r['group']}, {r['model']}, {r['system']}, {r['gpus']} GPUs"
-
-    strict = layout_groups(
-        rows, lambda r: group(r) + f", {r['recipe']}", lambda r: _config(r, False)
-    )
-    loose = layout_groups(rows, group, lambda r: _config(r, True))
-    for g in loose:
-        rhos.append(g.rho)
-        out.append(f"| {g.key} | {len(g.labels)} | {g.rho:+.2f} |")
-    out += [
-        "",
-        f"Strict grouping (one precision recipe, so only the layout varies): {len(strict)} "
-        "group(s) with >= 3 configurations"
-        + (": " + "; ".join(f"{g.key}: rho {g.rho:+.2f}" for g in strict) if strict else "")
-        + ". The data have no sweep of layouts at one recipe on one cluster beyond these, so "
-        "the loose grouping above (the recipe is part of the configuration) is what the target "
-        "is scored on; its ranks mix the precision recipes' speed with the layouts'.",
-    ]
-    return out, rhos
 
 
 def _zero3_section(
@@ -273,7 +154,7 @@ def main() -> None:
     start = time.perf_counter()
     v = validate(args.engine, args.calibrate_on)
     others = [r for r in v.rows if r["id"] != v.calibration_run]
-    ranking, rhos = _ranking_section(others)
+    ranking, rhos = ranking_section(others)
     loso_lines = []
     for group, (eff, errors) in leave_one_source_out(args.engine).items():
         e = np.array(errors)
@@ -281,7 +162,7 @@ def main() -> None:
             f"| {group} | {eff:.4f} | {e.size} | {100 * np.abs(e).mean():.1f}% | "
             f"{100 * e.mean():+.1f}% | {int((np.abs(e) <= 0.10).sum())}/{e.size} |"
         )
-    _plot(others, Path(args.out).parent / "steptime" / "pred_vs_meas.png")
+    plot(others, Path(args.out).parent / "steptime" / "pred_vs_meas.png")
     took = time.perf_counter() - start
     zero3 = [r for r in others if "zero3" in r["id"]]
     megatron = [r for r in others if "zero3" not in r["id"]]
@@ -325,7 +206,7 @@ def main() -> None:
         _stats(megatron, "Megatron-LM / Megatron-Bridge runs (3D parallelism)"),
         _stats(zero3, "DeepSpeed ZeRO-3 runs (Narayanan 2021 Table 2)"),
         "",
-        *_targets(others, rhos),
+        *targets(others, rhos),
         "",
         "## Layout ranking (Spearman rho, predicted vs measured order)",
         "",
@@ -356,7 +237,7 @@ def main() -> None:
     for r in v.rows:
         mark = " (calibration)" if r["id"] == v.calibration_run else ""
         lines.append(
-            f"| {r['id']}{mark} | {r['system']} | {r['gpus']} | {_layout(r['layout'])} | "
+            f"| {r['id']}{mark} | {r['system']} | {r['gpus']} | {layout_label(r['layout'])} | "
             f"{r['recipe']} | {r['recompute']} | "
             f"{r['basis']} | {r['measured_s']:.4g} | {r['predicted_s']:.4g} | "
             f"{100 * r['error']:+.1f}% |"
