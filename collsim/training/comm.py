@@ -80,7 +80,12 @@ def links_shared(topology: Topology, share: float) -> Topology:
 
 
 def group_layout(topology: Topology, gpus: Sequence[str]) -> RankLayout:
-    """The group's node structure: ranks per node, and a (nodes x per-node) grid when even."""
+    """The group's node structure: ranks per node, and a (nodes x per-node) grid when even.
+
+    A node is NCCL's: a server, or a whole multi-node NVLink domain (GB200/GB300 NVL72's 18
+    trays of 4 GPUs), as :func:`collsim.model.system.layout_for` lays out a whole topology. A
+    TP group of 8 on two trays of one NVL72 rack is one node of 8 ranks on NVLink, not 2 nodes
+    of 4 joined by NICs (NCCL puts the GPUs of one NVLink clique in one node of its topology)."""
     where = _where(topology)
     per_node: dict[int, int] = {}
     for g in gpus:
@@ -95,12 +100,19 @@ _WHERE: dict[int, tuple[weakref.ref[Topology], dict[str, tuple[int, int]]]] = {}
 
 
 def _where(topology: Topology) -> dict[str, tuple[int, int]]:
-    """(node, local index) of every GPU, cached per topology object. Keyed by ``id`` with a weak
-    reference to check it: a freed topology's id is reused by new objects."""
+    """(NCCL node, local index) of every GPU, cached per topology object: the node is the
+    GPU's NVLink domain (its server, or ``nvlink_domain_nodes`` consecutive trays), the index
+    its place among the domain's GPUs. Keyed by ``id`` with a weak reference to check it: a
+    freed topology's id is reused by new objects."""
     key = id(topology)
     hit = _WHERE.get(key)
     if hit is None or hit[0]() is not topology:
-        where = {g.name: (g.node if g.node is not None else 0, g.index) for g in topology.gpus}
+        per = max(1, topology.nvlink_domain_nodes)
+        gpn = topology.gpus_per_node
+        where = {}
+        for g in topology.gpus:
+            node = g.node if g.node is not None else 0
+            where[g.name] = (node // per, (node % per) * gpn + g.index)
         hit = _WHERE[key] = (weakref.ref(topology), where)
     return hit[1]
 

@@ -4,10 +4,13 @@ Tensor parallelism exchanges activations several times per layer (:mod:`collsim.
 so Megatron-LM keeps a TP group inside one server, where NVLink is an order of magnitude faster
 than the network. A layout whose TP size exceeds the GPUs of a node (``tp 8`` on 4-GPU GH200
 nodes), or whose groups straddle a node boundary (``tp 4`` on 6-GPU nodes), sends those
-exchanges over the scale-out network instead. :func:`tp_span` finds such groups (ranks are placed
-as :mod:`collsim.training.layout` places them: TP ranks consecutive, rank ``r`` on the topology's
-``r``-th GPU); :func:`span_cost` prices the TP collectives as placed and, where the group fits
-in one node, as they would cost inside node 0, so a warning can say what the placement costs.
+exchanges over the scale-out network instead. A node here is an NVLink domain: a server, or
+the 18 trays of 4 GPUs of a GB200/GB300 NVL72 rack (``nvlink_domain``), where ``tp 8`` to
+``tp 64`` stays on NVLink through the rack's switch trays.
+:func:`tp_span` finds such groups (ranks are placed as :mod:`collsim.training.layout` places
+them: TP ranks consecutive, rank ``r`` on the topology's ``r``-th GPU); :func:`span_cost`
+prices the TP collectives as placed and, where the group fits in one node, as they would cost
+inside node 0, so a warning can say what the placement costs.
 """
 
 from __future__ import annotations
@@ -41,18 +44,25 @@ class TpSpan:
         return self.nodes > 1
 
 
+def domain_of(topology: Topology, node: int | None) -> int | None:
+    """The NVLink domain of a node (the node itself, where each node is its own domain)."""
+    return None if node is None else node // max(1, topology.nvlink_domain_nodes)
+
+
 def tp_span(layout: Layout, topology: Topology) -> TpSpan:
-    """Nodes spanned by the layout's TP groups (consecutive ranks on node-major GPUs)."""
+    """NVLink domains (servers, or NVL72 racks) spanned by the layout's TP groups (consecutive
+    ranks on node-major GPUs)."""
     gpus = topology.gpus[: layout.n_gpus]
     per_node: dict[int | None, int] = {}
     for g in topology.gpus:
-        per_node[g.node] = per_node.get(g.node, 0) + 1
+        d = domain_of(topology, g.node)
+        per_node[d] = per_node.get(d, 0) + 1
     widest, split, example = 1, 0, ()
     groups = len(gpus) // max(1, layout.tp)
     if layout.tp > 1:
         for k in range(groups):
             members = gpus[k * layout.tp : (k + 1) * layout.tp]
-            nodes = len({g.node for g in members})
+            nodes = len({domain_of(topology, g.node) for g in members})
             if nodes > widest:
                 widest, example = nodes, tuple(g.name for g in members)
             split += nodes > 1
@@ -110,7 +120,9 @@ def span_cost(model: StepModel, w: WorkloadIn, result: StepResult) -> SpanCost |
     tp_s = result.breakdown["tp_comm"]  # rank 0's group, the one the step model times
     if result.layout.tp > 1 and tp_span_of_rank0(result.layout, model.topology) == 1:
         tp_s = model.tp_comm_s(w, result.n_gpus, stage, list(span.widest_group))
-    node0 = [g.name for g in model.topology.gpus if g.node == model.topology.gpus[0].node]
+    topo = model.topology
+    first = domain_of(topo, topo.gpus[0].node)
+    node0 = [g.name for g in topo.gpus if domain_of(topo, g.node) == first]
     in_node = None
     if len(node0) >= span.tp:
         in_node = model.tp_comm_s(w, result.n_gpus, stage, node0[: span.tp])
@@ -118,5 +130,5 @@ def span_cost(model: StepModel, w: WorkloadIn, result: StepResult) -> SpanCost |
 
 
 def tp_span_of_rank0(layout: Layout, topology: Topology) -> int:
-    """Nodes rank 0's TP group spans (the group the step model times)."""
-    return len({g.node for g in topology.gpus[: layout.tp]})
+    """NVLink domains rank 0's TP group spans (the group the step model times)."""
+    return len({domain_of(topology, g.node) for g in topology.gpus[: layout.tp]})
