@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import yaml
 from click.testing import CliRunner
 
 from collsim.cli import cli
@@ -53,3 +54,13 @@ def test_plan_reports_throughput_memory_and_rank(tmp_path):
     first = rows[0]
     tokens = first["step"]["tokens_per_s"] / first["gpus"]
     assert abs(first["tokens_s_per_gpu"] - tokens) < 1e-6 * tokens
+
+
+def test_ffn_that_does_not_shard_over_tp_is_one_line_exit_2(tmp_path):
+    """An MLP width tp does not divide: one line naming the file, parallel.tp and the value."""
+    path = tmp_path / "w.yaml"
+    path.write_text(yaml.safe_dump(gpt(model={"ffn": 4090}, parallel={"tp": 4})))
+    res = runner.invoke(cli, ["step", "-w", str(path), "-t", "dgx-h100", "--nodes", "1"])
+    assert res.exit_code == 2, res.output
+    assert "parallel.tp" in res.output and "4090" in res.output and str(path) in res.output
+    assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
