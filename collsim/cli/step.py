@@ -253,6 +253,37 @@ def _elastic_step(model: Any, w: Any, result: Any, gpus_per_node: int):  # type:
     return at
 
 
+def _print_breakdown(model: Any, w: Any, result: Any) -> dict[str, Any]:
+    """Print ``collsim step --breakdown``'s tables (times in ms, shares of the step / layer)
+    and return them for ``--json``."""
+    from collsim.tables import table
+    from collsim.training.breakdown import breakdown_json
+
+    data = breakdown_json(result, model.layer_parts(w) if w.model.kind == "transformer" else None)
+    rows = [
+        {
+            "phase": r["phase"],
+            "total_ms": 1e3 * r["total_s"],
+            "hidden_ms": 1e3 * r["hidden_s"],
+            "exposed_ms": 1e3 * r["exposed_s"],
+            "share_%": 100 * r["share"],
+        }
+        for r in data["phases"]
+    ]
+    rows.append({"phase": "step", "total_ms": "", "hidden_ms": "",
+                 "exposed_ms": 1e3 * result.step_time_s, "share_%": 100.0})  # fmt: skip
+    click.echo(
+        "# step per phase (exposed = what the step pays; hidden = overlapped behind compute)"
+    )
+    click.echo(table(rows, list(rows[0])))
+    if "layer" in data:
+        click.echo("# one layer of the slowest stage, one micro-batch (exposed communication)")
+        layer = [{"pass": r["pass"], "part": r["part"], "ms": 1e3 * r["seconds"],
+                  "share_%": 100 * r["share"]} for r in data["layer"]]  # fmt: skip
+        click.echo(table(layer, ["pass", "part", "ms", "share_%"]))
+    return data
+
+
 @cli.command()
 @WORKLOAD
 @TOPOLOGY
@@ -266,6 +297,14 @@ def _elastic_step(model: Any, w: Any, result: Any, gpus_per_node: int):  # type:
     help="Measured step times (seconds): a CSV with a step_time_s column, or one number per line; "
     "their mean is compared with the prediction.",
 )
+@click.option(
+    "--breakdown",
+    "show_breakdown",
+    is_flag=True,
+    help="Also print the step per phase (compute parts; TP/CP/EP/PP/DP communication as total, "
+    "hidden and exposed; bubble; optimizer; stragglers) and one layer of the slowest stage "
+    "per part; --json then holds it under 'phases'.",
+)
 @GLOBAL_BATCH
 @MICRO_BATCH
 @JSON_OUT
@@ -278,6 +317,7 @@ def step(
     profile: str | None,
     efficiency: float | None,
     measured: str | None,
+    show_breakdown: bool,
     global_batch: int | None,
     micro_batch: int | None,
     json_file: str | None,
@@ -314,6 +354,8 @@ def step(
     click.echo(step_report(result, out.get("measured_step_time_s")))
     if split is not None:
         click.echo(f"# warning: {split.message()}")
+    if show_breakdown:
+        out["phases"] = _print_breakdown(model, w, result)
     if w.resilience is not None:
         from collsim.training.resilience import for_job
 

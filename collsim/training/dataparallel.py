@@ -135,7 +135,7 @@ def data_parallel(
     (:func:`collsim.training.zero3.expert_tails`)."""
     detail: dict[str, Any] = {}
     if lay.shards <= 1:  # no other GPU holds these weights (dp x cp = 1)
-        return 0.0, 0.0, {"dp_bytes_per_gpu": 0.0}
+        return 0.0, 0.0, {"dp_bytes_per_gpu": 0.0, "dp_total_s": 0.0}
     tr = w.training
     ratio = tr.compression.ratio
     codec = 2 * params_gpu * DTYPE_BYTES[w.grad_dtype] / (tr.compression.codec_gbps * 1e9)
@@ -162,14 +162,20 @@ def data_parallel(
         total, buckets, gathers, moved, gathered = (sum(x) for x in zip(*found, strict=True))
         one = overlapped_buckets(total, int(buckets), crit["bwd"]) if tr.dp_overlap else total
         reduces = (m if lay.zero == 2 else 1) * one
+        full = (m if lay.zero == 2 else 1) * total  # before overlap with the backward
+    if lay.zero >= 3:
+        full = reduces  # ZeRO-3's exposed part per layer is all :mod:`.zero3` reports
     if tr.sync.mode == "local_sgd":
+        full /= tr.sync.period
         reduces /= tr.sync.period
         codec /= tr.sync.period
         moved /= tr.sync.period
     elif tr.sync.mode == "async":
         hidden = tr.sync.staleness * m * crit["total"]
         reduces = max(0.0, reduces - hidden)
-    return gathers + reduces, codec, {"dp_bytes_per_gpu": moved + gathered, **detail}
+    # dp_total_s: the data-parallel seconds before overlap (exposed + hidden) for the breakdown
+    detail = {"dp_bytes_per_gpu": moved + gathered, "dp_total_s": gathers + full, **detail}
+    return gathers + reduces, codec, detail
 
 
 def _reduce_and_gather(

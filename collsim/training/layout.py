@@ -167,6 +167,16 @@ def resolve_layout(w: WorkloadIn, n_gpus: int) -> Layout:
             field="parallel.tp",
             value=par.tp,
         )
+    ffn = (
+        (model.ffn if model.ffn is not None else 4 * model.hidden)
+        if model.kind == "transformer"
+        else 0
+    )
+    if ffn % par.tp:  # the MLP's first GEMM is split by columns over TP (Megatron-LM)
+        raise WorkloadError(
+            f"tp {par.tp} must divide the MLP width (model.ffn {ffn})", field="parallel.tp",
+            value=par.tp,
+        )  # fmt: skip
     m = w.global_batch // (dp * w.micro_batch)
     if v > 1 and m % par.pp:
         raise WorkloadError(  # Megatron-LM's interleaved schedule runs micro-batches in groups of p

@@ -194,6 +194,8 @@ class Option:
     hours: float
     cost_usd: float
     pareto: bool = False
+    rank: int = 0
+    """1 = the fastest to train (with failures) of the options that fit; set by :func:`plan`."""
     goodput: float | None = None
     """Expected goodput under failures (the workload's ``resilience``), else None."""
     tp_split: SpanCost | None = None
@@ -222,8 +224,11 @@ class Option:
             "layout": r.layout.label(),
             "recompute": r.details.get("recompute", ""),
             "step_s": r.step_time_s,
+            "tokens_s_per_gpu": r.tokens_per_step / r.step_time_s / r.n_gpus,
+            "tflops_per_gpu": r.tflops_per_gpu,
             "mfu_%": 100 * r.mfu,
             "mem_GB": r.memory.total / 1e9,
+            "fits": "yes" if r.fits else "no",
             "days": self.hours / 24,
             "cost_usd": self.cost_usd,
             **(
@@ -236,7 +241,22 @@ class Option:
                 }
             ),
             "pareto": "*" if self.pareto else "",
+            "rank": self.rank,
         }
+
+
+def rank_options(options: list[Option]) -> None:
+    """Sort ``options`` and number them: those that fit first, then by time to train (with
+    failures), cost, step time, and names (cluster, nodes, layout) so that ties are ranked the
+    same way on every run."""
+    options.sort(
+        key=lambda o: (
+            not o.result.fits, o.expected_hours, o.expected_cost_usd, o.result.step_time_s,
+            o.cluster, o.nodes, o.result.layout.label(),
+        )
+    )  # fmt: skip
+    for i, o in enumerate(options, start=1):
+        o.rank = i
 
 
 def layouts(w: WorkloadIn, search: SearchIn, rejected: Rejected | None = None) -> list[WorkloadIn]:
@@ -423,7 +443,7 @@ def plan(
             sizes_done += 1
             if progress is not None:
                 progress(sizes_done, sizes_total)
-    options.sort(key=lambda o: (o.expected_hours, o.expected_cost_usd))
+    rank_options(options)
     mark_pareto(options)
     return options, rejected
 

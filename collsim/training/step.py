@@ -97,6 +97,9 @@ from collsim.training.transformer import (
 from collsim.training.workload import DTYPE_BYTES, WorkloadError, WorkloadIn
 from collsim.training.zero3 import expert_tails, stage_tensors
 
+COMPUTE_PARTS = ("gemm", "memory_bound", "recompute", "logits_loss")
+"""The parts of a stage's compute time :meth:`StepModel._stage` keeps (they sum to it)."""
+
 
 class StepModel:
     """Step times of workloads on one topology, timing collectives with ``timer``."""
@@ -237,6 +240,14 @@ class StepModel:
             "straggler_max_multiplier": mult,
             "sync": sync.mode,
             **dp_detail,
+            "compute_parts_s": {k: m * crit[k] for k in COMPUTE_PARTS},
+            "comm_total_s": {
+                "tp_comm": m * crit["tp_total"],
+                "cp_comm": cp_comm,
+                "ep_comm": ep_comm,
+                "pp_comm": pp_comm,
+                "dp_comm": dp_detail.pop("dp_total_s", dp_comm),
+            },
         }
         if sync.mode == "async":
             details["staleness_steps"] = sync.staleness
@@ -280,6 +291,35 @@ class StepModel:
         tp_fwd = one["tp"] * 2 / calls
         fwd = one["fwd"] + tp_fwd + one["cp_fwd"]
         return fwd, one["bwd"] + one["tp"] - tp_fwd + one["cp"] - one["cp_fwd"]
+
+    def layer_parts(self, w: WorkloadIn, n_gpus: int | None = None) -> dict[str, float]:
+        """Seconds of ONE layer of the slowest stage for one micro-batch, per ``pass:part``
+        (forward / backward; GEMM, memory-bound, recompute, exposed TP / CP / EP comm)."""
+        n = n_gpus if n_gpus is not None else self.topology.n_gpus
+        lay = resolve_layout(w, n)
+        groups = self._place(lay)
+        costs, ranges, stages = self._stages(w, lay, groups)
+        slow = ranges[int(np.argmax([s["total"] for s in stages]))]
+        one = self._stage(
+            w, lay, groups, [costs[slow[0]]], -1, lay.micro,
+            matmul_flops(self.topology, w.dtype) * self._efficiency(w),
+            self.topology.gpu.memory_bandwidth_bytes_per_s, w.compute.elementwise_traffic,
+        )  # fmt: skip
+        fwd_share = 2 / (4 + (2 if w.recomputes == "full" else 0))  # of the TP / EP calls
+        parts = {
+            "forward:GEMM": one["gemm"] / 3,
+            "forward:memory-bound": one["memory_bound"] / 3,
+            "forward:TP comm": one["tp"] * fwd_share,
+            "forward:CP comm": one["cp_fwd"],
+            "forward:EP comm": one["ep"] * fwd_share,
+            "backward:GEMM": 2 * one["gemm"] / 3,
+            "backward:memory-bound": 2 * one["memory_bound"] / 3,
+            "backward:recompute": one["recompute"],
+            "backward:TP comm": one["tp"] * (1 - fwd_share),
+            "backward:CP comm": one["cp"] - one["cp_fwd"],
+            "backward:EP comm": one["ep"] * (1 - fwd_share),
+        }
+        return {k: v for k, v in parts.items() if v > 0}
 
     def tp_comm_s(self, w: WorkloadIn, n_gpus: int, stage: int, tp_group: list[str]) -> float:
         """Tensor-parallel seconds per step of pipeline ``stage`` with rank 0's TP group on
@@ -420,10 +460,18 @@ class StepModel:
                 ep += tp_calls * self._coll("alltoall", groups.ep, c.moe_tokens_bytes * b, algo)
         experts = sum(c.expert_params for c in layers) / lay.ep
         params -= experts * (lay.ep - 1)
+        tp_total = tp  # before overlap: the breakdown shows total, hidden and exposed
         if w.parallel.tp_overlap:  # chunked behind the layers' GEMMs that produce / consume them
             tp = max(0.0, tp - (3 * gemm + recompute_flops) / flops_s)
         return {
             "compute": compute,
+            # compute's parts (they sum to it): matmuls, memory-bound kernels, recomputation,
+            # the output layer and loss; read by :mod:`collsim.training.breakdown`
+            "gemm": 3 * gemm / flops_s,
+            "memory_bound": 3 * elementwise / mem_bw,
+            "recompute": redo,
+            "logits_loss": extra,
+            "tp_total": tp_total,
             "fwd": fwd + extra / 3,
             "bwd": 2 * fwd_plain + cast_bwd + redo + 2 * extra / 3,
             "tp": tp,

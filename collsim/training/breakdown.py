@@ -1,0 +1,102 @@
+"""``collsim step --breakdown``: a step's time per phase and one layer's per part.
+
+Built from :class:`~collsim.training.step_result.StepResult` alone (its ``breakdown`` and the
+``compute_parts_s`` / ``comm_total_s`` details the step model keeps), so parts a newer step
+model adds show up without a change here: a compute part this module does not name is listed
+under its own key, and compute the parts do not account for is an ``other`` row. Each
+communication phase is shown as total, hidden (overlapped behind compute) and exposed; only
+the exposed part counts in the step, so the exposed column sums to the step time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from collsim.training.step_result import BREAKDOWN_KEYS, StepResult
+
+COMPUTE_LABELS = {
+    "gemm": "compute: GEMM",
+    "attention": "compute: attention",
+    "memory_bound": "compute: memory-bound",
+    "recompute": "compute: recompute",
+    "logits_loss": "compute: output layer + loss",
+    "optimizer": "compute: optimizer",
+}
+"""Names of the compute parts the step model is known to keep; others print as their key."""
+
+COMM_KEYS = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
+OTHER_LABELS = {
+    "bubble": "pipeline bubble",
+    "optimizer": "optimizer",
+    "compression": "gradient compression",
+    "straggler_wait": "straggler wait",
+}
+_TOL = 1e-9  # relative: a residual below it is rounding, not an unaccounted part
+
+
+def phase_rows(r: StepResult) -> list[dict[str, Any]]:
+    """One row per phase: ``phase``, ``total_s``, ``hidden_s``, ``exposed_s`` (what the step
+    pays), ``share`` (exposed / step). The exposed column sums to ``r.step_time_s``."""
+    rows: list[dict[str, Any]] = []
+
+    def add(phase: str, exposed: float, total: float | None = None) -> None:
+        total = exposed if total is None else max(total, exposed)
+        rows.append(
+            {
+                "phase": phase,
+                "total_s": total,
+                "hidden_s": total - exposed,
+                "exposed_s": exposed,
+                "share": exposed / r.step_time_s if r.step_time_s > 0 else 0.0,
+            }
+        )
+
+    compute = r.breakdown["compute"]
+    parts = dict(r.details.get("compute_parts_s", {}))
+    for key, seconds in parts.items():
+        if seconds != 0:
+            add(COMPUTE_LABELS.get(key, f"compute: {key}"), float(seconds))
+    rest = compute - sum(parts.values())
+    if not parts or abs(rest) > _TOL * max(compute, 1e-30):
+        add("compute: other" if parts else "compute", rest)
+    totals = r.details.get("comm_total_s", {})
+    for key in COMM_KEYS:
+        exposed = r.breakdown[key]
+        total = float(totals.get(key, exposed))
+        if total > 0 or exposed > 0:
+            add(f"{key[:2].upper()} comm", exposed, total)
+    for key in BREAKDOWN_KEYS:
+        if key == "compute" or key in COMM_KEYS:
+            continue
+        if r.breakdown[key] != 0:
+            add(OTHER_LABELS.get(key, key), r.breakdown[key])
+    for key, seconds in r.breakdown.items():  # a part a newer step model adds
+        if key not in BREAKDOWN_KEYS and seconds != 0:
+            add(key, seconds)
+    return rows
+
+
+def layer_rows(parts: dict[str, float]) -> list[dict[str, Any]]:
+    """One transformer layer's forward and backward (:meth:`StepModel.layer_parts`) as rows
+    ``pass``, ``part``, ``seconds``, ``share`` (of the layer's forward + backward)."""
+    whole = sum(parts.values())
+    rows = []
+    for key, seconds in parts.items():
+        which, _, part = key.partition(":")
+        rows.append(
+            {
+                "pass": which,
+                "part": part,
+                "seconds": seconds,
+                "share": seconds / whole if whole > 0 else 0.0,
+            }
+        )
+    return rows
+
+
+def breakdown_json(r: StepResult, layer: dict[str, float] | None) -> dict[str, Any]:
+    """The breakdown as ``--json`` writes it: phases and (transformers) one layer."""
+    out: dict[str, Any] = {"phases": phase_rows(r), "step_time_s": r.step_time_s}
+    if layer is not None:
+        out["layer"] = layer_rows(layer)
+    return out
