@@ -257,9 +257,9 @@ def _print_breakdown(model: Any, w: Any, result: Any) -> dict[str, Any]:
     """Print ``collsim step --breakdown``'s tables (times in ms, shares of the step / layer)
     and return them for ``--json``."""
     from collsim.tables import table
-    from collsim.training.breakdown import breakdown_json
+    from collsim.training.breakdown import breakdown_json, layer_parts
 
-    data = breakdown_json(result, model.layer_parts(w) if w.model.kind == "transformer" else None)
+    data = breakdown_json(result, layer_parts(model, w) if w.model.kind == "transformer" else None)
     rows = [
         {
             "phase": r["phase"],

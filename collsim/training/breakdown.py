@@ -18,6 +18,7 @@ COMPUTE_LABELS = {
     "gemm": "compute: GEMM",
     "attention": "compute: attention",
     "memory_bound": "compute: memory-bound",
+    "quantisation": "compute: quantisation (FP8/FP4 casts)",
     "recompute": "compute: recompute",
     "logits_loss": "compute: output layer + loss",
     "optimizer": "compute: optimizer",
@@ -76,8 +77,34 @@ def phase_rows(r: StepResult) -> list[dict[str, Any]]:
     return rows
 
 
+def layer_parts(model: Any, w: Any, n_gpus: int | None = None) -> dict[str, float]:
+    """Seconds of ONE layer of the slowest stage for one micro-batch, per ``pass:part``
+    (forward / backward; GEMM, attention, memory-bound, quantisation, recompute, exposed TP /
+    CP / EP comm), from ``model`` (a :class:`collsim.training.step.StepModel`)."""
+    one = model.one_layer(w, n_gpus, slowest=True)
+    fwd_share = 2 / (4 + (2 if w.recomputes == "full" else 0))  # of the TP / EP calls
+    parts = {
+        "forward:GEMM": one["gemm"] / 3,
+        "forward:attention": one["attention"] / 3,
+        "forward:memory-bound": one["memory_bound"] / 3,
+        "forward:quantisation": one["quantisation_fwd"],
+        "forward:TP comm": one["tp"] * fwd_share,
+        "forward:CP comm": one["cp_fwd"],
+        "forward:EP comm": one["ep"] * fwd_share,
+        "backward:GEMM": 2 * one["gemm"] / 3,
+        "backward:attention": 2 * one["attention"] / 3,
+        "backward:memory-bound": 2 * one["memory_bound"] / 3,
+        "backward:quantisation": one["quantisation"] - one["quantisation_fwd"],
+        "backward:recompute": one["recompute"],
+        "backward:TP comm": one["tp"] * (1 - fwd_share),
+        "backward:CP comm": one["cp"] - one["cp_fwd"],
+        "backward:EP comm": one["ep"] * (1 - fwd_share),
+    }
+    return {k: v for k, v in parts.items() if v > 0}
+
+
 def layer_rows(parts: dict[str, float]) -> list[dict[str, Any]]:
-    """One transformer layer's forward and backward (:meth:`StepModel.layer_parts`) as rows
+    """One transformer layer's forward and backward (:func:`layer_parts`) as rows
     ``pass``, ``part``, ``seconds``, ``share`` (of the layer's forward + backward)."""
     whole = sum(parts.values())
     rows = []

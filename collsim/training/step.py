@@ -68,13 +68,13 @@ from collsim.training.layout import (
     Groups,
     Layout,
     Memory,
-    memory_per_gpu,
     place,
     resolve_layout,
     sharded_params,
 )
 from collsim.training.precision import cast_seconds, linear_flops_per_s
 from collsim.training.sharing import group_shares
+from collsim.training.stage_memory import worst_stage_memory
 from collsim.training.step_result import (
     BREAKDOWN_KEYS,
     DEFAULT_EFFICIENCY,
@@ -91,13 +91,12 @@ from collsim.training.transformer import (
     is_moe_layer,
     layer_costs,
     logits_flops,
-    loss_logits_bytes,
     model_flops_per_sample,
 )
 from collsim.training.workload import DTYPE_BYTES, WorkloadError, WorkloadIn
 from collsim.training.zero3 import expert_tails, stage_tensors
 
-COMPUTE_PARTS = ("gemm", "memory_bound", "recompute", "logits_loss")
+COMPUTE_PARTS = ("gemm", "attention", "memory_bound", "quantisation", "recompute", "logits_loss")
 """The parts of a stage's compute time :meth:`StepModel._stage` keeps (they sum to it)."""
 
 
@@ -160,7 +159,9 @@ class StepModel:
         b = lay.micro
 
         costs, ranges, stages = self._stages(w, lay, groups)
-        mem = self._memory(w, lay, stages, costs, ranges)
+        mem = worst_stage_memory(
+            w, lay, stages, costs, ranges, float(self.topology.gpu.memory_bytes)
+        )
         if fitting_only and not mem.fits:
             return None
         per_mb = np.array([s["total"] for s in stages])
@@ -272,54 +273,38 @@ class StepModel:
         n = n_gpus if n_gpus is not None else self.topology.n_gpus
         lay = resolve_layout(w, n)
         costs, ranges, stages = self._stages(w, lay, self._place(lay))
-        return self._memory(w, lay, stages, costs, ranges)
+        return worst_stage_memory(
+            w, lay, stages, costs, ranges, float(self.topology.gpu.memory_bytes)
+        )
 
-    def layer_times(self, w: WorkloadIn, n_gpus: int | None = None) -> tuple[float, float]:
-        """Forward and backward (recomputation included) seconds of ONE transformer layer for
-        one micro-batch, TP communication included: what Korthikanti et al. 2022 Table 4 lists."""
+    def one_layer(
+        self, w: WorkloadIn, n_gpus: int | None = None, slowest: bool = False
+    ) -> dict[str, float]:
+        """:meth:`_stage`'s parts for ONE transformer layer and one micro-batch: the first layer,
+        or with ``slowest`` the first of the slowest stage (:mod:`collsim.training.breakdown`)."""
         n = n_gpus if n_gpus is not None else self.topology.n_gpus
         lay = resolve_layout(w, n)
+        groups = self._place(lay)
         eff = self._efficiency(w)
         costs = self._layer_costs(w, lay, DTYPE_BYTES[w.value_dtype])
-        one = self._stage(
-            w, lay, self._place(lay), costs[:1], -1, lay.micro,
+        first = 0
+        if slowest:
+            _, ranges, stages = self._stages(w, lay, groups)
+            first = ranges[int(np.argmax([s["total"] for s in stages]))][0]
+        return self._stage(
+            w, lay, groups, [costs[first]], -1, lay.micro,
             matmul_flops(self.topology, w.dtype) * eff,
             self.topology.gpu.memory_bandwidth_bytes_per_s, w.compute.elementwise_traffic,
             matmul_flops(self.topology, w.value_dtype) * eff,
         )  # fmt: skip
-        calls = 4 + (2 if w.recomputes == "full" else 0)
-        tp_fwd = one["tp"] * 2 / calls
+
+    def layer_times(self, w: WorkloadIn, n_gpus: int | None = None) -> tuple[float, float]:
+        """Forward and backward (recomputation included) seconds of ONE transformer layer for
+        one micro-batch, TP communication included: what Korthikanti et al. 2022 Table 4 lists."""
+        one = self.one_layer(w, n_gpus)
+        tp_fwd = one["tp"] * 2 / (4 + (2 if w.recomputes == "full" else 0))
         fwd = one["fwd"] + tp_fwd + one["cp_fwd"]
         return fwd, one["bwd"] + one["tp"] - tp_fwd + one["cp"] - one["cp_fwd"]
-
-    def layer_parts(self, w: WorkloadIn, n_gpus: int | None = None) -> dict[str, float]:
-        """Seconds of ONE layer of the slowest stage for one micro-batch, per ``pass:part``
-        (forward / backward; GEMM, memory-bound, recompute, exposed TP / CP / EP comm)."""
-        n = n_gpus if n_gpus is not None else self.topology.n_gpus
-        lay = resolve_layout(w, n)
-        groups = self._place(lay)
-        costs, ranges, stages = self._stages(w, lay, groups)
-        slow = ranges[int(np.argmax([s["total"] for s in stages]))]
-        one = self._stage(
-            w, lay, groups, [costs[slow[0]]], -1, lay.micro,
-            matmul_flops(self.topology, w.dtype) * self._efficiency(w),
-            self.topology.gpu.memory_bandwidth_bytes_per_s, w.compute.elementwise_traffic,
-        )  # fmt: skip
-        fwd_share = 2 / (4 + (2 if w.recomputes == "full" else 0))  # of the TP / EP calls
-        parts = {
-            "forward:GEMM": one["gemm"] / 3,
-            "forward:memory-bound": one["memory_bound"] / 3,
-            "forward:TP comm": one["tp"] * fwd_share,
-            "forward:CP comm": one["cp_fwd"],
-            "forward:EP comm": one["ep"] * fwd_share,
-            "backward:GEMM": 2 * one["gemm"] / 3,
-            "backward:memory-bound": 2 * one["memory_bound"] / 3,
-            "backward:recompute": one["recompute"],
-            "backward:TP comm": one["tp"] * (1 - fwd_share),
-            "backward:CP comm": one["cp"] - one["cp_fwd"],
-            "backward:EP comm": one["ep"] * (1 - fwd_share),
-        }
-        return {k: v for k, v in parts.items() if v > 0}
 
     def tp_comm_s(self, w: WorkloadIn, n_gpus: int, stage: int, tp_group: list[str]) -> float:
         """Tensor-parallel seconds per step of pipeline ``stage`` with rank 0's TP group on
@@ -467,8 +452,11 @@ class StepModel:
             "compute": compute,
             # compute's parts (they sum to it): matmuls, memory-bound kernels, recomputation,
             # the output layer and loss; read by :mod:`collsim.training.breakdown`
-            "gemm": 3 * gemm / flops_s,
+            "gemm": 3 * (gemm - core) / flops_s,
+            "attention": 3 * core_s,
             "memory_bound": 3 * elementwise / mem_bw,
+            "quantisation": cast_fwd + cast_bwd,
+            "quantisation_fwd": cast_fwd,
             "recompute": redo,
             "logits_loss": extra,
             "tp_total": tp_total,
@@ -484,36 +472,6 @@ class StepModel:
             "layers": float(len(layers)),
             "recompute_flops": recompute_flops,
         }
-
-    def _memory(
-        self,
-        w: WorkloadIn,
-        lay: Layout,
-        stages: list[dict[str, float]],
-        costs: list[LayerCosts],
-        ranges: list[range],
-    ) -> Memory:
-        capacity = float(self.topology.gpu.memory_bytes)
-        worst: Memory | None = None
-        logits = loss_logits_bytes(w.model, lay.tp, lay.micro) / lay.cp
-        for i in range(lay.pp):  # stages differ in layers, embeddings, micro-batches in flight
-            mine = [costs[j] for j in ranges[i]]  # dense and expert layers alike
-            kept = sum(c.act_bytes_recompute for c in mine) / len(mine)
-            extra = max(c.act_bytes - c.act_bytes_recompute for c in mine)
-            persistent = 0.0
-            if lay.zero >= 3 and not w.parallel.fsdp:  # DeepSpeed keeps small tensors whole
-                limit = w.training.persistence_threshold
-                tensors = stage_tensors(w, lay, i, ranges[i])
-                persistent = sum(t for layer in tensors for t in layer if t < limit)
-            mem = memory_per_gpu(
-                w, lay, stages[i]["params"], kept, extra, len(mine), capacity,
-                expert_params_per_gpu=stages[i]["expert_params"], stage=i, logits_bytes=logits,
-                persistent_params=persistent,
-            )  # fmt: skip
-            if worst is None or mem.total > worst.total:
-                worst = mem
-        assert worst is not None
-        return worst
 
 
 def step(
