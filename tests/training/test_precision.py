@@ -106,3 +106,15 @@ def test_fp4_accepts_its_usual_names():
     assert workload_from_dict(gpt(dtype="fp4")).recipe == "nvfp4"
     assert workload_from_dict(gpt(dtype="fp8")).recipe == "fp8"
     assert workload_from_dict(gpt()).recipe == "bf16"
+
+
+def test_breakdown_parts_of_an_fp8_step_sum_to_its_compute():
+    data = gpt(compute={"efficiency": 1.0}, training={"optimizer": "none"}, dtype="fp8")
+    res = evaluate(_topology(), data, 2)
+    parts = res.details["compute_parts_s"]
+    assert sum(parts.values()) == pytest.approx(res.breakdown["compute"], rel=1e-12)
+    casts = L * B * S * CAST_ELEMENTS * CAST_BYTES_PER_ELEMENT["fp8"] / MEM_BW * M
+    assert parts["quantisation"] == pytest.approx(casts, rel=1e-9)
+    core = 4 * S * S * H  # the attention core of one sequence and layer, at the BF16 rate
+    assert parts["attention"] == pytest.approx(M * 3 * B * L * core / R16, rel=1e-9)
+    assert parts["gemm"] == pytest.approx(M * 3 * B * L * LINEAR / R8, rel=1e-9)
