@@ -360,7 +360,8 @@ def ring_order(spec: BuildSpec, channel: int) -> np.ndarray:
     indices (:func:`_mesh_walks`), so every hop inside a node is a direct link (on a DGX-1's
     hybrid cube-mesh, GPU 0 -> 7 would cross PCIe and the CPUs, as NCCL's rings never do) and
     nodes still meet on the same two GPUs.
-    Otherwise, inside one node and for a partial last node, the order is plain rank order.
+    A partial last node continues the pattern on its own ranks (indices mod its size); inside
+    one node the order is plain rank order.
     """
     n, g = spec.nranks, spec.layout.ranks_per_node
     order = np.arange(n, dtype=np.int64)
@@ -368,7 +369,7 @@ def ring_order(spec: BuildSpec, channel: int) -> np.ndarray:
     rings = spec.layout.local_rings
     if rings and g >= 2 and n == g:
         return np.asarray(rings[channel % len(rings)], dtype=np.int64)[None, :]
-    if g < 2 or full_nodes < 2:
+    if g < 2 or n <= g or (full_nodes < 2 and rings):
         return order[None, :]
     even = _mesh_walks(spec.layout, spec.channels)[channel] if rings else None
     if even is None:
@@ -376,6 +377,14 @@ def ring_order(spec: BuildSpec, channel: int) -> np.ndarray:
     odd = even[::-1]
     local = np.where((np.arange(full_nodes) % 2 == 0)[:, None], even[None, :], odd[None, :])
     order[: full_nodes * g] = (np.arange(full_nodes)[:, None] * g + local).ravel()
+    last = n - full_nodes * g
+    if last > 1 and not rings:
+        # A partial last node continues the pattern on its own ranks: entered on the rail the
+        # previous node left by (mod its size), so each channel crosses to it through its own
+        # NIC; in plain rank order every channel would share the hop 0 -> last on one NIC.
+        start = int(even[-1] if full_nodes % 2 else even[0]) % last
+        step = 1 if full_nodes % 2 else -1
+        order[full_nodes * g :] = full_nodes * g + (start + step * np.arange(last)) % last
     return order[None, :]
 
 

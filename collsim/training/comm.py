@@ -91,8 +91,9 @@ def group_layout(topology: Topology, gpus: Sequence[str]) -> RankLayout:
     for g in gpus:
         per_node[where[g][0]] = per_node.get(where[g][0], 0) + 1
     counts = set(per_node.values())
-    rpn = counts.pop() if len(counts) == 1 else 1
-    grid = (len(per_node), rpn) if len(per_node) > 1 and rpn > 1 else None
+    rpn = max(counts)
+    even = len(counts) == 1
+    grid = (len(per_node), rpn) if even and len(per_node) > 1 and rpn > 1 else None
     return RankLayout(nranks=len(gpus), ranks_per_node=rpn, grid=grid)
 
 

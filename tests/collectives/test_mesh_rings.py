@@ -85,3 +85,29 @@ def test_full_meshes_spread_rings_over_links_and_nics(name):
         assert bw == pytest.approx([100, 100, 100], rel=0.01)
     else:
         assert bw[1] > 200
+
+
+@pytest.mark.parametrize(("n", "g"), [(64, 36), (100, 36), (12, 8), (10, 4)])
+def test_a_partial_last_node_is_crossed_through_every_channels_own_nic(n, g):
+    """Every channel's ring is a permutation of the ranks, and with a partial last node (36 +
+    28 ranks: a 128-GPU job's TP2 data-parallel group on two NVL72 racks) the channels still
+    cross between nodes on different GPUs: in plain rank order all of them shared the single
+    hop ``g-1 -> g``, so one NIC pair carried the whole collective."""
+    from collsim.collectives.layout import RankLayout
+
+    channels = 8
+    spec = BuildSpec(collective="all_gather", algorithm="ring", nranks=n, count=n * channels,
+                     elem_bytes=4, layout=RankLayout(n, g), channels=channels,
+                     chunk_bytes=DEFAULT_CHUNK_BYTES, root=0)  # fmt: skip
+    into_last, out_of_last = set(), set()
+    first_last = (n // g) * g
+    for c in range(channels):
+        ring = ring_order(spec, c).ravel()
+        assert sorted(ring.tolist()) == list(range(n))
+        for a, b in zip(ring.tolist(), np.roll(ring, -1).tolist(), strict=True):
+            if a < first_last <= b:
+                into_last.add(b)
+            if b < first_last <= a:
+                out_of_last.add(a)
+    assert len(into_last) >= min(channels, n - first_last) // 2
+    assert len(out_of_last) >= min(channels, n - first_last) // 2

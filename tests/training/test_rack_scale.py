@@ -61,3 +61,17 @@ def test_tp_span_counts_racks_not_trays(two_racks):
     assert tp_span(layout(8), two_racks).gpus_per_node == 72
     wide = tp_span(layout(48), two_racks)  # the second group straddles the racks
     assert wide.spans and wide.split_groups == 1 and wide.nodes == 2
+
+
+def test_a_dp_group_split_unevenly_over_racks_spreads_its_channels_over_the_nics(two_racks):
+    """64 ranks, 36 in rack 0 and 28 in rack 1 (a 128-GPU job's FSDP group at TP2): NCCL's
+    channels each cross between the racks through their own NICs, so a 3.2 GB all-gather runs
+    near the NVLink ring's time ((n-1)/n x 3.2 GB / 900 GB/s = 3.5 ms), not at one NIC's
+    50 GB/s (63 ms, what rank order's single crossing pair gave before)."""
+    timer = make_timer("analytic", two_racks)
+    names = [g.name for g in two_racks.gpus]
+    group = names[0:72:2] + names[72:128:2]
+    assert group_layout(two_racks, group).ranks_per_node == 36  # the larger node's ranks
+    t = timer.time_s("all_gather", group, 3.2 * GB, "nccl")
+    nvlink_s = 63 / 64 * 3.2 * GB / NVLINK_BYTES_PER_S
+    assert nvlink_s < t < 1.3 * nvlink_s
