@@ -258,6 +258,7 @@ def to_explicit_yaml(topo: Topology) -> str:
                 if gpu.matmul_flops
                 else {}
             ),
+            **({"sms": gpu.sms} if gpu.sms is not None else {}),
             "memory": f"{gpu.memory_bytes}B",
             "memory_bandwidth": f"{gpu.memory_bandwidth_bytes_per_s!r}B/s",
             **({"source": gpu.source} if gpu.source else {}),

@@ -171,6 +171,7 @@ def _gpu_model(gpu: GpuIn) -> GpuModel:
         memory_bandwidth_bytes_per_s=gpu.memory_bandwidth,
         source=gpu.source,
         matmul_flops={k: v * 1e12 for k, v in (gpu.matmul_tflops or {}).items()},
+        sms=gpu.sms,
     )
 
 

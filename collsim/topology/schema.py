@@ -169,6 +169,8 @@ class GpuIn(Strict):
     matmul_tflops: dict[str, TFlops] | None = None
     """Measured maximum achievable matmul TFLOP/s by dtype (optional; see
     :attr:`collsim.topology.spec.GpuModel.matmul_flops`)."""
+    sms: Annotated[int, Field(ge=1, le=4096)] | None = None
+    """Streaming multiprocessors (optional; see :attr:`collsim.topology.spec.GpuModel.sms`)."""
     source: Source = None
 
     @field_validator("memory")

@@ -83,6 +83,10 @@ class GpuModel:
     what the GPU sustains at its power limit, below the peak by a fraction that differs between
     GPUs (A100 SXM 0.87, H100 SXM 0.80, B200 0.78, MI300X 0.51 in BF16). Where a dtype has none,
     :meth:`matmul_rate` assumes a fraction of the peak (:meth:`matmul_rate`)."""
+    sms: int | None = None
+    """Streaming multiprocessors (compute units): how many GEMM tiles run at once, which sets the
+    wave quantisation of a matrix multiply (:mod:`collsim.training.kernels`); ``None``: unknown,
+    no wave quantisation is modelled."""
 
     def matmul_rate(self, key: str) -> float:
         """FLOP/s of the GPU's best matmul in ``key`` (a ``peak_flops`` key): measured, or the

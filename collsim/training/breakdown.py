@@ -18,6 +18,7 @@ COMPUTE_LABELS = {
     "gemm": "compute: GEMM",
     "attention": "compute: attention",
     "memory_bound": "compute: memory-bound",
+    "launch": "compute: kernel launches (CPU-bound)",
     "quantisation": "compute: quantisation (FP8/FP4 casts)",
     "recompute": "compute: recompute",
     "logits_loss": "compute: output layer + loss",
@@ -84,14 +85,16 @@ def layer_parts(model: Any, w: Any, n_gpus: int | None = None) -> dict[str, floa
     one = model.one_layer(w, n_gpus, slowest=True)
     fwd_share = 2 / (4 + (2 if w.recomputes == "full" else 0))  # of the TP / EP calls
     parts = {
-        "forward:GEMM": one["gemm"] / 3,
+        "forward:GEMM": one["gemm_fwd"],
+        "forward:launch-bound": one["launch_fwd"],
         "forward:attention": one["attention"] / 3,
         "forward:memory-bound": one["memory_bound"] / 3,
         "forward:quantisation": one["quantisation_fwd"],
         "forward:TP comm": one["tp"] * fwd_share,
         "forward:CP comm": one["cp_fwd"],
         "forward:EP comm": one["ep"] * fwd_share,
-        "backward:GEMM": 2 * one["gemm"] / 3,
+        "backward:GEMM": one["gemm"] - one["gemm_fwd"],
+        "backward:launch-bound": one["launch"] - one["launch_fwd"],
         "backward:attention": 2 * one["attention"] / 3,
         "backward:memory-bound": 2 * one["memory_bound"] / 3,
         "backward:quantisation": one["quantisation"] - one["quantisation_fwd"],

@@ -64,6 +64,7 @@ from collsim.training.dataparallel import (
     overlapped_buckets,
     straggler_multiplier,
 )
+from collsim.training.kernels import launch_floor_s, stage_linear_seconds
 from collsim.training.layout import (
     Groups,
     Layout,
@@ -96,7 +97,9 @@ from collsim.training.transformer import (
 from collsim.training.workload import DTYPE_BYTES, WorkloadError, WorkloadIn
 from collsim.training.zero3 import expert_tails, stage_tensors
 
-COMPUTE_PARTS = ("gemm", "attention", "memory_bound", "quantisation", "recompute", "logits_loss")
+COMPUTE_PARTS = (
+    "gemm", "attention", "memory_bound", "launch", "quantisation", "recompute", "logits_loss"
+)  # fmt: skip
 """The parts of a stage's compute time :meth:`StepModel._stage` keeps (they sum to it)."""
 
 
@@ -389,7 +392,21 @@ class StepModel:
         core = sum(c.attn_core_flops for c in layers) * b
         core_s = core / wide_s
         elementwise = sum(c.elementwise_bytes for c in layers) * b * traffic
-        fwd_plain = (gemm - core) / flops_s + core_s + elementwise / mem_bw
+        if w.model.kind == "transformer":  # each GEMM priced by its shape (:mod:`.kernels`)
+            moe = sum(c.moe for c in layers)
+            lin_fwd, lin_bwd = stage_linear_seconds(
+                w.model, tokens=b * w.model.seq_len / lay.cp, tp=lay.tp, ep=lay.ep,
+                dense_layers=len(layers) - moe, moe_layers=moe, rate_flops_s=flops_s,
+                mem_bw_bytes_s=mem_bw, elem_bytes=DTYPE_BYTES[w.dtype], sms=self.topology.gpu.sms,
+            )  # fmt: skip
+        else:
+            lin_fwd = (gemm - core) / flops_s
+            lin_bwd = 2 * lin_fwd
+        fwd_plain = lin_fwd + core_s + elementwise / mem_bw
+        bwd_plain = lin_bwd + 2 * (core_s + elementwise / mem_bw)
+        floor_fwd, floor_bwd = launch_floor_s(len(layers)) if layers else (0.0, 0.0)
+        launch = max(0.0, floor_fwd - fwd_plain) + max(0.0, floor_bwd - bwd_plain)
+        launch_fwd = max(0.0, floor_fwd - fwd_plain)
         cast_fwd, cast_bwd = (
             cast_seconds(w.model, w.recipe, lay.tp, lay.sequence_parallel, lay.cp, b, mem_bw)
             if w.model.kind == "transformer"
@@ -421,7 +438,7 @@ class StepModel:
                 extra = 3 * lg / wide_s + 3 * soft / mem_bw
                 if lay.pp > 1 or not model.tied_embeddings:
                     params += embed
-        compute = 3 * fwd_plain + cast_fwd + cast_bwd + redo + extra
+        compute = fwd_plain + bwd_plain + launch + cast_fwd + cast_bwd + redo + extra
         algo = w.training.algorithm
         tp_calls = 4 + (2 if w.recomputes == "full" else 0)
         tp = 0.0
@@ -447,21 +464,24 @@ class StepModel:
         params -= experts * (lay.ep - 1)
         tp_total = tp  # before overlap: the breakdown shows total, hidden and exposed
         if w.parallel.tp_overlap:  # chunked behind the layers' GEMMs that produce / consume them
-            tp = max(0.0, tp - (3 * gemm + recompute_flops) / flops_s)
+            tp = max(0.0, tp - (lin_fwd + lin_bwd + 3 * core_s + recompute_flops / flops_s))
         return {
             "compute": compute,
             # compute's parts (they sum to it): matmuls, memory-bound kernels, recomputation,
             # the output layer and loss; read by :mod:`collsim.training.breakdown`
-            "gemm": 3 * (gemm - core) / flops_s,
+            "gemm": lin_fwd + lin_bwd,
+            "gemm_fwd": lin_fwd,
             "attention": 3 * core_s,
             "memory_bound": 3 * elementwise / mem_bw,
+            "launch": launch,
+            "launch_fwd": launch_fwd,
             "quantisation": cast_fwd + cast_bwd,
             "quantisation_fwd": cast_fwd,
             "recompute": redo,
             "logits_loss": extra,
             "tp_total": tp_total,
-            "fwd": fwd + extra / 3,
-            "bwd": 2 * fwd_plain + cast_bwd + redo + 2 * extra / 3,
+            "fwd": fwd + launch_fwd + extra / 3,
+            "bwd": bwd_plain + launch - launch_fwd + cast_bwd + redo + 2 * extra / 3,
             "tp": tp,
             "cp": cp,
             "cp_fwd": cp_fwd,

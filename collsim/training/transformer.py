@@ -68,6 +68,8 @@ class LayerCosts:
     cp_bytes: float = 0.0
     """Bytes of the whole sequence's keys and values on one TP rank (``2 s h_kv / t`` x element
     bytes): what context parallelism all-gathers per layer; 0 without it."""
+    moe: bool = False
+    """The layer holds experts (its MLP is the experts')."""
 
 
 def _kv(m: TransformerIn) -> int:
@@ -166,6 +168,7 @@ def layer_costs(
         if moe and m.experts is not None
         else 0.0,
         cp_bytes=2 * s * kv * elem_bytes / tp if cp > 1 else 0.0,
+        moe=moe and m.experts is not None,
     )
 
 

@@ -4,6 +4,8 @@ per-rank costs, the rank order, the exposed K/V collectives, the gradient group 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from collsim.errors import CollsimError
@@ -22,7 +24,11 @@ GQA = {"layers": 8, "hidden": 1024, "heads": 16, "kv_heads": 4, "vocab": 32000, 
 
 @pytest.fixture(scope="module")
 def node():
-    return load_topology("dgx-h100", nodes=1)
+    """A DGX H100 without its SM count: no tile or wave quantisation, so a GEMM's time is its
+    FLOPs' whatever its shape and these hand-computed cases scale exactly with cp (the shape
+    model has its own tests: tests/training/test_kernels.py)."""
+    topo = load_topology("dgx-h100", nodes=1)
+    return dataclasses.replace(topo, gpu=dataclasses.replace(topo.gpu, sms=None))
 
 
 @pytest.fixture(scope="module")

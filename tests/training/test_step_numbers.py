@@ -104,7 +104,9 @@ def test_fp8_keeps_16_bit_weights_and_messages(node):
     data parallelism send stay 16-bit, so only the compute changes from bf16."""
 
     def run(dtype):
-        data = gpt(dtype=dtype, global_batch=16, micro_batch=1,
+        # layers large enough that the GPU, not the CPU's kernel launches, sets the pace
+        big = {"layers": 8, "hidden": 4096, "heads": 32, "vocab": 32000, "seq_len": 4096}
+        data = gpt(dtype=dtype, global_batch=16, micro_batch=1, model=big,
                    parallel={"tp": 4, "pp": 2})  # fmt: skip
         return _evaluate(node, data)
 
