@@ -52,7 +52,7 @@ def targets(rows: list[dict], rhos: list[float]) -> list[str]:
         ),
     ]
     out = [
-        f"Targets (issue 29), over the {len(rows)} runs other than the calibration run:",
+        f"Targets (issue 29), over {len(rows)} runs (all but a calibration run, if one):",
         "",
         "| target | now | limit | verdict |",
         "|---|---|---|---|",

@@ -87,7 +87,7 @@ def layer_parts(model: Any, w: Any, n_gpus: int | None = None) -> dict[str, floa
     parts = {
         "forward:GEMM": one["gemm_fwd"],
         "forward:launch-bound": one["launch_fwd"],
-        "forward:attention": one["attention"] / 3,
+        "forward:attention": one["attention_fwd"],
         "forward:memory-bound": one["memory_bound"] / 3,
         "forward:quantisation": one["quantisation_fwd"],
         "forward:TP comm": one["tp"] * fwd_share,
@@ -95,7 +95,7 @@ def layer_parts(model: Any, w: Any, n_gpus: int | None = None) -> dict[str, floa
         "forward:EP comm": one["ep"] * fwd_share,
         "backward:GEMM": one["gemm"] - one["gemm_fwd"],
         "backward:launch-bound": one["launch"] - one["launch_fwd"],
-        "backward:attention": 2 * one["attention"] / 3,
+        "backward:attention": one["attention"] - one["attention_fwd"],
         "backward:memory-bound": 2 * one["memory_bound"] / 3,
         "backward:quantisation": one["quantisation"] - one["quantisation_fwd"],
         "backward:recompute": one["recompute"],

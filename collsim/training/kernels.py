@@ -167,3 +167,65 @@ def stage_linear_seconds(
         fwd += count * f
         bwd += count * b
     return fwd, bwd
+
+
+FLASH_FRACTIONS: tuple[tuple[tuple[str, ...], tuple[float, float]], ...] = (
+    (("GB300", "B300"), (0.75, 0.65)),
+    (("GB200", "B200"), (0.71, 0.62)),
+    ((), (0.75, 0.65)),
+)
+"""Forward and backward fused-attention rates (cuDNN's, what Transformer Engine runs) as
+fractions of the GPU's best 16-bit matmul, for long sequences and head dimension 128, by GPU
+model name (first match; the last row is the default):
+
+* Hopper and earlier: on an H100 SXM at sequence 8k, cuDNN's backward runs at 518 TFLOP/s and
+  FlashAttention-3's forward at 614 (Shah et al. 2024, arXiv:2407.08608, Fig. 5-6; pytorch/
+  benchmark commit ff65cb67), 0.65 and 0.77 of the H100's best BF16 matmul (794.5): 0.75 forward
+  (cuDNN a little under FlashAttention-3), 0.65 backward. FlashAttention-2 on an A100 reaches
+  50-73% of the peak (Dao 2023, arXiv:2307.08691), about the same fractions of its best matmul.
+* Blackwell (B200, GB200): the tensor cores doubled but not the exponential units, so the
+  forward is bound by the softmax's exponentials (FlashAttention-4, Dao-AILab and Together AI,
+  2026): it reaches 1,613 TFLOP/s on a B200, 1.3x cuDNN 9.13, so cuDNN ~1,240 = 0.71
+  of the B200's best matmul (1,745); the backward keeps Hopper's cuDNN backward/forward ratio
+  (0.87): 0.62.
+* Blackwell Ultra (B300, GB300) doubles the exponential throughput ("2x attention-layer
+  acceleration", NVIDIA, "Inside NVIDIA Blackwell Ultra", 2025): the softmax bound lifts, Hopper's
+  fractions apply."""
+
+
+def flash_fractions(gpu_model: str) -> tuple[float, float]:
+    """:data:`FLASH_FRACTIONS` for a GPU model name."""
+    for names, fractions in FLASH_FRACTIONS:
+        if not names or any(n in gpu_model for n in names):
+            return fractions
+    return FLASH_FRACTIONS[-1][1]
+
+
+FLASH_HALF_SEQ = 256
+"""Sequence length at which the attention kernel runs at half its long-sequence rate: the same
+benchmark's forward at 512 tokens (430 TFLOP/s) and 2k (566) fit ``s / (s + 256)`` within 2%."""
+
+
+def attention_seconds(
+    core_flops: float,
+    seq: float,
+    head_dim: float,
+    matmul_flops_s: float,
+    fractions: tuple[float, float] = FLASH_FRACTIONS[-1][1],
+    causal: bool = True,
+) -> tuple[float, float]:
+    """Forward and backward seconds of a FlashAttention core of ``core_flops`` forward FLOPs
+    (``4 s^2 h`` per sequence, the whole score matrix) at query length ``seq``: a causal mask
+    skips half of the blocks, and the kernel runs at ``fractions`` (:func:`flash_fractions`,
+    forward and backward) of the 16-bit
+    best matmul ``matmul_flops_s``, less at short sequences (:data:`FLASH_HALF_SEQ`) and small
+    heads (head dimension 64: 0.8 of 128's rate, FlashAttention-3's forward tables)."""
+    if core_flops <= 0:
+        return 0.0, 0.0
+    flops = core_flops / 2 if causal else core_flops
+    shape = seq / (seq + FLASH_HALF_SEQ) * min(1.0, 0.6 + 0.4 * head_dim / 128)
+    fwd_frac, bwd_frac = fractions
+    return (
+        flops / (fwd_frac * shape * matmul_flops_s),
+        2 * flops / (bwd_frac * shape * matmul_flops_s),
+    )

@@ -64,7 +64,12 @@ from collsim.training.dataparallel import (
     overlapped_buckets,
     straggler_multiplier,
 )
-from collsim.training.kernels import launch_floor_s, stage_linear_seconds
+from collsim.training.kernels import (
+    attention_seconds,
+    flash_fractions,
+    launch_floor_s,
+    stage_linear_seconds,
+)
 from collsim.training.layout import (
     Groups,
     Layout,
@@ -390,7 +395,13 @@ class StepModel:
         flops_s = linear_flops_per_s(w.recipe, flops_s, wide_s)
         gemm = sum(c.fwd_flops for c in layers) * b
         core = sum(c.attn_core_flops for c in layers) * b
-        core_s = core / wide_s
+        if w.model.kind == "transformer" and w.model.flash_attention:
+            core_s, core_bwd = attention_seconds(
+                core, w.model.seq_len / lay.cp, w.model.hidden / w.model.heads, wide_s,
+                flash_fractions(self.topology.gpu.model),
+            )  # fmt: skip
+        else:  # the score matrix materialised: its GEMMs at the 16-bit rate
+            core_s, core_bwd = core / wide_s, 2 * core / wide_s
         elementwise = sum(c.elementwise_bytes for c in layers) * b * traffic
         if w.model.kind == "transformer":  # each GEMM priced by its shape (:mod:`.kernels`)
             moe = sum(c.moe for c in layers)
@@ -403,7 +414,7 @@ class StepModel:
             lin_fwd = (gemm - core) / flops_s
             lin_bwd = 2 * lin_fwd
         fwd_plain = lin_fwd + core_s + elementwise / mem_bw
-        bwd_plain = lin_bwd + 2 * (core_s + elementwise / mem_bw)
+        bwd_plain = lin_bwd + core_bwd + 2 * elementwise / mem_bw
         floor_fwd, floor_bwd = launch_floor_s(len(layers)) if layers else (0.0, 0.0)
         launch = max(0.0, floor_fwd - fwd_plain) + max(0.0, floor_bwd - bwd_plain)
         launch_fwd = max(0.0, floor_fwd - fwd_plain)
@@ -464,14 +475,15 @@ class StepModel:
         params -= experts * (lay.ep - 1)
         tp_total = tp  # before overlap: the breakdown shows total, hidden and exposed
         if w.parallel.tp_overlap:  # chunked behind the layers' GEMMs that produce / consume them
-            tp = max(0.0, tp - (lin_fwd + lin_bwd + 3 * core_s + recompute_flops / flops_s))
+            tp = max(0.0, tp - (lin_fwd + lin_bwd + core_s + core_bwd + recompute_flops / flops_s))
         return {
             "compute": compute,
             # compute's parts (they sum to it): matmuls, memory-bound kernels, recomputation,
             # the output layer and loss; read by :mod:`collsim.training.breakdown`
             "gemm": lin_fwd + lin_bwd,
             "gemm_fwd": lin_fwd,
-            "attention": 3 * core_s,
+            "attention": core_s + core_bwd,
+            "attention_fwd": core_s,
             "memory_bound": 3 * elementwise / mem_bw,
             "launch": launch,
             "launch_fwd": launch_fwd,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -64,3 +65,26 @@ def test_ffn_that_does_not_shard_over_tp_is_one_line_exit_2(tmp_path):
     assert res.exit_code == 2, res.output
     assert "parallel.tp" in res.output and "4090" in res.output and str(path) in res.output
     assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("changes", "topology", "field", "value"),
+    [
+        ({"model": {"hidden": 1536, "heads": 12}, "parallel": {"tp": 8}}, "dgx-h100",
+         "parallel.tp", "8"),  # heads that TP does not shard
+        ({"dtype": "fp8"}, "dgx-a100", "dtype", "fp8"),  # FP8 on a GPU without FP8 tensor cores
+        ({"model": {"experts": {"count": 6, "top_k": 2}}, "parallel": {"ep": 4}}, "dgx-h100",
+         "parallel.ep", "4"),  # EP that does not divide the experts
+        ({"model": {"seq_len": 1000}, "parallel": {"cp": 3}}, "dgx-h100", "parallel",
+         "'cp': 3"),  # a sequence CP cannot split into 2 x cp chunks
+    ],
+)  # fmt: skip
+def test_layouts_that_cannot_run_are_one_line_exit_2(tmp_path, changes, topology, field, value):
+    """The issue's bad inputs: one line naming the file, the field and the value; exit 2."""
+    path = tmp_path / "w.yaml"
+    path.write_text(yaml.safe_dump(gpt(**changes)))
+    res = runner.invoke(cli, ["step", "-w", str(path), "-t", topology, "--nodes", "1"])
+    assert res.exit_code == 2, res.output
+    line = res.output.strip()
+    assert len(line.splitlines()) == 1 and "Traceback" not in line
+    assert str(path) in line and f"field '{field}'" in line and value in line
