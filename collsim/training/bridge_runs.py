@@ -54,6 +54,8 @@ BRIDGE_ASSUMPTIONS = (
     "gradient reduce-scatter and parameter all-gather overlapped (the recipes' "
     "overlap_grad_reduce / overlap_param_gather); 'Megatron FSDP' rows: ZeRO-3 sharding over DP",
     "no activation recomputation (the tables state none)",
+    "context parallelism as ring attention (Megatron-Core's default cp_comm_type 'p2p': K/V "
+    "passed around the CP ring behind each step's attention)",
     "the 25.09 tables (no precision column) are FP8 current scaling (see RECIPES)",
 )
 
@@ -122,6 +124,7 @@ def bridge_workload(r: dict[str, Any]) -> dict[str, Any]:
             "tp": tp,
             "pp": pp,
             "cp": cp,
+            "cp_comm": "p2p",
             "dp": n // (tp * pp * cp),
             "schedule": "interleaved" if v > 1 else "1f1b",
             "virtual_stages": v,

@@ -65,6 +65,8 @@ class Layout:
     """ZeRO-3 as PyTorch FSDP (per-layer gathers) rather than DeepSpeed (per-tensor)."""
     cp: int = 1
     """Context-parallel size: each sequence split over ``cp`` GPUs."""
+    cp_comm: str = "allgather"
+    """How the CP group moves keys and values: ``allgather`` or ``p2p`` (ring attention)."""
 
     def rank(self, tp_rank: int, dp_rank: int, pp_rank: int, cp_rank: int = 0) -> int:
         return tp_rank + self.tp * (cp_rank + self.cp * (dp_rank + self.dp * pp_rank))
@@ -88,7 +90,7 @@ class Layout:
     def label(self) -> str:
         text = f"tp{self.tp}-pp{self.pp}-dp{self.dp}"
         if self.cp > 1:
-            text += f"-cp{self.cp}"
+            text += f"-cp{self.cp}" + ("r" if self.cp_comm == "p2p" else "")
         if self.v > 1:
             text += f"-v{self.v}"
         if self.ep > 1:
@@ -200,6 +202,7 @@ def resolve_layout(w: WorkloadIn, n_gpus: int) -> Layout:
         zero=zero,
         fsdp=par.fsdp,
         cp=par.cp,
+        cp_comm=par.cp_comm,
     )
 
 

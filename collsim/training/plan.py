@@ -85,6 +85,7 @@ class SearchIn(Strict):
     tp: Choices[Pos] | None = None
     pp: Choices[Pos] | None = None
     cp: Choices[Pos] | None = None
+    cp_comm: Choices[Literal["allgather", "p2p"]] | None = None
     micro_batch: Choices[Pos] | None = None
     zero: Choices[Literal[0, 1, 2, 3]] | None = None
     sequence_parallel: Choices[bool] | None = None
@@ -268,6 +269,7 @@ def layouts(w: WorkloadIn, search: SearchIn, rejected: Rejected | None = None) -
         "tp": search.tp or [par.tp],
         "pp": search.pp or [par.pp],
         "cp": search.cp or [par.cp],
+        "cp_comm": search.cp_comm or [par.cp_comm],
         "micro_batch": search.micro_batch or [w.micro_batch],
         "zero": search.zero or [par.zero],
         "sequence_parallel": search.sequence_parallel or [par.sequence_parallel],
@@ -285,6 +287,8 @@ def layouts(w: WorkloadIn, search: SearchIn, rejected: Rejected | None = None) -
             c["virtual_stages"] = 1
         if c["tp"] == 1:  # nothing to split a sequence over, or to overlap: the same layout
             c["sequence_parallel"] = False
+        if c["cp"] == 1:  # no context parallelism: its communication style is moot
+            c["cp_comm"] = par.cp_comm
         # The workload's FSDP stays where its ZeRO stage is kept; a searched stage is that stage
         # (3 with FSDP's per-layer collectives, 0 plain data parallelism).
         fsdp = par.fsdp and (c["zero"] == 3 or (not search.zero and c["zero"] in (0, 3)))
@@ -299,6 +303,7 @@ def layouts(w: WorkloadIn, search: SearchIn, rejected: Rejected | None = None) -
                     w,
                     parallel={
                         "tp": c["tp"], "pp": c["pp"], "cp": c["cp"], "dp": "auto",
+                        "cp_comm": c["cp_comm"],
                         "zero": c["zero"],
                         "fsdp": fsdp, "sequence_parallel": c["sequence_parallel"],
                         "tp_overlap": overlap,
@@ -320,6 +325,7 @@ def _label(
     pp: int,
     cp: int,
     virtual_stages: int,
+    cp_comm: str = "allgather",
     sequence_parallel: bool,
     fsdp: bool,
     zero: int,
@@ -330,7 +336,7 @@ def _label(
     """A searched layout in a few characters (for the reasons a layout cannot run)."""
     v = f"-v{virtual_stages}" if virtual_stages > 1 else ""
     sp = "-sp" if sequence_parallel else ""
-    cp_ = f"-cp{cp}" if cp > 1 else ""
+    cp_ = (f"-cp{cp}" + ("r" if cp_comm == "p2p" else "")) if cp > 1 else ""
     z = "-fsdp" if fsdp else f"-zero{zero}"
     return f"tp{tp}-pp{pp}{cp_}{v}{sp}{z}-mb{micro_batch}-{recompute}"
 
@@ -339,7 +345,8 @@ def _workload_label(w: WorkloadIn) -> str:
     """:func:`_label` of a workload's layout."""
     p = w.parallel
     return _label(
-        tp=p.tp, pp=p.pp, cp=p.cp, sequence_parallel=p.sequence_parallel, fsdp=p.fsdp,
+        tp=p.tp, pp=p.pp, cp=p.cp, cp_comm=p.cp_comm, sequence_parallel=p.sequence_parallel,
+        fsdp=p.fsdp,
         virtual_stages=p.virtual_stages if p.schedule == "interleaved" else 1, zero=p.zero,
         micro_batch=w.micro_batch, recompute=w.recompute,
     )  # fmt: skip

@@ -252,7 +252,7 @@ class StepModel:
             "compute_parts_s": {k: m * crit[k] for k in COMPUTE_PARTS},
             "comm_total_s": {
                 "tp_comm": m * crit["tp_total"],
-                "cp_comm": cp_comm,
+                "cp_comm": m * crit["cp_total"],
                 "ep_comm": ep_comm,
                 "pp_comm": pp_comm,
                 "dp_comm": dp_detail.pop("dp_total_s", dp_comm),
@@ -455,12 +455,25 @@ class StepModel:
         tp = 0.0
         ep = 0.0
         cp = cp_fwd = 0.0
+        cp_total = 0.0
         for c in layers:
-            if lay.cp > 1 and c.cp_bytes > 0:  # K/V gathered (forward, backward), grads reduced
+            if lay.cp > 1 and c.cp_bytes > 0 and w.parallel.cp_comm == "p2p":
+                # ring attention: cp - 1 steps, each a K/V chunk to the next rank behind the
+                # attention on the one held; the backward moves K/V and their gradients
+                hop = self._coll("sendrecv", groups.cp[:2], c.cp_bytes * b / lay.cp, algo)
+                steps = lay.cp - 1
+                per = len(layers) * lay.cp
+                step_f = steps * max(0.0, hop - core_s / per)
+                step_b = steps * max(0.0, 2 * hop - core_bwd / per)
+                cp_fwd += step_f
+                cp += (2 if w.recomputes == "full" else 1) * step_f + step_b
+                cp_total += steps * ((2 if w.recomputes == "full" else 1) * hop + 2 * hop)
+            elif lay.cp > 1 and c.cp_bytes > 0:  # K/V gathered (fwd, bwd), grads reduced
                 gather = self._coll("all_gather", groups.cp, c.cp_bytes * b, algo)
                 reduce = self._coll("reduce_scatter", groups.cp, c.cp_bytes * b, algo)
                 cp_fwd += gather
                 cp += (3 if w.recomputes == "full" else 2) * gather + reduce
+                cp_total += (3 if w.recomputes == "full" else 2) * gather + reduce
             if lay.tp > 1 and c.tp_bytes > 0:
                 size = c.tp_bytes * b
                 if lay.sequence_parallel:
@@ -497,6 +510,7 @@ class StepModel:
             "tp": tp,
             "cp": cp,
             "cp_fwd": cp_fwd,
+            "cp_total": cp_total,
             "ep": ep,
             "total": compute + tp + cp + ep,
             "params": params,

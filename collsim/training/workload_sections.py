@@ -206,7 +206,13 @@ class ParallelIn(Strict):
     cp: Pos = 1
     """Context parallelism: each sequence split over ``cp`` GPUs, which all-gather the keys and
     values of the whole sequence for attention (Llama 3's all-gather-based context parallelism;
-    Dubey et al. 2024, section 3.3.2)."""
+    Dubey et al. 2024, section 3.3.2), or pass them around a ring (``cp_comm``)."""
+    cp_comm: Literal["allgather", "p2p"] = "allgather"
+    """How context parallelism moves keys and values: ``allgather`` (Llama 3; exposed before the
+    attention) or ``p2p``, ring attention (Transformer Engine's ``AttnFuncWithCPAndKVP2P``,
+    Megatron-Core's default ``cp_comm_type``): ``cp - 1`` steps, each sending the K/V chunk it
+    holds to the next rank while computing attention on it; only what a step's transfer
+    outlasts its attention is exposed (the backward circulates K/V and their gradients)."""
     schedule: Literal["1f1b", "gpipe", "interleaved"] = "1f1b"
     virtual_stages: Pos = 1
     sequence_parallel: bool = False

@@ -242,3 +242,40 @@ def test_plan_turns_to_context_parallelism_where_long_sequences_do_not_fit():
     assert rejected.memory >= 1  # cp 1 (and cp 2) cannot hold the activations
     assert every and all(o.result.layout.cp == 8 for o in every)
     assert every[0].result.fits
+
+
+@pytest.mark.parametrize("seq_len", [512, 4096])
+def test_ring_attention_exposes_only_what_a_step_outlasts_its_attention(model, seq_len):
+    """cp_comm: p2p (ring attention): cp - 1 steps per layer, each sending a K/V chunk (1 / cp of
+    the gathered K/V) to the next rank while attending to the one held; the backward sends K/V
+    and their gradients. Exposed per layer: (cp - 1) x max(0, hop - attention / cp) forward and
+    (cp - 1) x max(0, 2 hop - backward attention / cp) backward. Long sequences hide it all."""
+    cp = 4
+    data = {"global_batch": 8, "micro_batch": 1, "recompute": "none"}
+    model_ = dict(GQA, seq_len=seq_len)
+    ring = workload_from_dict(gpt(model=model_, parallel={"cp": cp, "cp_comm": "p2p"}, **data))
+    gather = workload_from_dict(gpt(model=model_, parallel={"cp": cp}, **data))
+    one = model.one_layer(ring, 8)
+    lay = resolve_layout(ring, 8)
+    groups = model._place(lay)
+    kv_bytes = 2 * seq_len * 256 * 2  # K and V x s x h_kv (1024 x 4 / 16) x bytes
+    hop = model._coll("sendrecv", groups.cp[:2], kv_bytes / cp, "nccl")
+    fwd_attn = one["attention_fwd"] / cp
+    bwd_attn = (one["attention"] - one["attention_fwd"]) / cp
+    expect = (cp - 1) * (max(0.0, hop - fwd_attn) + max(0.0, 2 * hop - bwd_attn))
+    assert one["cp"] == pytest.approx(expect, rel=1e-9, abs=1e-15)
+    assert one["cp"] <= model.one_layer(gather, 8)["cp"]
+    if seq_len == 4096:  # the attention of a 4k chunk outlasts an NVLink hop: nothing exposed
+        assert one["cp"] == 0.0
+
+
+def test_plan_searches_the_cp_communication_only_where_there_is_cp():
+    """cp_comm is a planning choice: with cp 1 it is moot (one layout), with cp 2 both ways are
+    layouts of their own, labelled apart (-cp2 all-gather, -cp2r ring)."""
+    w = workload_from_dict(gpt(model=dict(GQA), global_batch=8, micro_batch=1))
+    found = layouts(w, SearchIn(cp=[1, 2], cp_comm=["allgather", "p2p"]))
+    assert sorted((x.parallel.cp, x.parallel.cp_comm) for x in found) == [
+        (1, "allgather"), (2, "allgather"), (2, "p2p"),
+    ]  # fmt: skip
+    labels = {resolve_layout(x, 8).label() for x in found}
+    assert {"tp1-pp1-dp4-cp2-mb1", "tp1-pp1-dp4-cp2r-mb1"} <= labels
