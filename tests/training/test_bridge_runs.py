@@ -82,3 +82,15 @@ def test_a_record_without_tokens_per_gpu_is_refused():
     r["metrics"] = dict(r["metrics"], tokens_per_s_per_gpu=None)
     with pytest.raises(CollsimError, match="tokens_per_s_per_gpu"):
         bridge_measured_s(r)
+
+
+def test_a_vp_column_reading_na_takes_the_recipes_default():
+    """The one PP > 1 row whose VP column reads n/a runs the recipe's VP (5 for Llama 3 70B at
+    PP4, what every other release prints); a row that prints its VP keeps it."""
+    raw = {r["id"]: r for r in load_runs()}
+    na = bridge_workload(raw["bridge-26.02.01-dgx-gb300-llama3-70b-64gpu-mxfp8"])["parallel"]
+    assert (na["pp"], na["virtual_stages"], na["schedule"]) == (4, 5, "interleaved")
+    printed = bridge_workload(raw["bridge-26.04.01-dgx-gb300-llama3-70b-64gpu-mxfp8"])["parallel"]
+    assert printed["virtual_stages"] == 5
+    tp1 = bridge_workload(raw["bridge-26.04-dgx-gb300-llama3-70b-64gpu-fp8"])["parallel"]
+    assert (tp1["pp"], tp1["virtual_stages"]) == (1, 1)
