@@ -12,10 +12,11 @@ from collsim.topology.spec import Topology
 from collsim.training.layout import Layout, Memory
 from collsim.training.workload import PEAK_KEY, WorkloadError
 
-DEFAULT_EFFICIENCY = 0.765
-"""GEMM efficiency (achieved FLOP/s / the GPU's best matmul rate, :func:`matmul_flops`) when
-neither the workload nor a profile gives one: the value calibrated on
-korthikanti2022-t5-175B-seqsel (reports/steptime_validation.md)."""
+DEFAULT_EFFICIENCY = 0.7585
+"""GEMM efficiency (achieved FLOP/s / the GPU's best matmul rate, :func:`matmul_flops`, for a
+well-shaped GEMM: :mod:`collsim.training.kernels` prices each shape) when neither the workload
+nor a profile gives one: the value fitted on all 120 published runs of ``data/steptime``
+(median signed error zero; reports/steptime_validation.md, with its leave-one-source-out)."""
 OPTIMIZER_BYTES = {"adam": 34.0, "sgd": 14.0, "none": 0.0}
 """Bytes read + written per local parameter by the optimizer step: Adam reads fp32 gradient,
 master weight, momentum, variance (16), writes the last three (12) and the 16-bit copy (2), plus
