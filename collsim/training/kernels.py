@@ -110,7 +110,7 @@ def layer_gemms(
     out = [Gemm(tokens, (h + 2 * kv) / tp, h), Gemm(tokens, h, h / tp)]
     if moe and model.experts is not None:
         e = model.experts
-        rows = tokens * e.top_k * e.capacity_factor / e.count
+        rows = tokens * e.top_k * e.load_factor / e.count
         out += [Gemm(rows, up / tp, h, experts_local), Gemm(rows, h, f / tp, experts_local)]
     else:
         out += [Gemm(tokens, up / tp, h), Gemm(tokens, h, f / tp)]

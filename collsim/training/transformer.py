@@ -33,6 +33,7 @@ hidden size ``h``, ``a`` heads, vocabulary ``V``, sequence length ``s``, batch `
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from collsim.training.workload import GenericIn, TransformerIn
@@ -131,7 +132,8 @@ def layer_costs(
     # Experts run on buffers padded to capacity_factor x their even share of the tokens (GShard,
     # Lepikhin et al. 2020; Switch, Fedus et al. 2021): the all-to-all and the expert MLPs move and
     # compute the padding too (1: dropless).
-    cf = m.experts.capacity_factor if (moe and padded and m.experts is not None) else 1.0
+    # Dropless routing (capacity factor 1) instead waits for the busiest rank's tokens.
+    cf = m.experts.load_factor if (moe and padded and m.experts is not None) else 1.0
     mlp = 2 * _mlp_matrices(m) * s * h * f * top_k * cf
     core = 4 * s * s * h
     fwd = 2 * s * h * (h + 2 * kv) + core + 2 * s * h * h + mlp
@@ -170,6 +172,17 @@ def layer_costs(
         cp_bytes=2 * s * kv * elem_bytes / tp if cp > 1 else 0.0,
         moe=moe and m.experts is not None,
     )
+
+
+def routing_imbalance(experts: int, tokens: float, top_k: int) -> float:
+    """Expected busiest-expert load over the mean when ``tokens`` each pick ``top_k`` of
+    ``experts`` uniformly at random (a balanced router at best): loads are binomial with mean
+    ``mu = tokens top_k / experts``; the largest of ``experts`` such loads is about
+    ``mu + sqrt(2 mu ln(experts))`` (the Gaussian extreme-value approximation)."""
+    mu = tokens * top_k / experts
+    if mu <= 0 or experts <= 1:
+        return 1.0
+    return 1.0 + math.sqrt(2.0 * math.log(experts) / mu)
 
 
 def loss_logits_bytes(m: TransformerIn | GenericIn, tp: int, micro: int) -> float:

@@ -128,6 +128,20 @@ class ExpertsIn(Strict):
     top_k: Pos = 2
     every: Pos = 1
     capacity_factor: Annotated[float, Field(ge=1)] = 1.0
+    """Expert buffers padded to this multiple of an even share of the tokens (tokens beyond it
+    dropped); 1: dropless."""
+    imbalance: Annotated[float, Field(ge=1, le=64, allow_inf_nan=False)] = 1.0
+    """Dropless routing (``capacity_factor: 1``): the tokens the busiest expert-parallel rank
+    receives over the mean, which the step waits for (its expert GEMMs and all-to-all). 1: a
+    perfectly balanced router; a random one over ``E`` experts gives about
+    ``1 + sqrt(2 ln(E) E / (tokens x top_k))``
+    (:func:`collsim.training.transformer.routing_imbalance`)."""
+
+    @property
+    def load_factor(self) -> float:
+        """What the busiest rank's expert work is over an even share: the padded buffers, or
+        without padding the routing imbalance."""
+        return self.capacity_factor if self.capacity_factor > 1 else self.imbalance
 
     @field_validator("top_k")
     @classmethod

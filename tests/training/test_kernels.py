@@ -4,6 +4,8 @@ against its FLOP count, and the CPU's kernel-launch floor in the step model."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from collsim.model.params import HOST_LAUNCH_S
@@ -106,3 +108,32 @@ def test_a_tiny_layer_runs_at_the_cpus_launch_rate(h100):
     floor = (fwd + bwd) * HOST_LAUNCH_S
     kernels = one["gemm"] + one["attention"] + one["memory_bound"] + one["launch"]
     assert kernels == pytest.approx(floor)
+
+
+def test_dropless_routing_waits_for_the_busiest_ranks_tokens():
+    """imbalance (dropless, capacity factor 1) scales the expert MLP's FLOPs and all-to-all
+    bytes like padding does; padded buffers (capacity factor > 1) already bound the work."""
+    from collsim.training.transformer import routing_imbalance
+
+    even = workload_from_dict(gpt(model=dict(MOE)))
+    skew = workload_from_dict(gpt(model=dict(MOE, experts={"count": 8, "top_k": 2,
+                                                           "imbalance": 1.25})))  # fmt: skip
+    padded = workload_from_dict(gpt(model=dict(MOE, experts={"count": 8, "top_k": 2,
+                                                             "capacity_factor": 1.5,
+                                                             "imbalance": 1.25})))  # fmt: skip
+
+    def costs(w):
+        return layer_costs(w.model, tp=1, sequence_parallel=False, recompute="none",
+                           elem_bytes=2, moe=True)  # fmt: skip
+
+    base, more, pad = costs(even), costs(skew), costs(padded)
+    assert more.moe_tokens_bytes == pytest.approx(1.25 * base.moe_tokens_bytes)
+    assert pad.moe_tokens_bytes == pytest.approx(1.5 * base.moe_tokens_bytes)
+    mlp_even = sum(g.flops for g in layer_gemms(even.model, tokens=1024, tp=1, moe=True,
+                                                experts_local=8)[2:])  # fmt: skip
+    mlp_skew = sum(g.flops for g in layer_gemms(skew.model, tokens=1024, tp=1, moe=True,
+                                                experts_local=8)[2:])  # fmt: skip
+    assert mlp_skew == pytest.approx(1.25 * mlp_even)
+    # a random router over 8 experts, 1024 tokens x top-2: mean 256 a expert
+    assert routing_imbalance(8, 1024, 2) == pytest.approx(1 + (2 * math.log(8) / 256) ** 0.5)
+    assert routing_imbalance(1, 1024, 1) == 1.0
