@@ -2,18 +2,16 @@
 
 Per micro-batch and pipeline stage (one GPU's view; ``b`` sequences, TP size ``t``):
 
-* compute = GEMM FLOPs / (best matmul rate x ``efficiency``) + non-GEMM bytes x
-  ``elementwise_traffic`` / memory bandwidth, the best matmul rate being the GPU's measured
-  maximum achievable one (:func:`matmul_flops`; below its peak by 13% on an A100, 20% on an
-  H100); backward = 2 x forward; recomputation adds a forward (full) or the attention
-  core (selective) to the backward (FLOPs: :mod:`collsim.training.transformer`);
-* tensor parallelism: 2 all-reduces of ``b s h`` elements in the forward and 2 in the backward
-  per layer (Shoeybi et al. 2019, arXiv:1909.08053, Fig. 4), reduce-scatter + all-gather pairs
-  with sequence parallelism (Korthikanti et al. 2022, section 4.2.2); full recomputation repeats
-  the forward's; not overlapped (the Megatron-LM of those papers does not overlap them), unless
-  ``parallel.tp_overlap`` with sequence parallelism (Transformer Engine / NeMo userbuffers chunk
-  them behind the GEMMs around them): then only what outlasts the layers' GEMMs (forward,
-  backward, recomputation; not the logits) per micro-batch is exposed;
+* compute (:mod:`collsim.training.kernels`): each linear GEMM by its shape at the GPU's best
+  measured matmul rate (:func:`matmul_flops`) x ``efficiency``, forward and its dgrad/wgrad
+  backward; fused attention at measured kernel rates; non-GEMM bytes x ``elementwise_traffic``
+  / memory bandwidth; recomputation adds a forward (full) or the attention core (selective) to
+  the backward (FLOPs: :mod:`collsim.training.transformer`);
+* tensor parallelism (:mod:`collsim.training.stage_comm`): per layer 2 all-reduces of the
+  layer output forward and 2 backward (reduce-scatter + all-gather pairs with sequence
+  parallelism), not overlapped as in Megatron-LM's papers, unless ``parallel.tp_overlap`` with
+  sequence parallelism (Transformer Engine / NeMo userbuffers chunk them behind the GEMMs around
+  them): then only what outlasts the layers' GEMMs per micro-batch is exposed;
 * pipeline (Narayanan et al. 2021, section 2.2): with ``m`` micro-batches, ``p`` stages and ``v``
   virtual stages, ``m x max(stage) + (p-1)/v x mean(stage)``: the bubble fraction
   ``(p-1)/(m+p-1)`` for GPipe and 1F1B, ``/v`` interleaved; each micro-batch sends ``b s h``
@@ -30,12 +28,10 @@ Per micro-batch and pipeline stage (one GPU's view; ``b`` sequences, TP size ``t
   (FSDP), ``max(0, comm - compute)`` exposed per layer with overlap
   (:mod:`collsim.training.zero3`);
 * context parallelism over ``c`` GPUs: each computes ``1 / c`` of every sequence (FLOPs,
-  activations, TP and pipeline messages ``/ c``); per layer, the keys and values of the whole
-  sequence are all-gathered in the CP group before the attention, again for its backward (and
-  for a full recomputation's forward), and their gradients reduce-scattered after it, exposed
-  (Llama 3's all-gather-based context parallelism: Dubey et al. 2024, section 3.3.2; Transformer
-  Engine keeps only the local K/V and regathers them in the backward); gradients are reduced
-  over the ``dp x c`` GPUs holding the same weights;
+  activations, TP and pipeline messages ``/ c``); the keys and values move per layer as an
+  exposed all-gather or as ring attention behind the attention (``parallel.cp_comm``,
+  :mod:`collsim.training.stage_comm`); gradients are reduced over the ``dp x c`` GPUs holding
+  the same weights;
 * expert parallelism: 2 all-to-alls (dispatch, combine) forward and 2 backward per MoE layer;
 * each kind of group is timed on rank 0's group, with the share of its links that the sibling
   groups running the same collective at once leave it (:mod:`collsim.training.sharing`);
@@ -80,6 +76,7 @@ from collsim.training.layout import (
 )
 from collsim.training.precision import cast_seconds, linear_flops_per_s
 from collsim.training.sharing import group_shares
+from collsim.training.stage_comm import stage_comm
 from collsim.training.stage_memory import worst_stage_memory
 from collsim.training.step_result import (
     BREAKDOWN_KEYS,
@@ -450,40 +447,8 @@ class StepModel:
                 if lay.pp > 1 or not model.tied_embeddings:
                     params += embed
         compute = fwd_plain + bwd_plain + launch + cast_fwd + cast_bwd + redo + extra
-        algo = w.training.algorithm
-        tp_calls = 4 + (2 if w.recomputes == "full" else 0)
-        tp = 0.0
-        ep = 0.0
-        cp = cp_fwd = 0.0
-        cp_total = 0.0
-        for c in layers:
-            if lay.cp > 1 and c.cp_bytes > 0 and w.parallel.cp_comm == "p2p":
-                # ring attention: cp - 1 steps, each a K/V chunk to the next rank behind the
-                # attention on the one held; the backward moves K/V and their gradients
-                hop = self._coll("sendrecv", groups.cp[:2], c.cp_bytes * b / lay.cp, algo)
-                steps = lay.cp - 1
-                per = len(layers) * lay.cp
-                step_f = steps * max(0.0, hop - core_s / per)
-                step_b = steps * max(0.0, 2 * hop - core_bwd / per)
-                cp_fwd += step_f
-                cp += (2 if w.recomputes == "full" else 1) * step_f + step_b
-                cp_total += steps * ((2 if w.recomputes == "full" else 1) * hop + 2 * hop)
-            elif lay.cp > 1 and c.cp_bytes > 0:  # K/V gathered (fwd, bwd), grads reduced
-                gather = self._coll("all_gather", groups.cp, c.cp_bytes * b, algo)
-                reduce = self._coll("reduce_scatter", groups.cp, c.cp_bytes * b, algo)
-                cp_fwd += gather
-                cp += (3 if w.recomputes == "full" else 2) * gather + reduce
-                cp_total += (3 if w.recomputes == "full" else 2) * gather + reduce
-            if lay.tp > 1 and c.tp_bytes > 0:
-                size = c.tp_bytes * b
-                if lay.sequence_parallel:
-                    one = self._coll("reduce_scatter", groups.tp, size, algo)
-                    one += self._coll("all_gather", groups.tp, size, algo)
-                else:
-                    one = self._coll("all_reduce", groups.tp, size, algo)
-                tp += tp_calls * one
-            if lay.ep > 1 and c.moe_tokens_bytes > 0:
-                ep += tp_calls * self._coll("alltoall", groups.ep, c.moe_tokens_bytes * b, algo)
+        comm = stage_comm(self._coll, w, lay, groups, layers, b, (core_s, core_bwd))
+        tp, cp, cp_fwd, ep = comm["tp"], comm["cp"], comm["cp_fwd"], comm["ep"]
         experts = sum(c.expert_params for c in layers) / lay.ep
         params -= experts * (lay.ep - 1)
         tp_total = tp  # before overlap: the breakdown shows total, hidden and exposed
@@ -510,7 +475,7 @@ class StepModel:
             "tp": tp,
             "cp": cp,
             "cp_fwd": cp_fwd,
-            "cp_total": cp_total,
+            "cp_total": comm["cp_total"],
             "ep": ep,
             "total": compute + tp + cp + ep,
             "params": params,
