@@ -152,7 +152,9 @@ def main() -> None:
         "once to every spine (2:1), 50e9 B/s and 0.6 us per link, 0.13 us per switch, D-mod-k "
         "routes. `ring`: 1 GiB ring all-reduce, 1 channel, Simple, GPUs under the leaves by a "
         f"seeded permutation (seed {args.seed}); `alltoall`: 16 MiB per pair, direct, "
-        f"{ROUNDS_IN_FLIGHT} rounds in flight. Each case in a fresh process.",
+        f"{ROUNDS_IN_FLIGHT} rounds in flight. Each case in a fresh process. One channel moves "
+        "at most one NCCL channel's rate (38.7 GB/s with an H100, `collsim/channel_rates.py`), "
+        "so the ring's 1-channel transfers run below the 50 GB/s links even alone.",
         "",
         "| case | GPUs | transfers | topology s | schedule s | simulate s | wall s | "
         "transfers/s (simulate) | peak MB | simulated ms | closed form ms | engine path | "
