@@ -8,7 +8,9 @@ every leaf linked once to every spine (8 down-links, 4 up-links: 2:1 oversubscri
 * ``ring N``: 1 GiB ring all-reduce (1 channel, Simple) with the GPUs placed under the leaves by
   a seeded random permutation, so consecutive ranks sit under different leaves and several ring
   edges share an up-link;
-* ``alltoall N``: 16 MiB per pair, direct all-to-all with 64 rounds in flight, GPUs in order.
+* ``alltoall N``: 16 MiB per pair, direct all-to-all with 64 rounds in flight, GPUs in order;
+* ``jobs N``: two independent 1 GiB ring all-reduces of ``N / 2`` GPUs each at once on the
+  scattered fabric (ranks ``0..N/2-1`` and ``N/2..N-1``), meeting on its up-links.
 
 Each case runs in a fresh process so its peak memory (ru_maxrss) is its own. Writes
 ``reports/contended_scaling.md``.
@@ -37,7 +39,7 @@ SPINES = 4
 RING_BYTES = 1 << 30
 PAIR_BYTES = 16 << 20
 ROUNDS_IN_FLIGHT = 64
-DEFAULT_CASES = ("ring:64", "ring:256", "alltoall:64", "alltoall:128")
+DEFAULT_CASES = ("ring:64", "ring:256", "alltoall:64", "alltoall:128", "jobs:128")
 TARGETS_S = {("ring", 1024): 20.0, ("ring", 4096): 120.0, ("alltoall", 256): 2.0}
 RATE_TARGET = 100_000
 
@@ -90,11 +92,18 @@ def run_case(kind: str, n: int, seed: int) -> dict[str, Any]:
     from collsim.whatif import WhatIf
 
     t0 = time.perf_counter()
-    whatif = WhatIf(topology_from_dict(fat_tree(n, seed if kind == "ring" else None)))
+    whatif = WhatIf(topology_from_dict(fat_tree(n, None if kind == "alltoall" else seed)))
     t1 = time.perf_counter()
     if kind == "ring":
         sched = build_schedule("all_reduce", "ring", nranks=n, count=RING_BYTES // 4,
                                layout=whatif.layout, channels=1)  # fmt: skip
+    elif kind == "jobs":  # two rings of n / 2 GPUs each, sharing the scattered fabric
+        from collsim.collectives.jobs import side_by_side
+        from collsim.collectives.layout import RankLayout
+
+        half = build_schedule("all_reduce", "ring", nranks=n // 2, count=RING_BYTES // 4,
+                              layout=RankLayout(n // 2, 1), channels=1)  # fmt: skip
+        sched = side_by_side([half, half])
     else:
         sched = build_schedule("alltoall", "direct", nranks=n, count=n * PAIR_BYTES // 4,
                                layout=whatif.layout,
@@ -152,7 +161,9 @@ def main() -> None:
         "once to every spine (2:1), 50e9 B/s and 0.6 us per link, 0.13 us per switch, D-mod-k "
         "routes. `ring`: 1 GiB ring all-reduce, 1 channel, Simple, GPUs under the leaves by a "
         f"seeded permutation (seed {args.seed}); `alltoall`: 16 MiB per pair, direct, "
-        f"{ROUNDS_IN_FLIGHT} rounds in flight. Each case in a fresh process. One channel moves "
+        f"{ROUNDS_IN_FLIGHT} rounds in flight; `jobs`: two independent rings of half the GPUs "
+        "at once on the ring's scattered fabric (`collsim/collectives/jobs.py`). "
+        "Each case in a fresh process. One channel moves "
         "at most one NCCL channel's rate (38.7 GB/s with an H100, `collsim/channel_rates.py`), "
         "so the ring's 1-channel transfers run below the 50 GB/s links even alone.",
         "",

@@ -110,3 +110,43 @@ def test_alltoall_matches_a_slow_reference_max_min():
                            SIMPLE_GBPS["hopper"] * 1e9)  # fmt: skip
     got = [float(tr.end_s[i]) for i in net]
     assert max(abs(a - b) / b for a, b in zip(got, ends, strict=True)) < 1e-9
+
+
+def test_two_jobs_on_disjoint_links_run_as_if_alone_and_share_where_they_meet():
+    """Two 64-GPU ring all-reduces side by side on a 128-GPU fat tree: with each job on its own
+    8 leaves their routes share no link, so each ends exactly when it does alone; scattered
+    over the leaves they meet on up-links and the pair ends later than either alone."""
+    from collsim.collectives.jobs import side_by_side
+    from collsim.collectives.layout import RankLayout
+
+    for seed, shared in ((None, False), (1, True)):
+        w = WhatIf(topology_from_dict(fat_tree(128, seed)))
+        half = RankLayout(64, 1)
+        job = build_schedule("all_reduce", "ring", nranks=64, count=(64 << 20) // 4,
+                             layout=half, channels=1)  # fmt: skip
+        both = side_by_side([job, job])
+        assert both.nranks == 128 and len(both) == 2 * len(job)
+        assert both.meta["jobs"] == [(0, 64, 0, len(job)), (64, 64, len(job), len(job))]
+        res = simulate(both, w.fabric, protocol="Simple")
+        fabric_a = type(w.fabric)(w.network, gpus=[f"gpu{r}" for r in range(64)])
+        fabric_b = type(w.fabric)(w.network, gpus=[f"gpu{r}" for r in range(64, 128)])
+        alone = [simulate(job, f, protocol="Simple") for f in (fabric_a, fabric_b)]
+        finish = res.rank_finish_s
+        if not shared:
+            assert finish[:64] == pytest.approx(alone[0].rank_finish_s, rel=1e-12)
+            assert finish[64:] == pytest.approx(alone[1].rank_finish_s, rel=1e-12)
+        else:
+            assert res.time_s > 1.05 * max(a.time_s for a in alone)
+
+
+def test_jobs_of_different_collectives_or_sizes_are_refused():
+    from collsim.collectives.jobs import side_by_side
+    from collsim.collectives.layout import RankLayout
+    from collsim.errors import ScheduleError
+
+    a = build_schedule("all_reduce", "ring", nranks=8, count=1024, layout=RankLayout(8, 1))
+    b = build_schedule("all_reduce", "ring", nranks=8, count=2048, layout=RankLayout(8, 1))
+    with pytest.raises(ScheduleError, match="one collective of one size"):
+        side_by_side([a, b])
+    with pytest.raises(ScheduleError, match="no schedules"):
+        side_by_side([])
