@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from collsim.model.params import HOST_LAUNCH_S
+from collsim.training.transformer import ffn_width, kv_width
 from collsim.training.workload import TransformerIn
 
 TILES: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128))
@@ -95,23 +96,23 @@ def backward(g: Gemm) -> tuple[Gemm, Gemm]:
 
 
 def layer_gemms(
-    model: TransformerIn, *, tokens: float, tp: int, moe: bool = False, experts_local: int = 1
+    model: TransformerIn, *, tokens: float, tp: int, moe: bool = False, ep: int = 1
 ) -> list[Gemm]:
     """The forward linear GEMMs of one layer on one tensor-parallel rank, for ``tokens`` rows
     (micro-batch x sequence / context parallelism; with sequence parallelism the input is
     all-gathered to these rows first): QKV (column-parallel), output projection (row-parallel),
-    the MLP's up (and gate) and down projections. An MoE layer's experts: each of its
-    ``experts_local`` experts on this GPU runs its MLP on its share of the routed tokens (top-k
-    copies, padded to the capacity factor) -- a grouped GEMM of that many small problems."""
-    h = model.hidden
-    kv = h if model.kv_heads is None else h * model.kv_heads // model.heads
-    f = model.ffn if model.ffn is not None else 4 * h
+    the MLP's up (and gate) and down projections. An MoE layer's experts: each of the
+    ``count / ep`` experts on this GPU runs its MLP on its share of the tokens of all ``ep``
+    ranks (top-k copies, padded or imbalanced by the load factor) -- a grouped GEMM of that many
+    small problems."""
+    h, kv, f = model.hidden, kv_width(model), ffn_width(model)
     up = (2 if model.gated_mlp else 1) * f
     out = [Gemm(tokens, (h + 2 * kv) / tp, h), Gemm(tokens, h, h / tp)]
     if moe and model.experts is not None:
         e = model.experts
-        rows = tokens * e.top_k * e.load_factor / e.count
-        out += [Gemm(rows, up / tp, h, experts_local), Gemm(rows, h, f / tp, experts_local)]
+        rows = tokens * ep * e.top_k * e.load_factor / e.count
+        local = e.count // ep
+        out += [Gemm(rows, up / tp, h, local), Gemm(rows, h, f / tp, local)]
     else:
         out += [Gemm(tokens, up / tp, h), Gemm(tokens, h, f / tp)]
     return out
@@ -159,10 +160,7 @@ def stage_linear_seconds(
     for count, moe in ((dense_layers, False), (moe_layers, True)):
         if count <= 0:
             continue
-        local = model.experts.count // ep if (moe and model.experts is not None) else 1
-        gemms = layer_gemms(model, tokens=tokens, tp=tp, moe=moe, experts_local=local)
-        if moe and model.experts is not None:  # tokens from all EP ranks reach local experts
-            gemms = gemms[:2] + [Gemm(g.m * ep, g.n, g.k, g.count) for g in gemms[2:]]
+        gemms = layer_gemms(model, tokens=tokens, tp=tp, moe=moe, ep=ep)
         f, b = linear_seconds(gemms, rate_flops_s, mem_bw_bytes_s, elem_bytes, sms)
         fwd += count * f
         bwd += count * b
@@ -194,11 +192,10 @@ model name (first match; the last row is the default):
 
 
 def flash_fractions(gpu_model: str) -> tuple[float, float]:
-    """:data:`FLASH_FRACTIONS` for a GPU model name."""
-    for names, fractions in FLASH_FRACTIONS:
-        if not names or any(n in gpu_model for n in names):
-            return fractions
-    return FLASH_FRACTIONS[-1][1]
+    """:data:`FLASH_FRACTIONS` for a GPU model name (the last row matches any)."""
+    return next(
+        f for names, f in FLASH_FRACTIONS if not names or any(n in gpu_model for n in names)
+    )
 
 
 FLASH_HALF_SEQ = 256

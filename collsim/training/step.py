@@ -413,8 +413,8 @@ class StepModel:
         fwd_plain = lin_fwd + core_s + elementwise / mem_bw
         bwd_plain = lin_bwd + core_bwd + 2 * elementwise / mem_bw
         floor_fwd, floor_bwd = launch_floor_s(len(layers)) if layers else (0.0, 0.0)
-        launch = max(0.0, floor_fwd - fwd_plain) + max(0.0, floor_bwd - bwd_plain)
         launch_fwd = max(0.0, floor_fwd - fwd_plain)
+        launch = launch_fwd + max(0.0, floor_bwd - bwd_plain)
         cast_fwd, cast_bwd = (
             cast_seconds(w.model, w.recipe, lay.tp, lay.sequence_parallel, lay.cp, b, mem_bw)
             if w.model.kind == "transformer"

@@ -73,11 +73,13 @@ class LayerCosts:
     """The layer holds experts (its MLP is the experts')."""
 
 
-def _kv(m: TransformerIn) -> int:
+def kv_width(m: TransformerIn) -> int:
+    """Width of the keys (and of the values): ``h``, or ``h kv_heads / heads`` with GQA."""
     return m.hidden if m.kv_heads is None else m.hidden * m.kv_heads // m.heads
 
 
-def _ffn(m: TransformerIn) -> int:
+def ffn_width(m: TransformerIn) -> int:
+    """The MLP's hidden width (default ``4 h``)."""
     return m.ffn if m.ffn is not None else 4 * m.hidden
 
 
@@ -86,12 +88,12 @@ def _mlp_matrices(m: TransformerIn) -> int:
 
 
 def _mlp_params(m: TransformerIn) -> float:
-    return _mlp_matrices(m) * m.hidden * _ffn(m) + _ffn(m) + m.hidden
+    return _mlp_matrices(m) * m.hidden * ffn_width(m) + ffn_width(m) + m.hidden
 
 
 def layer_params(m: TransformerIn, moe: bool = False) -> float:
     """Parameters of one layer (weights and biases, 2 layer norms): ``12 h^2 + 13 h``."""
-    h, kv = m.hidden, _kv(m)
+    h, kv = m.hidden, kv_width(m)
     attn = h * (h + 2 * kv) + h * h + (h + 2 * kv) + h
     mlp = _mlp_params(m)
     if moe and m.experts is not None:
@@ -127,7 +129,7 @@ def layer_costs(
     """Costs of one layer for one sequence on one TP rank, its ``1 / cp`` of the tokens with
     context parallelism (see the module docstring); ``padded=False`` leaves out the experts'
     capacity padding (the model FLOPs MFU counts)."""
-    h, s, a, kv, f = m.hidden, m.seq_len, m.heads, _kv(m), _ffn(m)
+    h, s, a, kv, f = m.hidden, m.seq_len, m.heads, kv_width(m), ffn_width(m)
     top_k = m.experts.top_k if (moe and m.experts is not None) else 1
     # Experts run on buffers padded to capacity_factor x their even share of the tokens (GShard,
     # Lepikhin et al. 2020; Switch, Fedus et al. 2021): the all-to-all and the expert MLPs move and

@@ -43,7 +43,7 @@ from typing import Any
 
 from collsim.model.params import HOST_LAUNCH_S
 from collsim.training.layout import Groups, Layout
-from collsim.training.transformer import is_moe_layer
+from collsim.training.transformer import ffn_width, is_moe_layer, kv_width
 from collsim.training.workload import DTYPE_BYTES, WorkloadIn
 
 Coll = Callable[[str, list[str], float, str], float]
@@ -64,8 +64,7 @@ def transformer_tensors(w: WorkloadIn, tp: int, ep: int, moe: bool) -> list[floa
     (experts divided over EP)."""
     m = w.model
     h = m.hidden
-    kv = h if m.kv_heads is None else h * m.kv_heads // m.heads
-    f = m.ffn if m.ffn is not None else 4 * h
+    kv, f = kv_width(m), ffn_width(m)
     mlp = [float(h * f)] * (3 if m.gated_mlp else 2) + [float(f), float(h)]
     if moe and m.experts is not None:
         mlp = [x * m.experts.count / ep for x in mlp]

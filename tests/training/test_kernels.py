@@ -67,10 +67,8 @@ def test_a_layers_gemms_are_its_linear_flops(tp, moe, ep):
     m = w.model
     costs = layer_costs(m, tp=tp, sequence_parallel=False, recompute="none", elem_bytes=2,
                         moe=moe)  # fmt: skip
-    local = m.experts.count // ep if moe else 1
-    gemms = layer_gemms(m, tokens=m.seq_len, tp=tp, moe=moe, experts_local=local)
-    if moe:  # what the step model does: every EP rank's tokens reach the local experts
-        gemms = gemms[:2] + [Gemm(g.m * ep, g.n, g.k, g.count) for g in gemms[2:]]
+    # every EP rank's tokens reach this GPU's count / ep experts
+    gemms = layer_gemms(m, tokens=m.seq_len, tp=tp, moe=moe, ep=ep)
     assert sum(g.flops for g in gemms) == pytest.approx(costs.fwd_flops - costs.attn_core_flops)
 
 
@@ -129,10 +127,8 @@ def test_dropless_routing_waits_for_the_busiest_ranks_tokens():
     base, more, pad = costs(even), costs(skew), costs(padded)
     assert more.moe_tokens_bytes == pytest.approx(1.25 * base.moe_tokens_bytes)
     assert pad.moe_tokens_bytes == pytest.approx(1.5 * base.moe_tokens_bytes)
-    mlp_even = sum(g.flops for g in layer_gemms(even.model, tokens=1024, tp=1, moe=True,
-                                                experts_local=8)[2:])  # fmt: skip
-    mlp_skew = sum(g.flops for g in layer_gemms(skew.model, tokens=1024, tp=1, moe=True,
-                                                experts_local=8)[2:])  # fmt: skip
+    mlp_even = sum(g.flops for g in layer_gemms(even.model, tokens=1024, tp=1, moe=True)[2:])
+    mlp_skew = sum(g.flops for g in layer_gemms(skew.model, tokens=1024, tp=1, moe=True)[2:])
     assert mlp_skew == pytest.approx(1.25 * mlp_even)
     # a random router over 8 experts, 1024 tokens x top-2: mean 256 a expert
     assert routing_imbalance(8, 1024, 2) == pytest.approx(1 + (2 * math.log(8) / 256) ** 0.5)
