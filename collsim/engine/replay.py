@@ -50,7 +50,8 @@ import simpy
 from collsim.collectives.schedule import Schedule
 from collsim.engine._csr import gather_rows
 from collsim.engine.fabric import Fabric
-from collsim.engine.network import FlowNetwork
+from collsim.engine.kernel_replay import compiled_replay, supported
+from collsim.engine.network import MODES, FlowNetwork
 from collsim.engine.prepare import (
     COPY,
     IN_NETWORK,
@@ -69,6 +70,7 @@ from collsim.protocols import Protocol, get_protocol
 _FLOW_START, _DONE, _RELEASE = 0, 1, 2
 _REL_TOL = 1e-12
 _EMPTY = np.zeros(0, dtype=np.int64)
+KERNELS = ("compiled", "python")
 
 
 def simulate(
@@ -80,6 +82,7 @@ def simulate(
     reshare: str = "auto",
     rank_start_s: np.ndarray | None = None,
     rank_slowdown: np.ndarray | None = None,
+    kernel: str = "compiled",
 ) -> SimResult:
     """Time ``schedule`` on ``fabric`` with NCCL ``protocol`` (LL, LL128, Simple or a Protocol).
 
@@ -93,20 +96,63 @@ def simulate(
     ``rank_slowdown`` (factor per rank) stretches each rank's local GPU work (copies,
     reductions, fused receive-reduces). ``None`` (the default) changes nothing.
 
+    ``kernel``: "compiled" (the default) runs the replay compiled (:mod:`collsim.engine.
+    kernel_replay`) where it handles the schedule, "python" always runs the simpy process here;
+    ``result.meta["replay_kernel"]`` says which ran.
+
     Raises ``ScheduleError`` if the schedule does not fit the fabric (ranks, groups, an
     in-network reduction on a fabric without a reducing switch) or the per-rank arrays are bad.
     """
+    if kernel not in KERNELS:
+        raise ValueError(f"replay kernel must be one of {KERNELS}, not {kernel!r}")
     proto = get_protocol(protocol)
     prep = prepare(schedule, fabric, proto, rank_start_s=rank_start_s, rank_slowdown=rank_slowdown)
     if fast_path:
         result = contention_free(schedule, fabric, proto, prep)
         if result is not None:
             return result
+    if kernel == "compiled" and supported(prep):
+        return _compiled(schedule, fabric, proto, prep, reshare)
     replay = Replay(schedule, fabric, proto, prep, reshare=reshare)
     env = simpy.Environment()
     env.process(replay.run(env))
     env.run()
-    return replay.result()
+    result = replay.result()
+    result.meta["replay_kernel"] = "python"
+    return result
+
+
+def _compiled(
+    schedule: Schedule, fabric: Fabric, proto: Protocol, prep: Prepared, reshare: str
+) -> SimResult:
+    """The replay by :func:`collsim.engine.kernel_replay.compiled_replay`, as a result."""
+    if reshare not in MODES:
+        raise ValueError(f"reshare mode must be one of {MODES}, not {reshare!r}")
+    hot = _Hot(prep, schedule.arrays["src"])
+    start_s, flow_start_s, end_s, busy_s, counts = compiled_replay(
+        prep, hot.src, hot.latency_s, hot.wire_bytes, fabric.capacity_bytes_per_s,
+        fabric.nranks, reshare,
+    )  # fmt: skip
+    del hot
+    _check_complete(end_s)
+    timeline = Timeline(
+        start_s=start_s,
+        flow_start_s=flow_start_s,
+        end_s=end_s,
+        busy_s=busy_s,
+        in_network_link_bytes=np.zeros(len(fabric.capacity_bytes_per_s)),
+    )
+    result = build_result(schedule, fabric, proto, prep, timeline, "replay")
+    result.meta["replay_kernel"] = "compiled"
+    result.meta["replay_counts"] = counts
+    return result
+
+
+def _check_complete(end_s: np.ndarray) -> None:
+    """Refuse a replay in which some operation never completed (a dependency cycle)."""
+    if np.isnan(end_s).any():
+        stuck = int(np.flatnonzero(np.isnan(end_s))[0])
+        raise ScheduleError("operation never completed", field="schedule", value=stuck)
 
 
 def _intp(values: np.ndarray | None) -> np.ndarray | None:
@@ -434,9 +480,7 @@ class Replay:
     # -- the result --------------------------------------------------------------------------
     def result(self) -> SimResult:
         """Collect the records (see :mod:`collsim.engine.results`)."""
-        if np.isnan(self.end_s).any():
-            stuck = int(np.flatnonzero(np.isnan(self.end_s))[0])
-            raise ScheduleError("operation never completed", field="schedule", value=stuck)
+        _check_complete(self.end_s)
         timeline = Timeline(
             start_s=self.start_s,
             flow_start_s=self.flow_start_s,

@@ -45,8 +45,9 @@ def assert_same(a: SimResult, b: SimResult) -> None:
     np.testing.assert_array_equal(a.links.capacity_bytes_per_s, b.links.capacity_bytes_per_s)
     for name in ("bytes", "busy_s", "utilization", "busy_fraction"):
         _close(getattr(a.links, name), getattr(b.links, name))
-    meta_a = {k: v for k, v in a.meta.items() if k != "engine_path"}
-    assert meta_a == {k: v for k, v in b.meta.items() if k != "engine_path"}
+    how = ("engine_path", "replay_kernel", "replay_counts")  # which path ran, not what it found
+    meta_a = {k: v for k, v in a.meta.items() if k not in how}
+    assert meta_a == {k: v for k, v in b.meta.items() if k not in how}
 
 
 def both(schedule: Schedule, fabric: Fabric, protocol=IDEAL) -> tuple[SimResult, SimResult]:
