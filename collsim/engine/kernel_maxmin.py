@@ -181,10 +181,19 @@ def sort_by_seq(found, nfound, seq):
 
 
 @numba.njit(cache=True)
+def grow_buffer(buf, n):
+    """``buf`` (holding ``n`` items) with room for one more: doubled when full."""
+    if n < buf.shape[0]:
+        return buf
+    out = np.empty(max(2 * n, 16), buf.dtype)
+    out[:n] = buf[:n]
+    return out
+
+
+@numba.njit(cache=True)
 def _push(buf, n, x):
-    """Append ``x`` to ``buf`` holding ``n`` items (doubling it when full); the buffer back."""
-    if n == buf.shape[0]:
-        buf = np.concatenate((buf, np.empty(max(n, 16), buf.dtype)))
+    """Append ``x`` to ``buf`` holding ``n`` items; the buffer back (see :func:`grow_buffer`)."""
+    buf = grow_buffer(buf, n)
     buf[n] = x
     return buf
 

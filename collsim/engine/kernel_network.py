@@ -3,134 +3,109 @@
 Same model, same decisions, same arithmetic: flows in slots that are reused, a start sequence
 number per flow (rates are always computed with flows in start order), finish time
 ``anchor + remaining / rate`` re-anchored only when a rate changes, per-link busy time, and the
-"auto" reshare scheme -- exact component recomputation until a component spans half the active
-flows, then local settling (:func:`collsim.engine.kernel_maxmin.settle`) with the same give-up
-limits and back-off. See the Python module for why each of those is what it is.
+reshare schemes with the same limits and back-off ("auto": exact component recomputation until
+a component spans half the active flows, then local settling,
+:func:`collsim.engine.kernel_maxmin.settle`). See the Python module for why each is what it is.
 
-State lives in *boxes* (numba typed lists of arrays) so that growing the slot arrays replaces
-them for every holder: ``fb`` [slot floats (rows below), slot scratch], ``ib`` [slot ints (rows
-below), paths (slot x width, -1 padded)], ``pb`` [next pair, previous pair, free-slot stack,
-touched links]; per-link arrays do not grow. Scalars sit in ``gi`` (int64) and ``gf`` (float64).
+The state is a tuple of flat arrays (:func:`new_network`, indices below). The slot arrays have a
+fixed size: a flow that finds none free sets ``OVERFLOW`` and the caller replays again with twice
+the slots (results do not depend on the number of slots). Per-link member lists are doubly
+linked lists of *pairs* (``slot * width + j``, the j-th link of a slot's path).
+
+The next finish time comes from a heap of ``(finish time, start number, slot)`` holding every
+finish time a flow has been given; an entry whose slot has moved on (another rate since, ended,
+or reused by a later flow) is dropped when it reaches the top, so neither the next finish nor
+the flows finishing by a time needs a scan of every slot. It is rebuilt from the live flows
+when stale entries outnumber them.
 """
 
 from __future__ import annotations
 
-import heapq
-
 import numba
 import numpy as np
-from numba import types
-from numba.typed import List
 
 from collsim.engine.kernel_maxmin import (
-    _push,
     component,
     fill,
+    grow_buffer,
     link_scratch,
     settle,
     slot_scratch,
     sort_by_seq,
 )
 
-# Per-slot float rows (fb[0]) and int rows (ib[0]).
+# The state tuple.
+SLOT_F, SLOT_SK, SLOT_I, PATHS, NXT, PRV, FREE, TOUCHED, HEAD, LINK_FLOWS, LINK_F, LK, GI, GF, \
+    END_T, END_K = range(16)  # fmt: skip
+# Per-slot float rows (SLOT_F) and int rows (SLOT_I).
 REM, ANCHOR, RATE, END, CEIL = range(5)
 OP, NL, SEQ, BN, LIVE = range(5)
-# Scalars: gi
-ACTIVE, NEXT_SEQ, SCHEME, SKIP, BACKOFF, DIRTY, NFREE, NTOUCHED, CAPPED_ANY, AUTO = range(10)
-# Counters (gi): reshares, flows recomputed, recomputations of everything, local give-ups
-N_RESHARES, N_RECOMPUTED, N_FULL, N_GIVE_UPS = range(10, 14)
+# Scalars (GI): state, then counters (reshares, flows recomputed, recomputations of everything,
+# local give-ups).
+(ACTIVE, NEXT_SEQ, SCHEME, SKIP, BACKOFF, DIRTY, NFREE, NTOUCHED, CAPPED_ANY, AUTO, OVERFLOW,
+ NENDS, N_RESHARES, N_RECOMPUTED, N_FULL, N_GIVE_UPS) = range(16)  # fmt: skip
+# Scalars (GF): the next finish time, then the scratch stamp counter.
+NEXT_END, STAMPS = 0, 1
 COMPONENTS, LOCAL, ALL = 0, 1, 2
 SCHEMES = {"auto": (COMPONENTS, 1), "components": (COMPONENTS, 0), "local": (LOCAL, 0),
            "all": (ALL, 0)}  # fmt: skip
 """Each reshare mode of :class:`~collsim.engine.network.FlowNetwork`: (first scheme, auto)."""
-# Scalars: gf
-NEXT_END, STAMPS = 0, 1
 
 _MAX_SEEDS = 4096
 _COMPONENT_FLOWS = 64
 _LOCAL_FLOWS = 256
 _MAX_BACKOFF = 64
-_END = types.Tuple((types.float64, types.int64, types.int64))
 
 
-def new_network(capacity: np.ndarray, width: int, mode: str = "auto", slots: int = 64):
-    """Empty network state over links of ``capacity`` bytes/s, flows of up to ``width`` links,
-    recomputing rates by reshare ``mode``: (fb, ib, pb, head, link_flows, link_f, lk, gi, gf,
-    ends); ``link_f`` rows: capacity, busy since, busy time; ``ends`` the heap of finish times.
-
-    ``ends`` holds ``(finish time, start number, slot)`` for every finish time a flow has been
-    given; an entry whose slot has moved on (another rate since, ended, or reused by a later
-    flow) is dropped when it reaches the top, so the next finish and the flows finishing by a
-    time are found without scanning every slot. It is rebuilt from the live flows when stale
-    entries outnumber them."""
+def new_network(capacity: np.ndarray, width: int, slots: int, mode: str = "auto") -> tuple:
+    """Empty state over links of ``capacity`` bytes/s for up to ``slots`` flows at once of up to
+    ``width`` links each, recomputing rates by reshare ``mode``. ``LINK_F`` rows: capacity,
+    busy since, busy time."""
     nl = capacity.shape[0]
     slot_f = np.zeros((5, slots))
     slot_f[END] = np.inf
-    fb = List([slot_f, slot_scratch(slots)])
-    ib = List([np.zeros((5, slots), dtype=np.int64), np.full((slots, width), -1, dtype=np.int64)])
-    free = np.arange(slots - 1, -1, -1, dtype=np.int64)
-    pb = List([np.full(slots * width, -1, dtype=np.int64), np.full(slots * width, -1, np.int64),
-               free, np.zeros(64, dtype=np.int64)])  # fmt: skip
     link_f = np.zeros((3, nl))
     link_f[0] = capacity
-    gi = np.zeros(14, dtype=np.int64)
+    gi = np.zeros(16, dtype=np.int64)
     gi[BACKOFF] = 1
     gi[NFREE] = slots
     gi[SCHEME], gi[AUTO] = SCHEMES[mode]
     gf = np.zeros(2)
     gf[NEXT_END] = np.inf
-    return fb, ib, pb, np.full(nl, -1, dtype=np.int64), np.zeros(nl, np.int64), link_f, \
-        link_scratch(nl), gi, gf, List.empty_list(_END)  # fmt: skip
+    ends = 5 * slots + 64  # a rebuild keeps it under 4 x live + 64, plus a reshare's pushes
+    return (
+        slot_f, slot_scratch(slots), np.zeros((5, slots), dtype=np.int64),
+        np.full((slots, width), -1, dtype=np.int64), np.full(slots * width, -1, dtype=np.int64),
+        np.full(slots * width, -1, dtype=np.int64), np.arange(slots - 1, -1, -1, dtype=np.int64),
+        np.zeros(_MAX_SEEDS, dtype=np.int64), np.full(nl, -1, dtype=np.int64),
+        np.zeros(nl, dtype=np.int64), link_f, link_scratch(nl), gi, gf, np.zeros(ends),
+        np.zeros((2, ends), dtype=np.int64),
+    )  # fmt: skip
 
 
 @numba.njit(cache=True)
-def _grow(fb, ib, pb, gi):
-    """Double the slots; new slots go on the free stack."""
-    old = fb[0].shape[1]
-    size = 2 * old
-    width = ib[1].shape[1]
-    slot_f = np.zeros((5, size))
-    slot_f[:, :old] = fb[0]
-    slot_f[END, old:] = np.inf
-    sk = np.zeros((fb[1].shape[0], size))
-    sk[:, :old] = fb[1]
-    slot_i = np.zeros((5, size), dtype=np.int64)
-    slot_i[:, :old] = ib[0]
-    paths = np.full((size, width), -1, dtype=np.int64)
-    paths[:old] = ib[1]
-    for k in range(2):
-        pairs = np.full(size * width, -1, dtype=np.int64)
-        pairs[: old * width] = pb[k]
-        pb[k] = pairs
-    free = np.empty(size, dtype=np.int64)
-    nfree = gi[NFREE]
-    free[:nfree] = pb[2][:nfree]
-    for s in range(size - 1, old - 1, -1):
-        free[nfree] = s
-        nfree += 1
-    gi[NFREE] = nfree
-    fb[0], fb[1], ib[0], ib[1], pb[2] = slot_f, sk, slot_i, paths, free
-
-
-@numba.njit(cache=True)
-def _touch(pb, gi, link):
-    buf = pb[3]
+def _touch(touched, gi, link):
+    """Record a link whose flows changed (past the buffer only the count matters: the next
+    reshare then recomputes everything)."""
     n = gi[NTOUCHED]
-    if n == buf.shape[0]:
-        buf = np.concatenate((buf, np.empty(n, np.int64)))
-        pb[3] = buf
-    buf[n] = link
+    if n < touched.shape[0]:
+        touched[n] = link
     gi[NTOUCHED] = n + 1
 
 
 @numba.njit(cache=True)
-def add(fb, ib, pb, head, link_flows, link_f, gi, now, op, wire, links, ceiling):
-    """Start one flow of ``op`` at ``now``: ``wire`` bytes over ``links``, at most ``ceiling``."""
+def add(net, now, op, wire, links, ceiling):
+    """Start one flow of ``op`` at ``now``: ``wire`` bytes over ``links``, at most ``ceiling``
+    bytes/s. Without a free slot it sets ``OVERFLOW`` and starts nothing."""
+    gi = net[GI]
     if gi[NFREE] == 0:
-        _grow(fb, ib, pb, gi)
+        gi[OVERFLOW] = 1
+        return
     gi[NFREE] -= 1
-    s = pb[2][gi[NFREE]]
-    slot_f, slot_i, paths, nxt, prv = fb[0], ib[0], ib[1], pb[0], pb[1]
+    s = net[FREE][gi[NFREE]]
+    slot_f, slot_i, paths, nxt, prv, head = (net[SLOT_F], net[SLOT_I], net[PATHS], net[NXT],
+                                             net[PRV], net[HEAD])  # fmt: skip
+    link_flows, link_f, touched = net[LINK_FLOWS], net[LINK_F], net[TOUCHED]
     width = paths.shape[1]
     slot_f[REM, s] = wire
     slot_f[ANCHOR, s] = now
@@ -148,14 +123,14 @@ def add(fb, ib, pb, head, link_flows, link_f, gi, now, op, wire, links, ceiling)
     for j in range(links.shape[0]):
         link = links[j]
         paths[s, j] = link
-        p = s * width + j  # push the pair on the link's list
+        p = s * width + j  # the pair goes first on its link's list
         first = head[link]
         nxt[p] = first
         prv[p] = -1
         if first >= 0:
             prv[first] = p
         head[link] = p
-        _touch(pb, gi, link)
+        _touch(touched, gi, link)
         if link_flows[link] == 0:
             link_f[1, link] = now
         link_flows[link] += 1
@@ -163,34 +138,92 @@ def add(fb, ib, pb, head, link_flows, link_f, gi, now, op, wire, links, ceiling)
     gi[DIRTY] = 1
 
 
+# The end heap: finish times ``t`` and (start number, slot) ``k``, ``gi[NENDS]`` entries. Its
+# helpers take the arrays themselves: taking them out of the state tuple costs a reference
+# count each, and these run in the innermost loops.
 @numba.njit(cache=True)
-def _valid(ends, slot_f, slot_i):
-    """Drop stale entries from the top of ``ends``; whether one is left."""
-    while len(ends):
-        end, seq, s = ends[0]
-        if slot_i[LIVE, s] == 1 and slot_i[SEQ, s] == seq and slot_f[END, s] == end:
+def _before(t, k, a, b):
+    """Whether entry ``a`` comes before ``b`` (finish time, then start number)."""
+    return t[a] < t[b] or (t[a] == t[b] and k[0, a] < k[0, b])
+
+
+@numba.njit(cache=True)
+def _swap(t, k, a, b):
+    t[a], t[b] = t[b], t[a]
+    k[0, a], k[0, b] = k[0, b], k[0, a]
+    k[1, a], k[1, b] = k[1, b], k[1, a]
+
+
+@numba.njit(cache=True)
+def _end_push(t, k, gi, end, seq, slot):
+    i = gi[NENDS]
+    gi[NENDS] = i + 1
+    t[i] = end
+    k[0, i] = seq
+    k[1, i] = slot
+    while i > 0:
+        parent = (i - 1) // 2
+        if not _before(t, k, i, parent):
+            break
+        _swap(t, k, i, parent)
+        i = parent
+
+
+@numba.njit(cache=True)
+def _end_pop(t, k, gi):
+    """Remove the top entry; its slot."""
+    slot = k[1, 0]
+    n = gi[NENDS] - 1
+    gi[NENDS] = n
+    _swap(t, k, 0, n)
+    i = 0
+    while True:
+        left = 2 * i + 1
+        if left >= n:
+            break
+        child = left
+        if left + 1 < n and _before(t, k, left + 1, left):
+            child = left + 1
+        if not _before(t, k, child, i):
+            break
+        _swap(t, k, i, child)
+        i = child
+    return slot
+
+
+@numba.njit(cache=True)
+def _valid_top(t, k, gi, slot_f, slot_i):
+    """Drop stale entries from the top of the end heap; whether one is left."""
+    while gi[NENDS]:
+        s = k[1, 0]
+        if slot_i[LIVE, s] == 1 and slot_i[SEQ, s] == k[0, 0] and slot_f[END, s] == t[0]:
             return True
-        heapq.heappop(ends)
+        _end_pop(t, k, gi)
     return False
 
 
 @numba.njit(cache=True)
-def pop_finished(fb, ib, pb, head, link_flows, link_f, gi, gf, ends, now, until):
+def pop_finished(net, now, until):
     """Remove flows finishing by ``until`` (as finishing at ``now``); their ops, start order."""
-    slot_f, slot_i, paths, nxt, prv = fb[0], ib[0], ib[1], pb[0], pb[1]
+    gi, gf = net[GI], net[GF]
     if gf[NEXT_END] > until:
         return np.empty(0, dtype=np.int64)
+    slot_f, slot_i, paths, nxt, prv, head = (net[SLOT_F], net[SLOT_I], net[PATHS], net[NXT],
+                                             net[PRV], net[HEAD])  # fmt: skip
+    link_flows, link_f, touched = net[LINK_FLOWS], net[LINK_F], net[TOUCHED]
+    et, ek = net[END_T], net[END_K]
     width = paths.shape[1]
     done = np.empty(4, dtype=np.int64)
     nd = 0
-    while _valid(ends, slot_f, slot_i) and ends[0][0] <= until:
-        s = heapq.heappop(ends)[2]
+    while _valid_top(et, ek, gi, slot_f, slot_i) and et[0] <= until:
+        s = _end_pop(et, ek, gi)
         slot_f[END, s] = np.inf  # so that no second entry of it counts
-        done = _push(done, nd, s)
+        done = grow_buffer(done, nd)
+        done[nd] = s
         nd += 1
     done = sort_by_seq(done, nd, slot_i[SEQ])
-    ops = np.empty(done.shape[0], dtype=np.int64)
-    for i in range(done.shape[0]):
+    ops = np.empty(nd, dtype=np.int64)
+    for i in range(nd):
         s = done[i]
         for j in range(slot_i[NL, s]):
             link = paths[s, j]
@@ -202,25 +235,25 @@ def pop_finished(fb, ib, pb, head, link_flows, link_f, gi, gf, ends, now, until)
             if nxt[p] >= 0:
                 prv[nxt[p]] = prv[p]
             paths[s, j] = -1
-            _touch(pb, gi, link)
+            _touch(touched, gi, link)
             link_flows[link] -= 1
-            if link_flows[link] == 0:  # idle now (credited once, as the Python side does)
+            if link_flows[link] == 0:  # idle from now
                 link_f[2, link] = link_f[2, link] + (now - link_f[1, link])
         ops[i] = slot_i[OP, s]
-        slot_f[END, s] = np.inf
         slot_f[RATE, s] = 0.0
         slot_i[LIVE, s] = 0
         slot_i[NL, s] = 0
-        pb[2][gi[NFREE]] = s
+        net[FREE][gi[NFREE]] = s
         gi[NFREE] += 1
-    gi[ACTIVE] -= done.shape[0]
+    gi[ACTIVE] -= nd
     gi[DIRTY] = 1
     return ops
 
 
 @numba.njit(cache=True)
-def close_busy(link_flows, link_f, now):
+def close_busy(net, now):
     """Credit busy time to links still carrying flows at ``now`` (at the very end)."""
+    link_flows, link_f = net[LINK_FLOWS], net[LINK_F]
     for link in range(link_flows.shape[0]):
         if link_flows[link] > 0:
             link_f[2, link] += now - link_f[1, link]
@@ -228,72 +261,83 @@ def close_busy(link_flows, link_f, now):
 
 
 @numba.njit(cache=True)
-def _live_in_order(slot_i):
-    live = np.flatnonzero(slot_i[LIVE] == 1)
-    return live[np.argsort(slot_i[SEQ][live])]
+def _affected(net, ntouched, active):
+    """The flows an incremental scheme recomputes (start order), their new rates, and True;
+    False when everything is to be recomputed."""
+    slot_f, slot_i, paths, gi, lk = net[SLOT_F], net[SLOT_I], net[PATHS], net[GI], net[LK]
+    capacity, ctr = net[LINK_F][0], net[GF][STAMPS:]
+    rate, ceil, nlinks, seq, bneck = slot_f[RATE], slot_f[CEIL], slot_i[NL], slot_i[SEQ], slot_i[BN]
+    width, capped = paths.shape[1], gi[CAPPED_ANY] == 1
+    idx = np.empty(0, dtype=np.int64)
+    new = np.empty(0)
+    if gi[SCHEME] == LOCAL:
+        if gi[SKIP] > 0:
+            gi[SKIP] -= 1
+            return idx, new, False
+        limit = max(_LOCAL_FLOWS, active // 4)
+        idx, new, bns, found = settle(net[TOUCHED], ntouched, net[HEAD], net[NXT], width, paths,
+                                      nlinks, rate, bneck, capacity, seq, limit, ceil, capped,
+                                      lk, net[SLOT_SK], ctr)  # fmt: skip
+        if not found:
+            gi[N_GIVE_UPS] += 1
+            gi[SKIP] = min(gi[BACKOFF], _MAX_BACKOFF)
+            gi[BACKOFF] = min(2 * gi[BACKOFF], _MAX_BACKOFF)
+            return idx, new, False
+        gi[BACKOFF] = 1
+        for i in range(idx.shape[0]):
+            bneck[idx[i]] = bns[i]
+        return idx, new, True
+    limit = max(_COMPONENT_FLOWS, active // 2)
+    idx, found = component(net[TOUCHED], ntouched, net[HEAD], net[NXT], width, paths, nlinks,
+                           seq, limit, lk, net[SLOT_SK], ctr)  # fmt: skip
+    if not found:
+        if gi[AUTO] == 1:  # a giant component: settle locally from now on
+            gi[SCHEME] = LOCAL
+        return idx, new, False
+    new = np.empty(idx.shape[0])
+    bns = np.empty(idx.shape[0], dtype=np.int64)
+    fill(idx, paths, nlinks, capacity, ceil, capped, new, bns, lk, ctr)
+    return idx, new, True
 
 
 @numba.njit(cache=True)
-def reshare(fb, ib, pb, head, link_f, lk, gi, gf, ends, now):
+def reshare(net, now):
     """Recompute max-min rates if flows came or went; re-anchor flows whose rate changed."""
+    gi, gf = net[GI], net[GF]
     if gi[DIRTY] == 0:
         return
     gi[DIRTY] = 0
     ntouched = gi[NTOUCHED]
     gi[NTOUCHED] = 0
-    slot_f, sk, slot_i, paths, nxt = fb[0], fb[1], ib[0], ib[1], pb[0]
     active = gi[ACTIVE]
     if active == 0:
         gf[NEXT_END] = np.inf
         return
-    capacity = link_f[0]
-    rate, ceil, nlinks, seq, bneck = slot_f[RATE], slot_f[CEIL], slot_i[NL], slot_i[SEQ], slot_i[BN]
-    width = paths.shape[1]
-    capped = gi[CAPPED_ANY] == 1
-    ctr = gf[STAMPS:]
-    touched = pb[3]
+    slot_f, slot_i = net[SLOT_F], net[SLOT_I]
     found = False
     idx = np.empty(0, dtype=np.int64)
     new = np.empty(0)
-    bns = np.empty(0, dtype=np.int64)
     if gi[SCHEME] != ALL and ntouched <= min(_MAX_SEEDS, active):
-        if gi[SCHEME] == LOCAL:
-            if gi[SKIP] > 0:
-                gi[SKIP] -= 1
-            else:
-                limit = max(_LOCAL_FLOWS, active // 4)
-                idx, new, bns, found = settle(touched, ntouched, head, nxt, width, paths, nlinks,
-                                              rate, bneck, capacity, seq, limit, ceil, capped,
-                                              lk, sk, ctr)  # fmt: skip
-                if found:
-                    gi[BACKOFF] = 1
-                    for i in range(idx.shape[0]):
-                        bneck[idx[i]] = bns[i]
-                else:
-                    gi[N_GIVE_UPS] += 1
-                    gi[SKIP] = min(gi[BACKOFF], _MAX_BACKOFF)
-                    gi[BACKOFF] = min(2 * gi[BACKOFF], _MAX_BACKOFF)
-        else:
-            limit = max(_COMPONENT_FLOWS, active // 2)
-            idx, found = component(touched, ntouched, head, nxt, width, paths, nlinks, seq, limit,
-                                   lk, sk, ctr)  # fmt: skip
-            if found:
-                new = np.empty(idx.shape[0])
-                bns = np.empty(idx.shape[0], dtype=np.int64)
-                fill(idx, paths, nlinks, capacity, ceil, capped, new, bns, lk, ctr)
-            elif gi[AUTO] == 1:  # a giant component: settle locally from now on
-                gi[SCHEME] = LOCAL
+        idx, new, found = _affected(net, ntouched, active)
     gi[N_RESHARES] += 1
     if not found:  # everything, in start order
         gi[N_FULL] += 1
-        idx = _live_in_order(slot_i)
+        live = np.flatnonzero(slot_i[LIVE] == 1)
+        idx = live[np.argsort(slot_i[SEQ][live])]
         new = np.empty(idx.shape[0])
         bns = np.empty(idx.shape[0], dtype=np.int64)
-        fill(idx, paths, nlinks, capacity, ceil, capped, new, bns, lk, ctr)
+        fill(idx, net[PATHS], slot_i[NL], net[LINK_F][0], slot_f[CEIL], gi[CAPPED_ANY] == 1,
+             new, bns, net[LK], gf[STAMPS:])  # fmt: skip
         if gi[SCHEME] == LOCAL:
-            bneck[:] = -1
+            slot_i[BN, :] = -1
     gi[N_RECOMPUTED] += idx.shape[0]
-    end = slot_f[END]
+    et, ek = net[END_T], net[END_K]
+    if gi[NENDS] + idx.shape[0] > et.shape[0]:  # mostly stale: rebuild from the live flows
+        gi[NENDS] = 0
+        for s in np.flatnonzero(slot_i[LIVE] == 1):
+            if slot_f[END, s] < np.inf:
+                _end_push(et, ek, gi, slot_f[END, s], slot_i[SEQ, s], s)
+    rate, end = slot_f[RATE], slot_f[END]
     for i in range(idx.shape[0]):
         s = idx[i]
         old = rate[s]
@@ -305,9 +349,5 @@ def reshare(fb, ib, pb, head, link_f, lk, gi, gf, ends, now):
             slot_f[ANCHOR, s] = now
             end[s] = now + left / r
             rate[s] = r
-            heapq.heappush(ends, (end[s], seq[s], s))
-    if len(ends) > 4 * gi[ACTIVE] + 64:  # mostly stale: rebuild from the live flows
-        ends.clear()
-        for s in np.flatnonzero(slot_i[LIVE] == 1):
-            heapq.heappush(ends, (end[s], seq[s], s))
-    gf[NEXT_END] = ends[0][0] if _valid(ends, slot_f, slot_i) else np.inf
+            _end_push(et, ek, gi, end[s], slot_i[SEQ, s], s)
+    gf[NEXT_END] = et[0] if _valid_top(et, ek, gi, slot_f, slot_i) else np.inf

@@ -22,14 +22,19 @@ order visits them in the same order.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import heapq
+from pathlib import Path
 
 import numba
 import numpy as np
 from numba import types
 from numba.typed import List
 
+from collsim.engine import kernel_maxmin
 from collsim.engine import kernel_network as kn
+from collsim.engine.kernel_maxmin import grow_buffer
 from collsim.engine.prepare import COPY, LOCAL_REDUCE, NET, Prepared
 
 _FLOW_START, _DONE = 0, 1
@@ -86,7 +91,6 @@ def _start_flows(ops, t, rep, net):
     """Latency elapsed: put the bytes of ``ops`` on the wire; returns ops done at once."""
     opf, opi, ost, oint = rep[0], rep[1], rep[10], rep[11]
     route_ptr, route_links, route_ceil = rep[7], rep[8], rep[9]
-    fb, ib, pb, head, link_flows, link_f, gi = net[0], net[1], net[2], net[3], net[4], net[5], net[7]
     instant = np.empty(ops.shape[0], dtype=np.int64)
     n = 0
     for op in ops:
@@ -99,8 +103,7 @@ def _start_flows(ops, t, rep, net):
         wire = opf[WIRE, op]
         oint[FLOWS_LEFT, op] = 1
         if hi > lo and wire > 0.0:
-            kn.add(fb, ib, pb, head, link_flows, link_f, gi, t, op, wire, route_links[lo:hi],
-                   route_ceil[r])  # fmt: skip
+            kn.add(net, t, op, wire, route_links[lo:hi], route_ceil[r])
         else:
             instant[n] = op
             n += 1
@@ -121,7 +124,7 @@ def _reduce(ops, t, rep):
             begin[i] = max(t, gpu_free[rank[i]])
             end[i] = begin[i] + dur[i]
     else:  # as the Python replay: offsets from one running sum over the ops sorted by rank
-        order = np.argsort(rank, kind="mergesort")
+        order = np.argsort(rank * k + np.arange(k))  # stable: ties in op order
         run = 0.0
         lead_before = 0.0
         for i in range(k):
@@ -151,15 +154,10 @@ def _reduce(ops, t, rep):
 def _dispatch(ready, t, rep, net):
     """Start ``ready`` ops at ``t``; return those that complete at ``t`` already."""
     opf, opi, ost, oint, heap, rs = rep[0], rep[1], rep[10], rep[11], rep[13], rep[14]
-    flows = np.empty(ready.shape[0], dtype=np.int64)
-    nf = 0
-    later = np.empty(ready.shape[0], dtype=np.int64)
-    later_s = np.empty(ready.shape[0])
-    nl = 0
-    copies = np.empty(ready.shape[0], dtype=np.int64)
-    nc = 0
-    reds = np.empty(ready.shape[0], dtype=np.int64)
-    nr = 0
+    k = ready.shape[0]
+    buf = np.empty(4 * k, dtype=np.int64)  # flows starting now | later | copies | reductions
+    later_s = np.empty(k)
+    nf = nl = nc = nr = 0
     for op in ready:
         ost[START, op] = t
         c = opi[CLS, op]
@@ -175,34 +173,34 @@ def _dispatch(ready, t, rep, net):
                     continue
                 at = max(at, pred_end)
             if at <= t:
-                flows[nf] = op
+                buf[nf] = op
                 nf += 1
             else:
-                later[nl] = op
+                buf[k + nl] = op
                 later_s[nl] = at
                 nl += 1
         elif c == COPY:
-            copies[nc] = op
+            buf[2 * k + nc] = op
             nc += 1
         elif c == LOCAL_REDUCE:
-            reds[nr] = op
+            buf[3 * k + nr] = op
             nr += 1
-    parts = _start_flows(flows[:nf], t, rep, net)
+    parts = _start_flows(buf[:nf], t, rep, net)
     for i in range(nl):  # after the flows that start now, as the Python replay pushes them
-        _push(heap, rs, later_s[i], _FLOW_START, later[i])
-    now = np.empty(nc, dtype=np.int64)
+        _push(heap, rs, later_s[i], _FLOW_START, buf[k + i])
     m = 0
     for i in range(nc):
-        op = copies[i]
+        op = buf[2 * k + i]
         at = t + opf[LOCAL, op]
         if at <= t:
-            now[m] = op
+            buf[2 * k + m] = op
             m += 1
         else:
             _push(heap, rs, at, _DONE, op)
-    parts = np.concatenate((parts, now[:m]))
+    if m:
+        parts = np.concatenate((parts, buf[2 * k : 2 * k + m]))
     if nr:
-        parts = np.concatenate((parts, _reduce(reds[:nr], t, rep)))
+        parts = np.concatenate((parts, _reduce(buf[3 * k : 3 * k + nr], t, rep)))
     return parts
 
 
@@ -255,8 +253,14 @@ def _complete(done, ready, t, rep, net):
                         n += 1
             ready = np.concatenate((ready, hit[:n]))
             resumed = _resume(done, t, rep, net)
-        if ready.shape[0] > 1:
-            ready = np.unique(ready)
+        if ready.shape[0] > 1:  # sorted, without repeats
+            ready = np.sort(ready)
+            m = 1
+            for i in range(1, ready.shape[0]):
+                if ready[i] != ready[m - 1]:
+                    ready[m] = ready[i]
+                    m += 1
+            ready = ready[:m]
         done = _dispatch(ready, t, rep, net) if ready.shape[0] else np.empty(0, dtype=np.int64)
         if resumed.shape[0]:
             done = np.concatenate((done, resumed))
@@ -265,13 +269,16 @@ def _complete(done, ready, t, rep, net):
 
 @numba.njit(cache=True)
 def _run(rep, net):
-    """The loop: one batch per distinct event time (within a relative 1e-12)."""
+    """The loop: one batch per distinct event time (within a relative 1e-12). Stops early,
+    with ``OVERFLOW`` set, if the network ran out of slots."""
     heap, rs, waiting = rep[13], rep[14], rep[6]
-    fb, ib, pb, head, link_flows, link_f, lk, gi, gf, ends = net
-    _complete(np.empty(0, dtype=np.int64), np.flatnonzero(waiting == 0).astype(np.int64), 0.0, rep, net)
-    kn.reshare(fb, ib, pb, head, link_f, lk, gi, gf, ends, 0.0)
+    gi, gf = net[kn.GI], net[kn.GF]
+    empty = np.empty(0, dtype=np.int64)
+    one = np.empty(1, dtype=np.int64)
+    _complete(empty, np.flatnonzero(waiting == 0).astype(np.int64), 0.0, rep, net)
+    kn.reshare(net, 0.0)
     now = 0.0
-    while True:
+    while gi[kn.OVERFLOW] == 0:
         t = heap[0][0] if len(heap) else np.inf
         t = min(t, gf[kn.NEXT_END])
         if t == np.inf:
@@ -279,17 +286,44 @@ def _run(rep, net):
         now = t
         rs[BATCHES] += 1
         until = t + _REL_TOL * t
-        finished = kn.pop_finished(fb, ib, pb, head, link_flows, link_f, gi, gf, ends, t, until)
-        done = _flows_finished(finished, t, rep) if finished.shape[0] else np.empty(0, dtype=np.int64)
+        finished = kn.pop_finished(net, t, until)
+        done = _flows_finished(finished, t, rep) if finished.shape[0] else empty
+        nd = done.shape[0]
         while len(heap) and heap[0][0] <= until:
             _, _, kind, op = heapq.heappop(heap)
-            one = np.full(1, op)
-            if kind == _FLOW_START:
-                one = _start_flows(one, t, rep, net)
-            done = np.concatenate((done, one))
-        _complete(done, np.empty(0, dtype=np.int64), t, rep, net)
-        kn.reshare(fb, ib, pb, head, link_f, lk, gi, gf, ends, t)
-    kn.close_busy(link_flows, link_f, now)
+            one[0] = op
+            got = _start_flows(one, t, rep, net) if kind == _FLOW_START else one
+            for x in got:
+                done = grow_buffer(done, nd)
+                done[nd] = x
+                nd += 1
+        done = done[:nd]
+        _complete(done, empty, t, rep, net)
+        kn.reshare(net, t)
+    kn.close_busy(net, now)
+
+
+@functools.cache
+def _drop_stale_cache() -> None:
+    """Delete the kernels' numba cache if any kernel source changed since it was written.
+
+    numba checks a cached function against its own file only, and ``_run``'s cache carries the
+    code of the network and max-min functions it calls from the other two files: after an
+    edit there (a ``git pull``), it would run the old code. A digest of the three sources,
+    kept beside the cache, catches that."""
+    sources = (kernel_maxmin.__file__, kn.__file__, __file__)
+    digest = hashlib.sha256(b"".join(Path(f).read_bytes() for f in sources)).hexdigest()[:16]
+    try:
+        where = Path(_run._cache._cache_path)  # numba's cache locator for these files
+        stamp = where / "collsim-kernels.digest"
+        if stamp.is_file() and stamp.read_text() == digest:
+            return
+        for stale in where.glob("kernel_*.nb[ic]"):
+            stale.unlink(missing_ok=True)
+        where.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(digest)
+    except (AttributeError, OSError):  # no cache in use, or not writable: numba recompiles
+        return
 
 
 def compiled_replay(
@@ -300,6 +334,7 @@ def compiled_replay(
     ``wire_bytes`` (as :class:`collsim.engine.replay._Hot` computes them): start, flow start and
     end time per op, busy time per link, and what the replay did (counts: batches, flows,
     reshares, flows recomputed, recomputations of everything, local settlings given up)."""
+    _drop_stale_cache()
     n = prep.cls.shape[0]
     opf = np.vstack((latency_s, wire_bytes, prep.local_s)).astype(np.float64)
     after = np.full(n, -1, dtype=np.int64) if prep.after is None else prep.after
@@ -309,25 +344,34 @@ def compiled_replay(
     follow_idx = empty if prep.follow_idx is None else prep.follow_idx.astype(np.int64)
     nroutes = prep.route_ptr.shape[0] - 1
     ceil = np.full(nroutes, np.inf) if prep.route_ceiling is None else prep.route_ceiling
-    ost = np.full((5, n), np.nan)
-    ost[FUSED_END] = 0.0
-    rep = (
-        opf, opi, prep.succ_ptr.astype(np.int64), prep.succ_idx.astype(np.int64), follow_ptr,
-        follow_idx, prep.waiting.astype(np.int64), prep.route_ptr.astype(np.int64),
-        prep.route_links.astype(np.int64), np.asarray(ceil, dtype=np.float64), ost,
-        np.zeros((2, n), dtype=np.int64), np.zeros(nranks), List.empty_list(_EVENT),
-        np.zeros(3, dtype=np.int64),
-    )  # fmt: skip
+    static = (opf, opi, prep.succ_ptr.astype(np.int64), prep.succ_idx.astype(np.int64),
+              follow_ptr, follow_idx)  # fmt: skip
+    routes = (prep.route_ptr.astype(np.int64), prep.route_links.astype(np.int64),
+              np.asarray(ceil, dtype=np.float64))  # fmt: skip
     lengths = np.diff(prep.route_ptr)
     width = max(int(lengths.max()) if lengths.size else 1, 1)
-    net = kn.new_network(np.asarray(capacity_bytes_per_s, dtype=np.float64), width, reshare)
-    _run(rep, net)
+    capacity = np.asarray(capacity_bytes_per_s, dtype=np.float64)
+    # Slots for the flows in flight at once: a guess, doubled (and the replay rerun) if short.
+    slots = max(64, nranks, int(np.count_nonzero(prep.waiting == 0)))
+    while True:
+        ost = np.full((5, n), np.nan)
+        ost[FUSED_END] = 0.0
+        rep = (*static, prep.waiting.astype(np.int64), *routes, ost,
+               np.zeros((2, n), dtype=np.int64), np.zeros(nranks), List.empty_list(_EVENT),
+               np.zeros(3, dtype=np.int64))  # fmt: skip
+        net = kn.new_network(capacity, width, slots, reshare)
+        _run(rep, net)
+        gi = net[kn.GI]
+        if not gi[kn.OVERFLOW]:
+            break
+        slots *= 2
     counts = {
         "batches": int(rep[14][BATCHES]),
-        "flows": int(net[7][kn.NEXT_SEQ]),
-        "reshares": int(net[7][kn.N_RESHARES]),
-        "recomputed_flows": int(net[7][kn.N_RECOMPUTED]),
-        "full_recomputations": int(net[7][kn.N_FULL]),
-        "local_give_ups": int(net[7][kn.N_GIVE_UPS]),
+        "flows": int(gi[kn.NEXT_SEQ]),
+        "reshares": int(gi[kn.N_RESHARES]),
+        "recomputed_flows": int(gi[kn.N_RECOMPUTED]),
+        "full_recomputations": int(gi[kn.N_FULL]),
+        "local_give_ups": int(gi[kn.N_GIVE_UPS]),
+        "slots": slots,
     }
-    return ost[START], ost[FSTART], ost[OEND], net[5][2].copy(), counts
+    return ost[START], ost[FSTART], ost[OEND], net[kn.LINK_F][2].copy(), counts
