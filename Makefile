@@ -13,6 +13,7 @@ $(CORE): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e .
+	$(BIN)/python scripts/warm_kernels.py
 	touch $(CORE)
 
 $(DEV): $(CORE) scripts/install_torch.py

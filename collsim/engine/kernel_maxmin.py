@@ -61,7 +61,6 @@ def fill(slots, paths, nlinks, cap, ceiling, capped_any, rates, bns, lk, ctr):
     (per slot) is honoured when ``capped_any``. Writes each flow's rate and bottleneck (a link,
     or :data:`CAPPED`) to ``rates`` / ``bns`` (per position in ``slots``)."""
     k = slots.shape[0]
-    count, share, rem, lmin, load, mark = lk[_COUNT], lk[_SHARE], lk[_REM], lk[_LMIN], lk[_LOAD], lk[_MARK]
     stamp = _stamp(ctr)
     used = np.empty(k * paths.shape[1], dtype=np.int64)
     nused = 0
@@ -69,9 +68,9 @@ def fill(slots, paths, nlinks, cap, ceiling, capped_any, rates, bns, lk, ctr):
         s = slots[i]
         for j in range(nlinks[s]):
             li = paths[s, j]
-            if mark[li] != stamp:
-                mark[li] = stamp
-                rem[li] = cap[li]
+            if lk[_MARK, li] != stamp:
+                lk[_MARK, li] = stamp
+                lk[_REM, li] = cap[li]
                 used[nused] = li
                 nused += 1
     todo = np.arange(k)
@@ -80,17 +79,17 @@ def fill(slots, paths, nlinks, cap, ceiling, capped_any, rates, bns, lk, ctr):
     ntodo = k
     while ntodo:
         for u in range(nused):
-            count[used[u]] = 0.0
+            lk[_COUNT, used[u]] = 0.0
         for t in range(ntodo):
             s = slots[todo[t]]
             for j in range(nlinks[s]):
-                count[paths[s, j]] += 1.0
+                lk[_COUNT, paths[s, j]] += 1.0
         most = 0.0
         for u in range(nused):
             li = used[u]
-            c = count[li]
+            c = lk[_COUNT, li]
             if c > 0.0:
-                share[li] = rem[li] / c
+                lk[_SHARE, li] = lk[_REM, li] / c
                 if c > most:
                     most = c
         for t in range(ntodo):
@@ -98,7 +97,7 @@ def fill(slots, paths, nlinks, cap, ceiling, capped_any, rates, bns, lk, ctr):
             s = slots[i]
             m = _INF
             for j in range(nlinks[s]):
-                x = share[paths[s, j]]
+                x = lk[_SHARE, paths[s, j]]
                 if x < m:
                     m = x
             capped[i] = False
@@ -115,20 +114,20 @@ def fill(slots, paths, nlinks, cap, ceiling, capped_any, rates, bns, lk, ctr):
                     bns[i] = CAPPED
                 else:
                     for j in range(nlinks[s]):
-                        if share[paths[s, j]] == fmin[i]:
+                        if lk[_SHARE, paths[s, j]] == fmin[i]:
                             bns[i] = paths[s, j]
                             break
             break
         for u in range(nused):
-            lmin[used[u]] = _INF
-            load[used[u]] = -1.0  # no settled flow on it yet (loads are >= 0)
+            lk[_LMIN, used[u]] = _INF
+            lk[_LOAD, used[u]] = -1.0  # no settled flow on it yet (loads are >= 0)
         for t in range(ntodo):
             i = todo[t]
             s = slots[i]
             for j in range(nlinks[s]):
                 li = paths[s, j]
-                if fmin[i] < lmin[li]:
-                    lmin[li] = fmin[i]
+                if fmin[i] < lk[_LMIN, li]:
+                    lk[_LMIN, li] = fmin[i]
         keep = 0
         for t in range(ntodo):
             i = todo[t]
@@ -139,7 +138,7 @@ def fill(slots, paths, nlinks, cap, ceiling, capped_any, rates, bns, lk, ctr):
             else:
                 for j in range(nlinks[s]):
                     li = paths[s, j]
-                    if lmin[li] == share[li]:
+                    if lk[_LMIN, li] == lk[_SHARE, li]:
                         b = li
                         break
             if b == -1:
@@ -151,12 +150,12 @@ def fill(slots, paths, nlinks, cap, ceiling, capped_any, rates, bns, lk, ctr):
             bns[i] = b
             for j in range(nlinks[s]):
                 li = paths[s, j]
-                load[li] = m if load[li] < 0.0 else load[li] + m
+                lk[_LOAD, li] = m if lk[_LOAD, li] < 0.0 else lk[_LOAD, li] + m
         for u in range(nused):
             li = used[u]
-            if load[li] >= 0.0:
-                left = rem[li] - load[li]
-                rem[li] = left if left >= 0.0 else 0.0
+            if lk[_LOAD, li] >= 0.0:
+                left = lk[_REM, li] - lk[_LOAD, li]
+                lk[_REM, li] = left if left >= 0.0 else 0.0
         ntodo = keep
 
 
@@ -202,14 +201,13 @@ def _push(buf, n, x):
 def component(seeds, nseeds, head, nxt, width, paths, nlinks, seq, limit, lk, sk, ctr):
     """Slots of every flow connected to the first ``nseeds`` links of ``seeds``, in start order,
     and True; an empty array and False past ``limit`` flows."""
-    seen, found_mark = lk[_SEEN], sk[_FOUND]
     stamp = _stamp(ctr)
     stack = np.empty(nseeds + 16, dtype=np.int64)
     top = 0
     for u in range(nseeds):
         li = seeds[u]
-        if seen[li] != stamp:
-            seen[li] = stamp
+        if lk[_SEEN, li] != stamp:
+            lk[_SEEN, li] = stamp
             stack = _push(stack, top, li)
             top += 1
     found = np.empty(64, dtype=np.int64)
@@ -220,15 +218,15 @@ def component(seeds, nseeds, head, nxt, width, paths, nlinks, seq, limit, lk, sk
         while p >= 0:
             s = p // width
             p = nxt[p]
-            if found_mark[s] == stamp:
+            if sk[_FOUND, s] == stamp:
                 continue
-            found_mark[s] = stamp
+            sk[_FOUND, s] = stamp
             found = _push(found, nfound, s)
             nfound += 1
             for j in range(nlinks[s]):
                 li = paths[s, j]
-                if seen[li] != stamp:
-                    seen[li] = stamp
+                if lk[_SEEN, li] != stamp:
+                    lk[_SEEN, li] = stamp
                     stack = _push(stack, top, li)
                     top += 1
         if nfound > limit:
@@ -243,8 +241,6 @@ def settle(seeds, nseeds, head, nxt, width, paths, nlinks, rate, bneck, cap, seq
     and bottlenecks, and True; False past ``limit`` flows. ``rate`` and ``bneck`` (per slot;
     -1 unknown, :data:`CAPPED` at its ceiling) describe the current allocation; outside flows
     found still valid through another link have ``bneck`` updated in place."""
-    in_group, grown, checked, new = sk[_GROUP], sk[_GROW], sk[_CHECK], sk[_NEW]
-    touch, res, stat, sload, sfast = lk[_TOUCH], lk[_RES], lk[_STAT], lk[_SLOAD], lk[_SFAST]
     gstamp = _stamp(ctr)
     group = np.empty(64, dtype=np.int64)
     ngroup = 0
@@ -253,8 +249,8 @@ def settle(seeds, nseeds, head, nxt, width, paths, nlinks, rate, bneck, cap, seq
         while p >= 0:
             s = p // width
             p = nxt[p]
-            if in_group[s] != gstamp:
-                in_group[s] = gstamp
+            if sk[_GROUP, s] != gstamp:
+                sk[_GROUP, s] = gstamp
                 group = _push(group, ngroup, s)
                 ngroup += 1
     none = np.empty(0, dtype=np.int64)
@@ -268,8 +264,8 @@ def settle(seeds, nseeds, head, nxt, width, paths, nlinks, rate, bneck, cap, seq
         for s in slots:
             for j in range(nlinks[s]):
                 li = paths[s, j]
-                if touch[li] != tstamp:
-                    touch[li] = tstamp
+                if lk[_TOUCH, li] != tstamp:
+                    lk[_TOUCH, li] = tstamp
                     links = _push(links, nl, li)
                     nl += 1
         for u in range(nl):
@@ -279,14 +275,14 @@ def settle(seeds, nseeds, head, nxt, width, paths, nlinks, rate, bneck, cap, seq
             while p >= 0:
                 g = p // width
                 p = nxt[p]
-                if in_group[g] != gstamp:
+                if sk[_GROUP, g] != gstamp:
                     left -= rate[g]
-            res[li] = left if left > 0.0 else 0.0
+            lk[_RES, li] = left if left > 0.0 else 0.0
         rates = np.empty(ngroup)
         bns = np.empty(ngroup, dtype=np.int64)
-        fill(slots, paths, nlinks, res, ceiling, capped_any, rates, bns, lk, ctr)
+        fill(slots, paths, nlinks, lk[_RES], ceiling, capped_any, rates, bns, lk, ctr)
         for i in range(ngroup):
-            new[slots[i]] = rates[i]
+            sk[_NEW, slots[i]] = rates[i]
         wstamp = _stamp(ctr)
         nadd = 0
         for i in range(ngroup):
@@ -297,8 +293,8 @@ def settle(seeds, nseeds, head, nxt, width, paths, nlinks, rate, bneck, cap, seq
             while p >= 0:
                 g = p // width
                 p = nxt[p]
-                if in_group[g] != gstamp and rate[g] > top and grown[g] != wstamp:
-                    grown[g] = wstamp
+                if sk[_GROUP, g] != gstamp and rate[g] > top and sk[_GROW, g] != wstamp:
+                    sk[_GROW, g] = wstamp
                     group = _push(group, ngroup + nadd, g)
                     nadd += 1
         sstamp = _stamp(ctr)
@@ -307,11 +303,11 @@ def settle(seeds, nseeds, head, nxt, width, paths, nlinks, rate, bneck, cap, seq
             while p >= 0:
                 g = p // width
                 p = nxt[p]
-                if in_group[g] == gstamp or checked[g] == sstamp:
+                if sk[_GROUP, g] == gstamp or sk[_CHECK, g] == sstamp:
                     continue
-                checked[g] = sstamp
+                sk[_CHECK, g] = sstamp
                 b = bneck[g]
-                if b == CAPPED or (b >= 0 and touch[b] != tstamp):
+                if b == CAPPED or (b >= 0 and lk[_TOUCH, b] != tstamp):
                     continue
                 if capped_any and rate[g] >= ceiling[g] * (1.0 - _EPS):
                     bneck[g] = CAPPED
@@ -320,31 +316,31 @@ def settle(seeds, nseeds, head, nxt, width, paths, nlinks, rate, bneck, cap, seq
                 floor = rate[g] * (1.0 + _EPS)
                 for j in range(nlinks[g]):
                     li = paths[g, j]
-                    if stat[li] != sstamp:  # this link's load and fastest flow, once a pass
-                        stat[li] = sstamp
+                    if lk[_STAT, li] != sstamp:  # this link's load and fastest flow, once a pass
+                        lk[_STAT, li] = sstamp
                         tot = 0.0
                         fast = 0.0
                         q = head[li]
                         while q >= 0:
                             h = q // width
                             q = nxt[q]
-                            x = new[h] if in_group[h] == gstamp else rate[h]
+                            x = sk[_NEW, h] if sk[_GROUP, h] == gstamp else rate[h]
                             tot += x
                             if x > fast:
                                 fast = x
-                        sload[li] = tot
-                        sfast[li] = fast
-                    if sfast[li] <= floor and sload[li] >= cap[li] * (1.0 - _EPS):
+                        lk[_SLOAD, li] = tot
+                        lk[_SFAST, li] = fast
+                    if lk[_SFAST, li] <= floor and lk[_SLOAD, li] >= cap[li] * (1.0 - _EPS):
                         bneck[g] = li
                         fair = True
                         break
-                if not fair and grown[g] != wstamp:
-                    grown[g] = wstamp
+                if not fair and sk[_GROW, g] != wstamp:
+                    sk[_GROW, g] = wstamp
                     group = _push(group, ngroup + nadd, g)
                     nadd += 1
         if nadd == 0:
             return slots, rates, bns, True
         for i in range(ngroup, ngroup + nadd):
-            in_group[group[i]] = gstamp
+            sk[_GROUP, group[i]] = gstamp
         ngroup += nadd
     return none, np.empty(0), none, True

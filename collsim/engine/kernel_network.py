@@ -24,6 +24,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from collsim.engine import kernel_heap as heap
 from collsim.engine.kernel_maxmin import (
     component,
     fill,
@@ -138,22 +139,9 @@ def add(net, now, op, wire, links, ceiling):
     gi[DIRTY] = 1
 
 
-# The end heap: finish times ``t`` and (start number, slot) ``k``, ``gi[NENDS]`` entries. Its
-# helpers take the arrays themselves: taking them out of the state tuple costs a reference
-# count each, and these run in the innermost loops.
-@numba.njit(cache=True)
-def _before(t, k, a, b):
-    """Whether entry ``a`` comes before ``b`` (finish time, then start number)."""
-    return t[a] < t[b] or (t[a] == t[b] and k[0, a] < k[0, b])
-
-
-@numba.njit(cache=True)
-def _swap(t, k, a, b):
-    t[a], t[b] = t[b], t[a]
-    k[0, a], k[0, b] = k[0, b], k[0, a]
-    k[1, a], k[1, b] = k[1, b], k[1, a]
-
-
+# The end heap (:mod:`collsim.engine.kernel_heap`): finish times ``t``, (start number, slot)
+# ``k``, ``gi[NENDS]`` entries. Its helpers take the arrays themselves: taking them out of the
+# state tuple costs a reference count each, and these run in the innermost loops.
 @numba.njit(cache=True)
 def _end_push(t, k, gi, end, seq, slot):
     i = gi[NENDS]
@@ -161,34 +149,16 @@ def _end_push(t, k, gi, end, seq, slot):
     t[i] = end
     k[0, i] = seq
     k[1, i] = slot
-    while i > 0:
-        parent = (i - 1) // 2
-        if not _before(t, k, i, parent):
-            break
-        _swap(t, k, i, parent)
-        i = parent
+    heap.sift_up(t, k, i)
 
 
 @numba.njit(cache=True)
 def _end_pop(t, k, gi):
     """Remove the top entry; its slot."""
-    slot = k[1, 0]
-    n = gi[NENDS] - 1
-    gi[NENDS] = n
-    _swap(t, k, 0, n)
-    i = 0
-    while True:
-        left = 2 * i + 1
-        if left >= n:
-            break
-        child = left
-        if left + 1 < n and _before(t, k, left + 1, left):
-            child = left + 1
-        if not _before(t, k, child, i):
-            break
-        _swap(t, k, i, child)
-        i = child
-    return slot
+    n = gi[NENDS]
+    heap.pop(t, k, n)
+    gi[NENDS] = n - 1
+    return k[1, n - 1]
 
 
 @numba.njit(cache=True)

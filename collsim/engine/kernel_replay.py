@@ -15,7 +15,8 @@ local copies and reductions. Schedules with anything else -- multi-path routes, 
 reductions, per-rank start times, receive flushes -- go to the Python replay
 (:func:`supported` says which), which stays the reference and the simpy process users extend.
 
-The heap holds one entry per operation, ``(time, push number, kind, op)``: the Python replay's
+The event heap (:mod:`collsim.engine.kernel_heap`) holds one entry per operation, ``(time, push
+number, kind, op)``: the Python replay's
 entries group the operations of one push that share a time, and popping per operation in push
 order visits them in the same order.
 """
@@ -24,14 +25,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import heapq
 from pathlib import Path
 
 import numba
 import numpy as np
-from numba import types
-from numba.typed import List
 
+from collsim.engine import kernel_heap as heap
 from collsim.engine import kernel_maxmin
 from collsim.engine import kernel_network as kn
 from collsim.engine.kernel_maxmin import grow_buffer
@@ -45,9 +44,7 @@ START, FSTART, OEND, FUSED_END, LAT_DONE = range(5)
 CLS, FUSED, ROUTE, SRC, AFTER = range(5)
 FLOWS_LEFT, PENDING = range(2)
 # replay scalars (``rs``)
-COUNTER, N_PENDING, BATCHES = range(3)
-_EVENT = types.Tuple((types.float64, types.int64, types.int64, types.int64))
-
+COUNTER, N_PENDING, BATCHES, N_EVENTS, EV_OVERFLOW = range(5)
 
 
 def supported(prep: Prepared) -> bool:
@@ -61,16 +58,27 @@ def supported(prep: Prepared) -> bool:
 
 
 @numba.njit(cache=True)
-def _push(heap, rs, time, kind, op):
-    heapq.heappush(heap, (time, rs[COUNTER], kind, op))
+def _push(ev_t, ev_k, rs, time, kind, op):
+    """Schedule ``op`` (an event of ``kind``) at ``time``; past the heap's room, set
+    ``EV_OVERFLOW`` instead (the caller replays again with more room)."""
+    n = rs[N_EVENTS]
+    if n == ev_t.shape[0]:
+        rs[EV_OVERFLOW] = 1
+        return
+    ev_t[n] = time
+    ev_k[0, n] = rs[COUNTER]
+    ev_k[1, n] = kind
+    ev_k[2, n] = op
     rs[COUNTER] += 1
+    rs[N_EVENTS] = n + 1
+    heap.sift_up(ev_t, ev_k, n)
 
 
 @numba.njit(cache=True)
 def _flows_finished(ops, t, rep):
     """The one flow of each of ``ops`` ended at ``t``; returns those complete now (a fused
     receive-reduce completes at max(flow end, flow start + reduction))."""
-    opi, ost, oint, heap, rs = rep[1], rep[10], rep[11], rep[13], rep[14]
+    opi, ost, oint, ev_t, ev_k, rs = rep[1], rep[10], rep[11], rep[13], rep[15], rep[14]
     out = np.empty(ops.shape[0], dtype=np.int64)
     n = 0
     for op in ops:
@@ -79,7 +87,7 @@ def _flows_finished(ops, t, rep):
             continue
         at = ost[FUSED_END, op] if opi[FUSED, op] else t
         if at > t:
-            _push(heap, rs, at, _DONE, op)
+            _push(ev_t, ev_k, rs, at, _DONE, op)
         else:
             out[n] = op
             n += 1
@@ -113,7 +121,8 @@ def _start_flows(ops, t, rep, net):
 @numba.njit(cache=True)
 def _reduce(ops, t, rep):
     """Local reductions, one at a time per GPU in op order; returns those ending at ``t``."""
-    opf, opi, ost, gpu_free, heap, rs = rep[0], rep[1], rep[10], rep[12], rep[13], rep[14]
+    opf, opi, ost, gpu_free, rs = rep[0], rep[1], rep[10], rep[12], rep[14]
+    ev_t, ev_k = rep[13], rep[15]
     k = ops.shape[0]
     rank = opi[SRC][ops]
     dur = opf[LOCAL][ops]
@@ -146,14 +155,15 @@ def _reduce(ops, t, rep):
             out[n] = ops[i]
             n += 1
         else:
-            _push(heap, rs, end[i], _DONE, ops[i])
+            _push(ev_t, ev_k, rs, end[i], _DONE, ops[i])
     return out[:n]
 
 
 @numba.njit(cache=True)
 def _dispatch(ready, t, rep, net):
     """Start ``ready`` ops at ``t``; return those that complete at ``t`` already."""
-    opf, opi, ost, oint, heap, rs = rep[0], rep[1], rep[10], rep[11], rep[13], rep[14]
+    opf, opi, ost, oint, rs = rep[0], rep[1], rep[10], rep[11], rep[14]
+    ev_t, ev_k = rep[13], rep[15]
     k = ready.shape[0]
     buf = np.empty(4 * k, dtype=np.int64)  # flows starting now | later | copies | reductions
     later_s = np.empty(k)
@@ -187,7 +197,7 @@ def _dispatch(ready, t, rep, net):
             nr += 1
     parts = _start_flows(buf[:nf], t, rep, net)
     for i in range(nl):  # after the flows that start now, as the Python replay pushes them
-        _push(heap, rs, later_s[i], _FLOW_START, buf[k + i])
+        _push(ev_t, ev_k, rs, later_s[i], _FLOW_START, buf[k + i])
     m = 0
     for i in range(nc):
         op = buf[2 * k + i]
@@ -196,7 +206,7 @@ def _dispatch(ready, t, rep, net):
             buf[2 * k + m] = op
             m += 1
         else:
-            _push(heap, rs, at, _DONE, op)
+            _push(ev_t, ev_k, rs, at, _DONE, op)
     if m:
         parts = np.concatenate((parts, buf[2 * k : 2 * k + m]))
     if nr:
@@ -207,7 +217,8 @@ def _dispatch(ready, t, rep, net):
 @numba.njit(cache=True)
 def _resume(done, t, rep, net):
     """Start the flows of pending transfers that follow ``done`` on their connection."""
-    ost, oint, follow_ptr, follow_idx, heap, rs = rep[10], rep[11], rep[4], rep[5], rep[13], rep[14]
+    ost, oint, follow_ptr, follow_idx, rs = rep[10], rep[11], rep[4], rep[5], rep[14]
+    ev_t, ev_k = rep[13], rep[15]
     if follow_ptr.shape[0] == 0 or rs[N_PENDING] == 0:
         return np.empty(0, dtype=np.int64)
     now = np.empty(16, dtype=np.int64)
@@ -226,7 +237,7 @@ def _resume(done, t, rep, net):
                 now[n] = f
                 n += 1
             else:
-                _push(heap, rs, at, _FLOW_START, f)
+                _push(ev_t, ev_k, rs, at, _FLOW_START, f)
     if n == 0:
         return np.empty(0, dtype=np.int64)
     return _start_flows(now[:n], t, rep, net)
@@ -271,15 +282,15 @@ def _complete(done, ready, t, rep, net):
 def _run(rep, net):
     """The loop: one batch per distinct event time (within a relative 1e-12). Stops early,
     with ``OVERFLOW`` set, if the network ran out of slots."""
-    heap, rs, waiting = rep[13], rep[14], rep[6]
+    ev_t, ev_k, rs, waiting = rep[13], rep[15], rep[14], rep[6]
     gi, gf = net[kn.GI], net[kn.GF]
     empty = np.empty(0, dtype=np.int64)
     one = np.empty(1, dtype=np.int64)
     _complete(empty, np.flatnonzero(waiting == 0).astype(np.int64), 0.0, rep, net)
     kn.reshare(net, 0.0)
     now = 0.0
-    while gi[kn.OVERFLOW] == 0:
-        t = heap[0][0] if len(heap) else np.inf
+    while gi[kn.OVERFLOW] == 0 and rs[EV_OVERFLOW] == 0:
+        t = ev_t[0] if rs[N_EVENTS] else np.inf
         t = min(t, gf[kn.NEXT_END])
         if t == np.inf:
             break
@@ -289,8 +300,11 @@ def _run(rep, net):
         finished = kn.pop_finished(net, t, until)
         done = _flows_finished(finished, t, rep) if finished.shape[0] else empty
         nd = done.shape[0]
-        while len(heap) and heap[0][0] <= until:
-            _, _, kind, op = heapq.heappop(heap)
+        while rs[N_EVENTS] and ev_t[0] <= until:
+            n = rs[N_EVENTS]
+            heap.pop(ev_t, ev_k, n)
+            rs[N_EVENTS] = n - 1
+            kind, op = ev_k[1, n - 1], ev_k[2, n - 1]
             one[0] = op
             got = _start_flows(one, t, rep, net) if kind == _FLOW_START else one
             for x in got:
@@ -303,25 +317,34 @@ def _run(rep, net):
     kn.close_busy(net, now)
 
 
+KERNEL_FILES = (heap.__file__, kernel_maxmin.__file__, kn.__file__, __file__)
+"""The sources of the compiled replay: a change to any of them invalidates all their caches."""
+
+
+def drop_if_changed(where: Path, digest: str) -> bool:
+    """Delete the kernels' cache files in ``where`` unless it was written for sources of this
+    ``digest``; record the digest. Whether anything was dropped."""
+    stamp = where / "collsim-kernels.digest"
+    if stamp.is_file() and stamp.read_text() == digest:
+        return False
+    for stale in where.glob("kernel_*.nb[ic]"):
+        stale.unlink(missing_ok=True)
+    where.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(digest)
+    return True
+
+
 @functools.cache
 def _drop_stale_cache() -> None:
     """Delete the kernels' numba cache if any kernel source changed since it was written.
 
     numba checks a cached function against its own file only, and ``_run``'s cache carries the
-    code of the network and max-min functions it calls from the other two files: after an
-    edit there (a ``git pull``), it would run the old code. A digest of the three sources,
-    kept beside the cache, catches that."""
-    sources = (kernel_maxmin.__file__, kn.__file__, __file__)
-    digest = hashlib.sha256(b"".join(Path(f).read_bytes() for f in sources)).hexdigest()[:16]
+    code of the network, heap and max-min functions it calls from the other files: after an
+    edit there (a ``git pull``), it would run the old code. A digest of the four sources, kept
+    beside the cache, catches that."""
+    digest = hashlib.sha256(b"".join(Path(f).read_bytes() for f in KERNEL_FILES)).hexdigest()
     try:
-        where = Path(_run._cache._cache_path)  # numba's cache locator for these files
-        stamp = where / "collsim-kernels.digest"
-        if stamp.is_file() and stamp.read_text() == digest:
-            return
-        for stale in where.glob("kernel_*.nb[ic]"):
-            stale.unlink(missing_ok=True)
-        where.mkdir(parents=True, exist_ok=True)
-        stamp.write_text(digest)
+        drop_if_changed(Path(_run._cache._cache_path), digest[:16])  # numba's cache locator
     except (AttributeError, OSError):  # no cache in use, or not writable: numba recompiles
         return
 
@@ -352,19 +375,23 @@ def compiled_replay(
     width = max(int(lengths.max()) if lengths.size else 1, 1)
     capacity = np.asarray(capacity_bytes_per_s, dtype=np.float64)
     # Slots for the flows in flight at once: a guess, doubled (and the replay rerun) if short.
+    # Room for the flows and the events in flight at once: a guess, doubled where short (the
+    # replay then runs again; results do not depend on the room).
     slots = max(64, nranks, int(np.count_nonzero(prep.waiting == 0)))
+    events = min(n, 4 * slots)
     while True:
         ost = np.full((5, n), np.nan)
         ost[FUSED_END] = 0.0
         rep = (*static, prep.waiting.astype(np.int64), *routes, ost,
-               np.zeros((2, n), dtype=np.int64), np.zeros(nranks), List.empty_list(_EVENT),
-               np.zeros(3, dtype=np.int64))  # fmt: skip
+               np.zeros((2, n), dtype=np.int64), np.zeros(nranks), np.zeros(events),
+               np.zeros(5, dtype=np.int64), np.zeros((3, events), dtype=np.int64))  # fmt: skip
         net = kn.new_network(capacity, width, slots, reshare)
         _run(rep, net)
-        gi = net[kn.GI]
-        if not gi[kn.OVERFLOW]:
+        gi, rs = net[kn.GI], rep[14]
+        if not gi[kn.OVERFLOW] and not rs[EV_OVERFLOW]:
             break
-        slots *= 2
+        slots *= 2 if gi[kn.OVERFLOW] else 1
+        events *= 2 if rs[EV_OVERFLOW] else 1
     counts = {
         "batches": int(rep[14][BATCHES]),
         "flows": int(gi[kn.NEXT_SEQ]),
@@ -373,5 +400,6 @@ def compiled_replay(
         "full_recomputations": int(gi[kn.N_FULL]),
         "local_give_ups": int(gi[kn.N_GIVE_UPS]),
         "slots": slots,
+        "event_room": events,
     }
     return ost[START], ost[FSTART], ost[OEND], net[kn.LINK_F][2].copy(), counts

@@ -3,7 +3,8 @@
 "components" must match "all" (every active flow recomputed at every change, the old replay)
 bit for bit; "local" and "auto" must match it to 1e-12 relative on these cases. Each mode runs
 in both replay kernels, the Python one and the compiled one (:mod:`collsim.engine.kernel_replay`),
-and the compiled "all" and "components" must give the Python "all"'s floats, bit for bit. Cases: random
+and the compiled "all" and "components" must give the Python "all"'s floats, bit for bit.
+Cases: random
 contended DAGs on a ring with random link capacities (multi-hop routes, so components grow
 through chains of shared links), incast, two flows sharing a link, in-network reductions, and
 a fat-tree of DGX-H100 nodes with ECMP collisions.
