@@ -13,44 +13,41 @@ from __future__ import annotations
 import numba
 
 
-@numba.njit(cache=True)
-def _before(t, k, a, b):
-    """Whether entry ``a`` comes before entry ``b``."""
-    return t[a] < t[b] or (t[a] == t[b] and k[0, a] < k[0, b])
-
-
-@numba.njit(cache=True)
-def _swap(t, k, a, b):
-    t[a], t[b] = t[b], t[a]
-    for r in range(k.shape[0]):
-        k[r, a], k[r, b] = k[r, b], k[r, a]
-
-
+# The comparisons and swaps are written out in each loop: a helper taking the arrays would count
+# a reference on each, an atomic operation per call, at every step.
 @numba.njit(cache=True)
 def sift_up(t, k, i):
     """Restore the heap after writing a new entry at index ``i`` (the old size)."""
+    rows = k.shape[0]
     while i > 0:
-        parent = (i - 1) // 2
-        if not _before(t, k, i, parent):
+        p = (i - 1) // 2
+        if not (t[i] < t[p] or (t[i] == t[p] and k[0, i] < k[0, p])):
             break
-        _swap(t, k, i, parent)
-        i = parent
+        t[i], t[p] = t[p], t[i]
+        for r in range(rows):
+            k[r, i], k[r, p] = k[r, p], k[r, i]
+        i = p
 
 
 @numba.njit(cache=True)
 def pop(t, k, n):
     """Move the first of the ``n`` entries to index ``n - 1`` and restore the heap before it."""
+    rows = k.shape[0]
     n -= 1
-    _swap(t, k, 0, n)
+    t[0], t[n] = t[n], t[0]
+    for r in range(rows):
+        k[r, 0], k[r, n] = k[r, n], k[r, 0]
     i = 0
     while True:
-        left = 2 * i + 1
-        if left >= n:
+        c = 2 * i + 1
+        if c >= n:
             break
-        child = left
-        if left + 1 < n and _before(t, k, left + 1, left):
-            child = left + 1
-        if not _before(t, k, child, i):
+        d = c + 1
+        if d < n and (t[d] < t[c] or (t[d] == t[c] and k[0, d] < k[0, c])):
+            c = d
+        if not (t[c] < t[i] or (t[c] == t[i] and k[0, c] < k[0, i])):
             break
-        _swap(t, k, i, child)
-        i = child
+        t[i], t[c] = t[c], t[i]
+        for r in range(rows):
+            k[r, i], k[r, c] = k[r, c], k[r, i]
+        i = c

@@ -85,16 +85,6 @@ def new_network(capacity: np.ndarray, width: int, slots: int, mode: str = "auto"
 
 
 @numba.njit(cache=True)
-def _touch(touched, gi, link):
-    """Record a link whose flows changed (past the buffer only the count matters: the next
-    reshare then recomputes everything)."""
-    n = gi[NTOUCHED]
-    if n < touched.shape[0]:
-        touched[n] = link
-    gi[NTOUCHED] = n + 1
-
-
-@numba.njit(cache=True)
 def add(net, now, op, wire, links, ceiling):
     """Start one flow of ``op`` at ``now``: ``wire`` bytes over ``links``, at most ``ceiling``
     bytes/s. Without a free slot it sets ``OVERFLOW`` and starts nothing."""
@@ -131,7 +121,10 @@ def add(net, now, op, wire, links, ceiling):
         if first >= 0:
             prv[first] = p
         head[link] = p
-        _touch(touched, gi, link)
+        nt = gi[NTOUCHED]  # the link's flows changed (past the buffer only the count matters)
+        if nt < touched.shape[0]:
+            touched[nt] = link
+        gi[NTOUCHED] = nt + 1
         if link_flows[link] == 0:
             link_f[1, link] = now
         link_flows[link] += 1
@@ -185,12 +178,17 @@ def pop_finished(net, now, until):
     width = paths.shape[1]
     done = np.empty(4, dtype=np.int64)
     nd = 0
-    while _valid_top(et, ek, gi, slot_f, slot_i) and et[0] <= until:
-        s = _end_pop(et, ek, gi)
-        slot_f[END, s] = np.inf  # so that no second entry of it counts
-        done = grow_buffer(done, nd)
-        done[nd] = s
-        nd += 1
+    while gi[NENDS] and et[0] <= until:  # entries due by then: the live ones finish
+        n = gi[NENDS]
+        heap.pop(et, ek, n)
+        gi[NENDS] = n - 1
+        s = ek[1, n - 1]
+        if slot_i[LIVE, s] == 1 and slot_i[SEQ, s] == ek[0, n - 1] and slot_f[END, s] == et[n - 1]:
+            slot_f[END, s] = np.inf  # so that no second entry of it counts
+            if nd == done.shape[0]:
+                done = grow_buffer(done, nd)
+            done[nd] = s
+            nd += 1
     done = sort_by_seq(done, nd, slot_i[SEQ])
     ops = np.empty(nd, dtype=np.int64)
     for i in range(nd):
@@ -205,7 +203,10 @@ def pop_finished(net, now, until):
             if nxt[p] >= 0:
                 prv[nxt[p]] = prv[p]
             paths[s, j] = -1
-            _touch(touched, gi, link)
+            nt = gi[NTOUCHED]
+            if nt < touched.shape[0]:
+                touched[nt] = link
+            gi[NTOUCHED] = nt + 1
             link_flows[link] -= 1
             if link_flows[link] == 0:  # idle from now
                 link_f[2, link] = link_f[2, link] + (now - link_f[1, link])

@@ -308,7 +308,8 @@ def _run(rep, net):
             one[0] = op
             got = _start_flows(one, t, rep, net) if kind == _FLOW_START else one
             for x in got:
-                done = grow_buffer(done, nd)
+                if nd == done.shape[0]:
+                    done = grow_buffer(done, nd)
                 done[nd] = x
                 nd += 1
         done = done[:nd]
