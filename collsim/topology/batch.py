@@ -16,8 +16,12 @@ reusing what repeats:
 * the multipath paths (:mod:`collsim.topology.multipath`), once per (entry switch, exit switch,
   endpoint class, minimal path), every path being the pair's two server walks around one segment.
 
-Pairs it does not cover (inside one server; a fabric of InfiniBand D-mod-k tables; capacities
-shared by several links; a generic router) take the per-pair router, so the answer is always the
+* on InfiniBand, D-mod-k as the router takes it: where every equal-cost next hop forwards by
+  destination, the pair's destination index picks among them in natural name order (its
+  quotient by the choices made before, as the subnet manager's tables do).
+
+Pairs it does not cover (inside one server; capacities shared by several links; a generic
+router) take the per-pair router, so the answer is always the
 router's own: the same links in the same order, the same latency to the bit (tests check both
 on every catalog topology).
 """
@@ -119,9 +123,7 @@ class BatchRoutes:
         self.net = network
         router = network._fast
         self.router = router
-        self.enabled = (
-            isinstance(router, ServerFabricRouter) and router._dmodk is None and not network._shared
-        )
+        self.enabled = isinstance(router, ServerFabricRouter) and not network._shared
         graph = network.graph
         self.key = np.array(graph.key[: graph.n_devices], dtype=np.uint64)
         self.kind_switch = np.array([d.kind == "switch" for d in network.devices])
@@ -134,9 +136,10 @@ class BatchRoutes:
         self._last: tuple[bytes, dict[str, np.ndarray] | None] | None = None
         empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
         self._walk_table = {True: empty, False: empty}  # sorted (GPU, port) codes -> piece
-        self._next: dict[tuple[int, int], np.ndarray] = {}
+        self._next: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, bool]] = {}
         self._segsets: dict[tuple[int, int, int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._coupled: bool | None = None  # some cable short of full duplex (first use)
+        self._dest_of_link: np.ndarray | None = None  # D-mod-k index per link (first use)
 
     # -- the parts ---------------------------------------------------------------------------------
     def _port_dists(self, dev: int, out: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -172,9 +175,10 @@ class BatchRoutes:
             cache[(src, port)] = found
         return found
 
-    def _candidates(self, cur: int, goal: int) -> np.ndarray:
+    def _candidates(self, cur: int, goal: int) -> tuple[np.ndarray, np.ndarray, bool]:
         """Stored entries of the fabric's CSR that are equal-cost next hops from ``cur`` to
-        ``goal`` (fabric-local ids), in the stored (name-key) order."""
+        ``goal`` (fabric-local ids): in the stored (name-key) order, in D-mod-k's natural-name
+        order, and whether every one forwards by destination (InfiniBand)."""
         found = self._next.get((cur, goal))
         if found is None:
             r = self.router
@@ -182,19 +186,32 @@ class BatchRoutes:
             dist = r._fabric_dist()[:, goal]
             lo, hi = f.indptr[cur], f.indptr[cur + 1]
             nbrs = f.indices[lo:hi]
-            found = lo + np.flatnonzero(dist[nbrs] + f.data[lo:hi] == dist[cur])
+            ok = np.flatnonzero(dist[nbrs] + f.data[lo:hi] == dist[cur])
+            ranked, by_dest = lo + ok, False
+            if r._dmodk is not None and ok.size > 1:
+                by_destination = self.net.graph.by_destination
+                assert by_destination is not None
+                by_dest = bool(by_destination[r._fab_link[lo + ok]].all())
+                ranked = lo + ok[np.argsort(r._dmodk[0][nbrs[ok]], kind="stable")]
+            found = (lo + ok, ranked, by_dest)
             self._next[(cur, goal)] = found
         return found
 
     def _fabric_walks(
-        self, start: np.ndarray, goal: np.ndarray, salt: tuple[np.ndarray, np.ndarray]
+        self,
+        start: np.ndarray,
+        goal: np.ndarray,
+        salt: tuple[np.ndarray, np.ndarray],
+        dest: np.ndarray,
     ) -> np.ndarray:
         """The router's fabric walk (:func:`~collsim.topology.routing._walk`, ordered) of every
-        pair at once: links as a matrix padded with -1."""
+        pair at once: links as a matrix padded with -1. ``dest``: each pair's D-mod-k
+        destination index (-1: none, hashed ties)."""
         r = self.router
         f = r._fab_fwd
         fab_key = np.array(r._fab_key, dtype=np.uint64)
         cur = start.copy()
+        stride = np.ones(cur.shape[0], dtype=np.int64)
         cols: list[np.ndarray] = []
         while True:
             idx = np.flatnonzero(cur != goal)
@@ -203,17 +220,27 @@ class BatchRoutes:
             code = cur[idx] * f.shape[0] + goal[idx]
             uniq, inv = np.unique(code, return_inverse=True)
             cands = [self._candidates(int(c // f.shape[0]), int(c % f.shape[0])) for c in uniq]
-            if any(c.size == 0 for c in cands):
+            if any(c[0].size == 0 for c in cands):
                 raise RuntimeError("fabric walk without a next hop")  # the router's check failed
-            count = np.array([c.size for c in cands], dtype=np.int64)
-            table = _matrix([tuple(c.tolist()) for c in cands])
+            count = np.array([c[0].size for c in cands], dtype=np.int64)
+            table = _matrix([tuple(c[0].tolist()) for c in cands])
+            ranked = _matrix([tuple(c[1].tolist()) for c in cands])
+            by_dest = np.array([c[2] for c in cands], dtype=bool)[inv] & (dest[idx] >= 0)
             cnt = count[inv]
             pick = np.zeros(idx.size, dtype=np.int64)
             tie = cnt > 1
-            if tie.any():
-                ti = idx[tie]
-                pick[tie] = _mod(mix_np(salt[0][ti], salt[1][ti], fab_key[cur[ti]]), cnt[tie])
+            hashed = tie & ~by_dest
+            if hashed.any():
+                ti = idx[hashed]
+                pick[hashed] = _mod(mix_np(salt[0][ti], salt[1][ti], fab_key[cur[ti]]),
+                                    cnt[hashed])  # fmt: skip
             entry = table[inv, pick]
+            ranked_tie = tie & by_dest
+            if ranked_tie.any():  # D-mod-k: the destination's index picks, in name order
+                ti = idx[ranked_tie]
+                at = (dest[ti] // stride[ti]) % cnt[ranked_tie]
+                entry[ranked_tie] = ranked[inv[ranked_tie], at]
+                stride[ti] *= cnt[ranked_tie]
             col = np.full(cur.shape[0], -1, dtype=np.int64)
             col[idx] = r._fab_link[entry]
             cols.append(col)
@@ -308,9 +335,24 @@ class BatchRoutes:
             region, dist = r._to_dest(d)
             walk = region.path_forward(e, d, dist, (graph.key[int(src[i])], graph.key[d]))
             tails = _put(tails, i, walk)
-        middle = self._fabric_walks(fl[exit_dev], fl[entry_dev], (ks, kd))
+        dest = np.full(src.shape[0], -1, dtype=np.int64)
+        if r._dmodk is not None and tails.shape[1]:  # entering through an InfiniBand edge port
+            index = self._dest_index()
+            first = tails[:, 0]
+            dest = np.where(first >= 0, index[np.maximum(first, 0)], -1)
+        middle = self._fabric_walks(fl[exit_dev], fl[entry_dev], (ks, kd), dest)
         return {"head": heads, "middle": middle, "tail": tails, "exit": exit_dev,
                 "entry": entry_dev}  # fmt: skip
+
+    def _dest_index(self) -> np.ndarray:
+        """Per directed link, the D-mod-k index of the destination it leads down to (-1: none)."""
+        if self._dest_of_link is None:
+            found = np.full(self.net.n_directed_links, -1, dtype=np.int64)
+            assert self.router._dmodk is not None
+            for link, i in self.router._dmodk[1].items():
+                found[link] = i
+            self._dest_of_link = found
+        return self._dest_of_link
 
     def loaded(self, cables: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """CSR ``(ptr, links)`` of rows of cables (padded with -1): each row's cables and then

@@ -29,8 +29,11 @@ def test_mix_np_is_mix() -> None:
 
 
 # polaris at 540 nodes: a 3-group dragonfly whose inter-group routes tie (hashed walks), adaptive
-# multipath; roce-400g: hashed ECMP over a fat tree; gb300-nvl72 at 32 trays: two NVLink domains.
-CASES = [("polaris", 540), ("roce-400g", None), ("gb300-nvl72", 32), ("gh200-slingshot", 64)]
+# multipath; roce-400g: hashed ECMP over a fat tree; gb300-nvl72 at 32 trays: two NVLink domains;
+# dgx-h100 at 64 and 40 nodes, dgx-a100 at 20: InfiniBand fat trees routed D-mod-k (40 and 20
+# leave leaves and spines partly used, where D-mod-k's choices wrap).
+CASES = [("polaris", 540), ("roce-400g", None), ("gb300-nvl72", 32), ("gh200-slingshot", 64),
+         ("dgx-h100", 64), ("dgx-h100", 40), ("dgx-a100", 20)]  # fmt: skip
 
 
 @pytest.mark.parametrize(("name", "nodes"), CASES)
@@ -44,6 +47,31 @@ def test_batch_routes_equal_per_pair_routes(name: str, nodes: int | None) -> Non
         r = reference.route_index(int(src[i]), int(dst[i]))
         assert tuple(links[ptr[i] : ptr[i + 1]].tolist()) == r.links
         assert lat[i] == r.latency_s  # to the bit
+
+
+def test_batch_routes_on_the_contended_benchmark_fabric() -> None:
+    """D-mod-k on an explicit two-level fat tree with GPUs scattered over the leaves (the
+    contended benchmark's): every pair of an all-to-all, batch against per pair."""
+    import sys
+    from pathlib import Path
+
+    from collsim.topology.loader import topology_from_dict
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from contended_scaling import fat_tree
+
+    net = Network(topology_from_dict(fat_tree(32, 3)))
+    assert net.batch.enabled and net._fast._dmodk is not None
+    gpus = np.array([net.index[g] for g in net.gpu_names], dtype=np.int64)
+    src, dst = np.repeat(gpus, gpus.size), np.tile(gpus, gpus.size)
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    ptr, links, lat = routes(net, src, dst)
+    reference = Network(net.topology)
+    for i in range(src.size):
+        r = reference.route_index(int(src[i]), int(dst[i]))
+        assert tuple(links[ptr[i] : ptr[i + 1]].tolist()) == r.links
+        assert lat[i] == r.latency_s
 
 
 @pytest.mark.parametrize(("name", "nodes"), [("polaris", 540), ("gh200-slingshot", 64)])
