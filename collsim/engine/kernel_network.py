@@ -85,9 +85,10 @@ def new_network(capacity: np.ndarray, width: int, slots: int, mode: str = "auto"
 
 
 @numba.njit(cache=True)
-def add(net, now, op, wire, links, ceiling):
-    """Start one flow of ``op`` at ``now``: ``wire`` bytes over ``links``, at most ``ceiling``
-    bytes/s. Without a free slot it sets ``OVERFLOW`` and starts nothing."""
+def add(net, now, op, wire, links, lo, hi, ceiling):
+    """Start one flow of ``op`` at ``now``: ``wire`` bytes over ``links[lo:hi]``, at most
+    ``ceiling`` bytes/s. Without a free slot it sets ``OVERFLOW`` and starts nothing. (The
+    route table and its bounds, not a slice of it: a slice is a new array, a reference count.)"""
     gi = net[GI]
     if gi[NFREE] == 0:
         gi[OVERFLOW] = 1
@@ -106,13 +107,13 @@ def add(net, now, op, wire, links, ceiling):
     if ceiling < np.inf:
         gi[CAPPED_ANY] = 1
     slot_i[OP, s] = op
-    slot_i[NL, s] = links.shape[0]
+    slot_i[NL, s] = hi - lo
     slot_i[SEQ, s] = gi[NEXT_SEQ]
     gi[NEXT_SEQ] += 1
     slot_i[BN, s] = -1
     slot_i[LIVE, s] = 1
-    for j in range(links.shape[0]):
-        link = links[j]
+    for j in range(hi - lo):
+        link = links[lo + j]
         paths[s, j] = link
         p = s * width + j  # the pair goes first on its link's list
         first = head[link]

@@ -111,7 +111,7 @@ def _start_flows(ops, t, rep, net):
         wire = opf[WIRE, op]
         oint[FLOWS_LEFT, op] = 1
         if hi > lo and wire > 0.0:
-            kn.add(net, t, op, wire, route_links[lo:hi], route_ceil[r])
+            kn.add(net, t, op, wire, route_links, lo, hi, route_ceil[r])
         else:
             instant[n] = op
             n += 1
