@@ -157,13 +157,16 @@ def test_a_sweep_spec_takes_any_spelling_and_records_canonical_names(tmp_path):
 
 
 def test_measured_rows_match_by_any_spelling(tmp_path):
+    from collsim.report.figures import FigureWriter
     from collsim.report.sweep_report import _measured_section
 
     coll = [{"collective": "all_reduce", "size_bytes": "1024", "bytes": "1024", "error": "",
              "algorithm": "ring", "time_us": "10", "topology": "t", "nodes": "1"}]  # fmt: skip
     for name in ("allreduce", "all_reduce_perf", "AllReduce"):
         measured = [{"collective": name, "size_bytes": "1024", "time_us": "12"}]
-        assert "match no predicted case" not in str(_measured_section(coll, measured, tmp_path))
+        assert "match no predicted case" not in str(
+            _measured_section(coll, measured, FigureWriter(tmp_path, jobs=1))
+        )
 
 
 # --- data types ---------------------------------------------------------------------------------

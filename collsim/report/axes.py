@@ -22,6 +22,20 @@ def _axis(ax: Any, which: str) -> Any:
     return ax.xaxis if which == "x" else ax.yaxis
 
 
+# Tick label functions at module level (not lambdas), so that a figure can be pickled and drawn
+# in another process (:mod:`collsim.report.figures`).
+def _size_label(v: float, _: object) -> str:
+    return format_size(round(v))
+
+
+def _plain_label(v: float, _: object) -> str:
+    return f"{v:g}"
+
+
+def _no_label(v: float, _: object) -> str:
+    return ""
+
+
 def size_axis(ax: Any, lo_bytes: float, hi_bytes: float, *, which: str = "x") -> None:
     """A log2 axis of message sizes over the data's range, ticks at powers of 2 (every 2nd,
     4th, ... power as needed for at most :data:`MAX_TICKS`) labelled ``1K``, ``4M``."""
@@ -34,7 +48,7 @@ def size_axis(ax: Any, lo_bytes: float, hi_bytes: float, *, which: str = "x") ->
     (ax.set_xscale if which == "x" else ax.set_yscale)("log", base=2)
     axis = _axis(ax, which)
     axis.set_major_locator(FixedLocator(ticks))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: format_size(round(v))))
+    axis.set_major_formatter(FuncFormatter(_size_label))
     axis.set_minor_locator(NullLocator())
     (ax.set_xlim if which == "x" else ax.set_ylim)(lo / 1.4, hi * 1.4)
 
@@ -47,15 +61,15 @@ def count_axis(ax: Any, counts: Sequence[float], *, which: str = "x", log: bool 
         (ax.set_xscale if which == "x" else ax.set_yscale)("log", base=2)
     axis = _axis(ax, which)
     axis.set_major_locator(FixedLocator(values))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_major_formatter(FuncFormatter(_plain_label))
     axis.set_minor_locator(NullLocator())
 
 
 def plain_log_axis(ax: Any, *, which: str = "y") -> None:
     """A log axis labelled with plain numbers (``20``, ``0.5``) rather than ``2 x 10^1``."""
     axis = _axis(ax, which)
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+    axis.set_major_formatter(FuncFormatter(_plain_label))
+    axis.set_minor_formatter(FuncFormatter(_no_label))
 
 
 def _inside(box: Any, frame: Any) -> bool:
@@ -69,10 +83,10 @@ def _overlap(a: Any, b: Any, pad: float = 2.0) -> bool:
     )
 
 
-def thin_ticks(fig: Any) -> None:
+def thin_ticks(fig: Any) -> Any:
     """On every axis of ``fig``, keep the first tick label and each next one that does not
     overlap the last kept (labels measured in the drawn figure): long counts such as ``12288``
-    next to ``16384`` would print on top of each other."""
+    next to ``16384`` would print on top of each other. Returns the renderer it drew with."""
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     for ax in fig.axes:
@@ -92,6 +106,7 @@ def thin_ticks(fig: Any) -> None:
                 kept[-1] = final
             if len(kept) < len(labels):
                 axis.set_major_locator(FixedLocator(kept))
+    return renderer
 
 
 def place_labels(

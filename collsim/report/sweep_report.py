@@ -27,7 +27,8 @@ from typing import Any
 from collsim.errors import CollsimError
 from collsim.io import atomic_write_text, make_folders
 from collsim.metrics import canonical_collective
-from collsim.report.axes import count_axis, legend_beside, plain_log_axis, size_axis, thin_ticks
+from collsim.report.axes import count_axis, legend_beside, plain_log_axis, size_axis
+from collsim.report.figures import FigureWriter
 from collsim.sweep.runner import read_points
 from collsim.tables import plural
 from collsim.units import format_size
@@ -63,14 +64,6 @@ def _plt() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def _save(fig: Any, folder: Path, name: str) -> str:
-    """Write ``fig`` (its legend beside the axes, tick labels thinned until none overlap)."""
-    thin_ticks(fig)
-    fig.savefig(folder / name, dpi=110, bbox_inches="tight")
-    _plt().close(fig)
-    return name
 
 
 def _groups(rows: Iterable[dict[str, str]], keys: tuple[str, ...]) -> dict[tuple[str, ...], list]:
@@ -110,7 +103,7 @@ def _curves(rows: list[dict[str, str]], field: str) -> dict[str, tuple[list[floa
     return out
 
 
-def _bandwidth_section(coll_groups: dict, folder: Path) -> list[Block]:
+def _bandwidth_section(coll_groups: dict, plots: FigureWriter) -> list[Block]:
     blocks: list[Block] = [("h2", "Bus bandwidth vs size")]
     plt = _plt()
     for key, rows in list(coll_groups.items())[:MAX_GROUPS]:
@@ -124,11 +117,11 @@ def _bandwidth_section(coll_groups: dict, folder: Path) -> list[Block]:
         ax.set_ylabel("busbw (GB/s)")
         ax.set_title(_title(key), fontsize=10)
         legend_beside(ax)
-        blocks.append(("img", _save(fig, folder, f"busbw-{_slug(key)}.png"), _title(key)))
+        blocks.append(("img", plots.save(fig, f"busbw-{_slug(key)}.png"), _title(key)))
     return blocks + _omitted(coll_groups, "cases")
 
 
-def _crossover_section(coll_groups: dict, folder: Path) -> list[Block]:
+def _crossover_section(coll_groups: dict, plots: FigureWriter) -> list[Block]:
     blocks: list[Block] = [("h2", "Algorithm crossovers")]
     plt = _plt()
     table = []
@@ -167,7 +160,7 @@ def _crossover_section(coll_groups: dict, folder: Path) -> list[Block]:
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_title(_title(key), fontsize=10)
         legend_beside(ax)
-        blocks.append(("img", _save(fig, folder, f"crossover-{_slug(key)}.png"), _title(key)))
+        blocks.append(("img", plots.save(fig, f"crossover-{_slug(key)}.png"), _title(key)))
     if table:
         blocks.insert(1, ("table", table, ["case", "from", "to", "fastest"]))
     return (
@@ -177,7 +170,7 @@ def _crossover_section(coll_groups: dict, folder: Path) -> list[Block]:
     )
 
 
-def _link_section(coll_groups: dict, folder: Path) -> list[Block]:
+def _link_section(coll_groups: dict, plots: FigureWriter) -> list[Block]:
     blocks: list[Block] = [
         ("h2", "Link utilization"),
         ("p", "Utilization of the busiest link over the collective's time (engine des: its "
@@ -196,11 +189,11 @@ def _link_section(coll_groups: dict, folder: Path) -> list[Block]:
         ax.set_ylabel("busiest link utilization")
         ax.set_title(_title(key), fontsize=10)
         legend_beside(ax)
-        blocks.append(("img", _save(fig, folder, f"links-{_slug(key)}.png"), _title(key)))
+        blocks.append(("img", plots.save(fig, f"links-{_slug(key)}.png"), _title(key)))
     return blocks + _omitted(coll_groups, "cases") if len(blocks) > 2 else []
 
 
-def _scaling_section(coll: list[dict[str, str]], steps: list[dict[str, str]], folder: Path):  # type: ignore[no-untyped-def]
+def _scaling_section(coll: list[dict[str, str]], steps: list[dict[str, str]], plots: FigureWriter):  # type: ignore[no-untyped-def]
     blocks: list[Block] = [("h2", "Scaling")]
     plt = _plt()
     by_case = _groups(coll, ("topology", "collective", "engine"))
@@ -224,7 +217,7 @@ def _scaling_section(coll: list[dict[str, str]], steps: list[dict[str, str]], fo
         ax.set_title(title, fontsize=10)
         ax.grid(True, alpha=0.3)
         legend_beside(ax)
-        blocks.append(("img", _save(fig, folder, f"scaling-{_slug(key)}.png"), title))
+        blocks.append(("img", plots.save(fig, f"scaling-{_slug(key)}.png"), title))
     ok_steps = [r for r in steps if not r.get("error") and _f(r, "step_time_s")]
     for key, rows in list(_groups(ok_steps, ("workload", "engine")).items())[:MAX_GROUPS]:
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -240,7 +233,7 @@ def _scaling_section(coll: list[dict[str, str]], steps: list[dict[str, str]], fo
         ax.set_title(f"{key[0]} step time ({key[1]})", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         legend_beside(ax, fontsize=7)
-        blocks.append(("img", _save(fig, folder, f"steps-{_slug(key)}.png"), key[0]))
+        blocks.append(("img", plots.save(fig, f"steps-{_slug(key)}.png"), key[0]))
         fitting = [r for r in rows if r.get("fits_in_memory", "true").lower() != "false"]
         if not fitting:
             blocks.append(("p", f"{key[0]}: no layout fits in the GPUs' memory."))
@@ -316,7 +309,9 @@ def _collective(name: str) -> str:
         return name
 
 
-def _measured_section(coll: list[dict[str, str]], measured: list[dict[str, str]], folder: Path):  # type: ignore[no-untyped-def]
+def _measured_section(
+    coll: list[dict[str, str]], measured: list[dict[str, str]], plots: FigureWriter
+):  # type: ignore[no-untyped-def]
     """Each measured row against the predictions of its case: its collective and size, and its
     topology, nodes and algorithm where given. A row that names no algorithm is compared with
     the tuner's pick (``auto``) where the sweep ran several algorithms (an error over all of
@@ -370,7 +365,7 @@ def _measured_section(coll: list[dict[str, str]], measured: list[dict[str, str]]
     ax.grid(True, which="both", alpha=0.3)
     errs = sorted(abs(p[1] - p[0]) / p[0] for p in pairs if p[0] > 0)
     median = statistics.median(errs) if errs else 0.0
-    blocks.append(("img", _save(fig, folder, "predicted-vs-measured.png"), "predicted vs measured"))
+    blocks.append(("img", plots.save(fig, "predicted-vs-measured.png"), "predicted vs measured"))
     if errs:
         blocks.append(("p", f"{len(pairs)} matched points; median |error| "
                             f"{median:.1%}, max {errs[-1]:.1%}.{missed}"))  # fmt: skip
@@ -432,10 +427,12 @@ def write_report(
     output: str | os.PathLike[str],
     measured: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    jobs: int | None = None,
 ) -> list[Path]:
     """Write ``report.md``, ``report.html`` and the PNGs into ``output``; returns the two pages.
     ``progress(done, total)`` counts the report's sections (each a set of plots) as they are
-    drawn."""
+    built; ``jobs``: processes drawing the figures (default: every core;
+    :mod:`collsim.report.figures`)."""
     import json
 
     rows = read_points(results)
@@ -473,17 +470,18 @@ def write_report(
     ]  # fmt: skip
     measured_rows = read_measured(measured) if measured else None  # a bad file: before any plot
     sections: list[Callable[[], list[Block]]] = [
-        lambda: _bandwidth_section(coll_groups, folder),
-        lambda: _crossover_section(coll_groups, folder),
-        lambda: _link_section(coll_groups, folder),
-        lambda: _scaling_section(coll, steps, folder),
+        lambda: _bandwidth_section(coll_groups, plots),
+        lambda: _crossover_section(coll_groups, plots),
+        lambda: _link_section(coll_groups, plots),
+        lambda: _scaling_section(coll, steps, plots),
     ]
     if measured_rows is not None:
-        sections.append(lambda: _measured_section(coll, measured_rows, folder))
-    for done, section in enumerate(sections):
-        if progress is not None:
-            progress(done, len(sections))
-        blocks += section()
+        sections.append(lambda: _measured_section(coll, measured_rows, plots))
+    with FigureWriter(folder, jobs) as plots:  # figures drawn on every core as they are built
+        for done, section in enumerate(sections):
+            if progress is not None:
+                progress(done, len(sections))
+            blocks += section()
     if progress is not None:
         progress(len(sections), len(sections))
     md = atomic_write_text(folder / "report.md", _markdown(blocks))

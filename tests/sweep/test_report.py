@@ -79,16 +79,19 @@ def test_measured_rows_must_be_numbers_and_big_sweeps_say_what_is_not_plotted(
 def test_unpicked_measured_rows_say_why_nothing_matched(tmp_path):
     """Rows without an algorithm matched several algorithms' points and were dropped because
     the sweep had no ``auto``: the report said only that nothing matched."""
+    from collsim.report.figures import FigureWriter
     from collsim.report.sweep_report import _measured_section
 
     coll = [{"collective": "all_reduce", "size_bytes": "1024", "bytes": "1024", "error": "",
              "algorithm": a, "time_us": "10", "topology": "t", "nodes": "1"}
             for a in ("ring", "tree")]  # fmt: skip
     measured = [{"collective": "all_reduce", "size_bytes": "1024", "time_us": "12"}]
-    blocks = _measured_section(coll, measured, tmp_path)
+    blocks = _measured_section(coll, measured, FigureWriter(tmp_path, jobs=1))
     assert "1 measured row(s) name no algorithm" in blocks[-1][1]
     measured[0]["algorithm"] = "ring"
-    assert "No measured point" not in str(_measured_section(coll, measured, tmp_path))
+    assert "No measured point" not in str(
+        _measured_section(coll, measured, FigureWriter(tmp_path, jobs=1))
+    )
 
 
 def test_measured_rows_that_match_nothing_are_counted(spec_file, tmp_path):
