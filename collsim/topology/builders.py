@@ -66,6 +66,7 @@ class Parts:
 def build_node(parts: Parts, n: int, node: NodeIn, gpus: int, gpu_forwards: bool) -> list[str]:
     """Add server ``n`` to ``parts``; returns its NIC names by rail (local NIC index)."""
     intra = node.intra
+    first = len(parts.devices)  # this server's devices are the ones added from here on
     gpu_names = [
         parts.device(f"n{n}.gpu{i}", "gpu", node=n, index=i, forwards=gpu_forwards)
         for i in range(gpus)
@@ -112,7 +113,7 @@ def build_node(parts: Parts, n: int, node: NodeIn, gpus: int, gpu_forwards: bool
     nic_names = [parts.device(f"n{n}.nic{j}", "nic", node=n, index=j) for j in range(count)]
     groups = min(count, gpus)
     hubs: list[str] = []
-    cpus = [d.name for d in parts.devices if d.kind == "cpu" and d.node == n]
+    cpus = [d.name for d in parts.devices[first:] if d.kind == "cpu" and d.node == n]
     # The NICs go up to a CPU only where its forwarding limit is declared: that limit is all the
     # CPU hop changes, and beside their GPUs the NICs keep the nearest-NIC affinity NCCL uses
     # (on the CPU every NIC would be equally near every GPU).
