@@ -41,6 +41,7 @@ linked to each other directly, GPUs that forward) take :class:`DijkstraRouter`, 
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -370,9 +371,7 @@ class ServerFabricRouter:
         found = self._src_search.get(src)
         if found is None:
             region = self._region(int(self.server[src]))
-            start = region.local(self.graph.out_vertex[src])
-            dist = dijkstra(region.fwd, directed=True, indices=start)
-            found = (region, dist)
+            found = (region, region.all_dist[int(region.local(self.graph.out_vertex[src]))])
             self._src_search[src] = found
         return found
 
@@ -380,7 +379,7 @@ class ServerFabricRouter:
         found = self._dst_search.get(dst)
         if found is None:
             region = self._region(int(self.server[dst]))
-            dist = dijkstra(region.rev, directed=True, indices=region.local(dst))
+            dist = np.ascontiguousarray(region.all_dist[:, int(region.local(dst))])
             found = (region, dist)
             self._dst_search[dst] = found
         return found
@@ -417,7 +416,7 @@ class _Region:
         self.ports = devices[server[devices] < 0]
         """The fabric devices this server touches, where its traffic enters and leaves (in name-key
         order, so a choice among them does not depend on the order of the topology file)."""
-        self._dist_to: dict[int, np.ndarray] = {}
+        self._dist_to: dict[int, list[float]] = {}
         self.key = [graph.key[v] for v in vertices]
         """The name key of each local vertex."""
 
@@ -432,17 +431,28 @@ class _Region:
         order = np.lexsort((rows, cols))
         return self.link_of[order]
 
+    @cached_property
+    def all_dist(self) -> np.ndarray:
+        """Shortest distances between every two local vertices (row: from, column: to): one
+        Dijkstra per server, not one per GPU and direction. The costs are whole numbers, so
+        each distance is the same float however its sum is formed."""
+        return dijkstra(self.fwd, directed=True)
+
     def path(self, src: int, dst: int) -> list[int] | None:
+        """Links from ``src`` to ``dst`` inside the server (:func:`_walk`, ordered, on lists)."""
+        goal = int(self.local(dst))
         dist = self._dist_to.get(dst)
         if dist is None:
-            dist = dijkstra(self.rev, directed=True, indices=self.local(dst))
+            dist = self.all_dist[:, goal].tolist()
             self._dist_to[dst] = dist
-        start = self.local(self.graph.out_vertex[src])
-        if not np.isfinite(dist[start]):
+        start = int(self.local(self.graph.out_vertex[src]))
+        if not math.isfinite(dist[start]):
             return None
         key = self.graph.key
-        return _walk(int(start), int(self.local(dst)), dist, self.fwd, self.link_of,
-                     (key[src], key[dst]), self.key, ordered=True)  # fmt: skip
+        hops = _walk_lists(start, goal, dist, self._fwd_lists, (key[src], key[dst]), self.key)
+        if hops is None:
+            raise TopologyError("routing found no next hop", field="links")
+        return hops
 
     @cached_property
     def _fwd_lists(self) -> tuple[list, list, list, list]:
