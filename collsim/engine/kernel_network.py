@@ -84,7 +84,7 @@ def new_network(capacity: np.ndarray, width: int, slots: int, mode: str = "auto"
     )  # fmt: skip
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def add(net, now, op, wire, links, lo, hi, ceiling):
     """Start one flow of ``op`` at ``now``: ``wire`` bytes over ``links[lo:hi]``, at most
     ``ceiling`` bytes/s. Without a free slot it sets ``OVERFLOW`` and starts nothing. (The
@@ -136,7 +136,7 @@ def add(net, now, op, wire, links, lo, hi, ceiling):
 # The end heap (:mod:`collsim.engine.kernel_heap`): finish times ``t``, (start number, slot)
 # ``k``, ``gi[NENDS]`` entries. Its helpers take the arrays themselves: taking them out of the
 # state tuple costs a reference count each, and these run in the innermost loops.
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _end_push(t, k, gi, end, seq, slot):
     i = gi[NENDS]
     gi[NENDS] = i + 1
@@ -155,7 +155,7 @@ def _end_pop(t, k, gi):
     return k[1, n - 1]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _valid_top(t, k, gi, slot_f, slot_i):
     """Drop stale entries from the top of the end heap; whether one is left."""
     while gi[NENDS]:
@@ -166,7 +166,7 @@ def _valid_top(t, k, gi, slot_f, slot_i):
     return False
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def pop_finished(net, now, until):
     """Remove flows finishing by ``until`` (as finishing at ``now``); their ops, start order."""
     gi, gf = net[GI], net[GF]
@@ -232,7 +232,7 @@ def close_busy(net, now):
             link_f[1, link] = now
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _affected(net, ntouched, active):
     """The flows an incremental scheme recomputes (start order), their new rates, and True;
     False when everything is to be recomputed."""

@@ -57,7 +57,7 @@ def supported(prep: Prepared) -> bool:
     )
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _push(ev_t, ev_k, rs, time, kind, op):
     """Schedule ``op`` (an event of ``kind``) at ``time``; past the heap's room, set
     ``EV_OVERFLOW`` instead (the caller replays again with more room)."""
@@ -74,7 +74,7 @@ def _push(ev_t, ev_k, rs, time, kind, op):
     heap.sift_up(ev_t, ev_k, n)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _flows_finished(ops, t, rep):
     """The one flow of each of ``ops`` ended at ``t``; returns those complete now (a fused
     receive-reduce completes at max(flow end, flow start + reduction))."""
@@ -159,7 +159,7 @@ def _reduce(ops, t, rep):
     return out[:n]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _dispatch(ready, t, rep, net):
     """Start ``ready`` ops at ``t``; return those that complete at ``t`` already."""
     opf, opi, ost, oint, rs = rep[0], rep[1], rep[10], rep[11], rep[14]
@@ -214,7 +214,7 @@ def _dispatch(ready, t, rep, net):
     return parts
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _resume(done, t, rep, net):
     """Start the flows of pending transfers that follow ``done`` on their connection."""
     ost, oint, follow_ptr, follow_idx, rs = rep[10], rep[11], rep[4], rep[5], rep[14]
