@@ -115,6 +115,7 @@ class TopologyFabric:
         self.reduce_bytes_per_s = memory / 3.0
         self.copy_bytes_per_s = memory / 2.0
         self._reducer: dict[tuple[int, ...], int] = {}
+        self._reducing: tuple[list[int], dict[int, list[int]]] | None = None
         self.host_staged = host_staged_classes(network)
         """Link classes whose traffic NCCL stages through host memory here (see
         :func:`host_staged_classes`): a channel copying both ways over them is held to
@@ -295,17 +296,29 @@ class TopologyFabric:
             self._reducer[key] = self._choose_reducer(srcs_t, dsts_t)
         return srcs_t, dsts_t, self._reducer[key]
 
+    def _reducing_devices(self) -> tuple[list[int], dict[int, list[int]]]:
+        """Devices that reduce in the network: those any GPU may reach, and each node's own
+        NVSwitches (listed once: scanning every device per group was quadratic at scale)."""
+        if self._reducing is None:
+            shared: list[int] = []
+            own: dict[int, list[int]] = {}
+            for i, d in enumerate(self.network.devices):
+                if not d.in_network_reduction:
+                    continue
+                if d.kind == "nvswitch" and d.node is not None:
+                    own.setdefault(d.node, []).append(i)
+                else:
+                    shared.append(i)
+            self._reducing = (shared, own)
+        return self._reducing
+
     def _choose_reducer(self, srcs: tuple[int, ...], dsts: tuple[int, ...]) -> int:
         net = self.network
         # A node's own NVSwitch reaches that node's GPUs only (GPUs do not forward): skip the
         # other nodes' switches without routing to them (thousands of groups at scale).
         nodes = {net.devices[int(self._gpu_index[r])].node for r in (*srcs, *dsts)}
-        candidates = [
-            i
-            for i, d in enumerate(net.devices)
-            if d.in_network_reduction
-            and not (d.kind == "nvswitch" and d.node is not None and nodes != {d.node})
-        ]
+        shared, own = self._reducing_devices()
+        candidates = shared + (own.get(next(iter(nodes)), []) if len(nodes) == 1 else [])
         best: tuple[int, str] | None = None
         chosen = -1
         for cand in candidates:
