@@ -16,9 +16,13 @@ reductions, per-rank start times, receive flushes -- go to the Python replay
 (:func:`supported` says which), which stays the reference and the simpy process users extend.
 
 The event heap (:mod:`collsim.engine.kernel_heap`) holds one entry per operation, ``(time, push
-number, kind, op)``: the Python replay's
-entries group the operations of one push that share a time, and popping per operation in push
-order visits them in the same order.
+number, kind, op)``: the Python replay's entries group the operations of one push that share a
+time, and popping per operation in push order visits them in the same order.
+
+The replay's state ``rep`` is a tuple of arrays: 0 per-op floats (rows ``LAT``..), 1 per-op ints
+(``CLS``..), 2-3 successor CSR, 4-5 follower CSR (``after``), 6 unmet dependencies, 7-9 route
+CSR and ceilings, 10 per-op times (``START``..), 11 per-op counters (``FLOWS_LEFT``, ``PENDING``),
+12 per-GPU free time, 13 event times, 14 scalars (``COUNTER``..), 15 event keys.
 """
 
 from __future__ import annotations
