@@ -13,41 +13,45 @@ from __future__ import annotations
 import numba
 
 
-# The comparisons and swaps are written out in each loop: a helper taking the arrays would count
-# a reference on each, an atomic operation per call, at every step.
+# The helpers are inlined at numba IR level: a called function would count a reference on
+# each array, an atomic operation, at every step of a sift.
+@numba.njit(cache=True, inline="always")
+def _before(t, k, a, b):
+    """Whether entry ``a`` comes before entry ``b``."""
+    return t[a] < t[b] or (t[a] == t[b] and k[0, a] < k[0, b])
+
+
+@numba.njit(cache=True, inline="always")
+def _swap(t, k, a, b):
+    t[a], t[b] = t[b], t[a]
+    for r in range(k.shape[0]):
+        k[r, a], k[r, b] = k[r, b], k[r, a]
+
+
 @numba.njit(cache=True)
 def sift_up(t, k, i):
     """Restore the heap after writing a new entry at index ``i`` (the old size)."""
-    rows = k.shape[0]
     while i > 0:
         p = (i - 1) // 2
-        if not (t[i] < t[p] or (t[i] == t[p] and k[0, i] < k[0, p])):
+        if not _before(t, k, i, p):
             break
-        t[i], t[p] = t[p], t[i]
-        for r in range(rows):
-            k[r, i], k[r, p] = k[r, p], k[r, i]
+        _swap(t, k, i, p)
         i = p
 
 
 @numba.njit(cache=True)
 def pop(t, k, n):
     """Move the first of the ``n`` entries to index ``n - 1`` and restore the heap before it."""
-    rows = k.shape[0]
     n -= 1
-    t[0], t[n] = t[n], t[0]
-    for r in range(rows):
-        k[r, 0], k[r, n] = k[r, n], k[r, 0]
+    _swap(t, k, 0, n)
     i = 0
     while True:
         c = 2 * i + 1
         if c >= n:
             break
-        d = c + 1
-        if d < n and (t[d] < t[c] or (t[d] == t[c] and k[0, d] < k[0, c])):
-            c = d
-        if not (t[c] < t[i] or (t[c] == t[i] and k[0, c] < k[0, i])):
+        if c + 1 < n and _before(t, k, c + 1, c):
+            c += 1
+        if not _before(t, k, c, i):
             break
-        t[i], t[c] = t[c], t[i]
-        for r in range(rows):
-            k[r, i], k[r, c] = k[r, c], k[r, i]
+        _swap(t, k, i, c)
         i = c

@@ -179,15 +179,17 @@ def sort_by_seq(found, nfound, seq):
     return out
 
 
-@numba.njit(cache=True)
-def grow_buffer(buf, n):
-    """``buf`` (holding ``n`` items) with room for one more: doubled when full. Callers test
-    ``n == buf.shape[0]`` first: a call counts a reference on the array, an atomic operation."""
-    if n < buf.shape[0]:
-        return buf
-    out = np.empty(max(2 * n, 16), buf.dtype)
-    out[:n] = buf[:n]
-    return out
+@numba.njit(cache=True, inline="always")
+def append(buf, n, x):
+    """``buf`` (holding ``n`` items) with ``x`` at index ``n``, doubled first when full.
+    Inlined at numba IR level: a called function would count a reference on the array, an
+    atomic operation, in the innermost loops."""
+    if n == buf.shape[0]:
+        out = np.empty(max(2 * n, 16), buf.dtype)
+        out[:n] = buf[:n]
+        buf = out
+    buf[n] = x
+    return buf
 
 
 @numba.njit(cache=True)
@@ -201,9 +203,7 @@ def component(seeds, nseeds, head, nxt, width, paths, nlinks, seq, limit, lk, sk
         li = seeds[u]
         if lk[_SEEN, li] != stamp:
             lk[_SEEN, li] = stamp
-            if top == stack.shape[0]:
-                stack = grow_buffer(stack, top)
-            stack[top] = li
+            stack = append(stack, top, li)
             top += 1
     found = np.empty(64, dtype=np.int64)
     nfound = 0
@@ -216,17 +216,13 @@ def component(seeds, nseeds, head, nxt, width, paths, nlinks, seq, limit, lk, sk
             if sk[_FOUND, s] == stamp:
                 continue
             sk[_FOUND, s] = stamp
-            if nfound == found.shape[0]:
-                found = grow_buffer(found, nfound)
-            found[nfound] = s
+            found = append(found, nfound, s)
             nfound += 1
             for j in range(nlinks[s]):
                 li = paths[s, j]
                 if lk[_SEEN, li] != stamp:
                     lk[_SEEN, li] = stamp
-                    if top == stack.shape[0]:
-                        stack = grow_buffer(stack, top)
-                    stack[top] = li
+                    stack = append(stack, top, li)
                     top += 1
         if nfound > limit:
             return found[:0], False
@@ -250,9 +246,7 @@ def settle(seeds, nseeds, head, nxt, width, paths, nlinks, rate, bneck, cap, seq
             p = nxt[p]
             if sk[_GROUP, s] != gstamp:
                 sk[_GROUP, s] = gstamp
-                if ngroup == group.shape[0]:
-                    group = grow_buffer(group, ngroup)
-                group[ngroup] = s
+                group = append(group, ngroup, s)
                 ngroup += 1
     none = np.empty(0, dtype=np.int64)
     while ngroup:
@@ -267,9 +261,7 @@ def settle(seeds, nseeds, head, nxt, width, paths, nlinks, rate, bneck, cap, seq
                 li = paths[s, j]
                 if lk[_TOUCH, li] != tstamp:
                     lk[_TOUCH, li] = tstamp
-                    if nl == links.shape[0]:
-                        links = grow_buffer(links, nl)
-                    links[nl] = li
+                    links = append(links, nl, li)
                     nl += 1
         for u in range(nl):
             li = links[u]
@@ -298,9 +290,7 @@ def settle(seeds, nseeds, head, nxt, width, paths, nlinks, rate, bneck, cap, seq
                 p = nxt[p]
                 if sk[_GROUP, g] != gstamp and rate[g] > top and sk[_GROW, g] != wstamp:
                     sk[_GROW, g] = wstamp
-                    if ngroup + nadd == group.shape[0]:
-                        group = grow_buffer(group, ngroup + nadd)
-                    group[ngroup + nadd] = g
+                    group = append(group, ngroup + nadd, g)
                     nadd += 1
         sstamp = _stamp(ctr)
         for u in range(nl):
@@ -341,9 +331,7 @@ def settle(seeds, nseeds, head, nxt, width, paths, nlinks, rate, bneck, cap, seq
                         break
                 if not fair and sk[_GROW, g] != wstamp:
                     sk[_GROW, g] = wstamp
-                    if ngroup + nadd == group.shape[0]:
-                        group = grow_buffer(group, ngroup + nadd)
-                    group[ngroup + nadd] = g
+                    group = append(group, ngroup + nadd, g)
                     nadd += 1
         if nadd == 0:
             return slots, rates, bns, True

@@ -26,9 +26,9 @@ import numpy as np
 
 from collsim.engine import kernel_heap as heap
 from collsim.engine.kernel_maxmin import (
+    append,
     component,
     fill,
-    grow_buffer,
     link_scratch,
     settle,
     slot_scratch,
@@ -186,9 +186,7 @@ def pop_finished(net, now, until):
         s = ek[1, n - 1]
         if slot_i[LIVE, s] == 1 and slot_i[SEQ, s] == ek[0, n - 1] and slot_f[END, s] == et[n - 1]:
             slot_f[END, s] = np.inf  # so that no second entry of it counts
-            if nd == done.shape[0]:
-                done = grow_buffer(done, nd)
-            done[nd] = s
+            done = append(done, nd, s)
             nd += 1
     done = sort_by_seq(done, nd, slot_i[SEQ])
     ops = np.empty(nd, dtype=np.int64)

@@ -37,7 +37,7 @@ import numpy as np
 from collsim.engine import kernel_heap as heap
 from collsim.engine import kernel_maxmin
 from collsim.engine import kernel_network as kn
-from collsim.engine.kernel_maxmin import grow_buffer
+from collsim.engine.kernel_maxmin import append
 from collsim.engine.prepare import COPY, LOCAL_REDUCE, NET, Prepared
 
 _FLOW_START, _DONE = 0, 1
@@ -236,9 +236,7 @@ def _resume(done, t, rep, net):
             rs[N_PENDING] -= 1
             at = max(ost[LAT_DONE, f], t)
             if at <= t:
-                if n == now.shape[0]:
-                    now = np.concatenate((now, np.empty(n, np.int64)))
-                now[n] = f
+                now = append(now, n, f)
                 n += 1
             else:
                 _push(ev_t, ev_k, rs, at, _FLOW_START, f)
@@ -262,9 +260,7 @@ def _complete(done, ready, t, rep, net):
                     s = succ_idx[k]
                     waiting[s] -= 1
                     if waiting[s] == 0:
-                        if n == hit.shape[0]:
-                            hit = np.concatenate((hit, np.empty(n, np.int64)))
-                        hit[n] = s
+                        hit = append(hit, n, s)
                         n += 1
             ready = np.concatenate((ready, hit[:n]))
             resumed = _resume(done, t, rep, net)
@@ -312,9 +308,7 @@ def _run(rep, net):
             one[0] = op
             got = _start_flows(one, t, rep, net) if kind == _FLOW_START else one
             for x in got:
-                if nd == done.shape[0]:
-                    done = grow_buffer(done, nd)
-                done[nd] = x
+                done = append(done, nd, x)
                 nd += 1
         done = done[:nd]
         _complete(done, empty, t, rep, net)
