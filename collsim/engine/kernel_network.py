@@ -146,7 +146,7 @@ def _end_push(t, k, gi, end, seq, slot):
     heap.sift_up(t, k, i)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _end_pop(t, k, gi):
     """Remove the top entry; its slot."""
     n = gi[NENDS]
@@ -156,11 +156,18 @@ def _end_pop(t, k, gi):
 
 
 @numba.njit(cache=True, inline="always")
+def _current(t, k, i, slot_f, slot_i):
+    """Whether end-heap entry ``i`` is its slot's finish time now (not stale: the flow has not
+    changed rate since, ended, or left the slot to a later flow)."""
+    s = k[1, i]
+    return slot_i[LIVE, s] == 1 and slot_i[SEQ, s] == k[0, i] and slot_f[END, s] == t[i]
+
+
+@numba.njit(cache=True, inline="always")
 def _valid_top(t, k, gi, slot_f, slot_i):
     """Drop stale entries from the top of the end heap; whether one is left."""
     while gi[NENDS]:
-        s = k[1, 0]
-        if slot_i[LIVE, s] == 1 and slot_i[SEQ, s] == k[0, 0] and slot_f[END, s] == t[0]:
+        if _current(t, k, 0, slot_f, slot_i):
             return True
         _end_pop(t, k, gi)
     return False
@@ -181,10 +188,8 @@ def pop_finished(net, now, until):
     nd = 0
     while gi[NENDS] and et[0] <= until:  # entries due by then: the live ones finish
         n = gi[NENDS]
-        heap.pop(et, ek, n)
-        gi[NENDS] = n - 1
-        s = ek[1, n - 1]
-        if slot_i[LIVE, s] == 1 and slot_i[SEQ, s] == ek[0, n - 1] and slot_f[END, s] == et[n - 1]:
+        s = _end_pop(et, ek, gi)
+        if _current(et, ek, n - 1, slot_f, slot_i):
             slot_f[END, s] = np.inf  # so that no second entry of it counts
             done = append(done, nd, s)
             nd += 1
