@@ -400,11 +400,7 @@ class ScheduleBuilder:
         top = max((_span(v)[1] for v in self._dep_values), default=0)
         dep_idx = _concat(self._dep_values, index_dtype(max(n, top)))  # a bad id stays visible
         self._dep_values = [dep_idx]
-        owner = np.repeat(np.arange(n, dtype=index_dtype(n)), counts)
-        if dep_idx.size and np.any(dep_idx >= owner):
-            bad = int(owner[np.argmax(dep_idx >= owner)])
-            raise ValueError(f"operation {bad} depends on itself or a later operation")
-        del owner
+        _check_deps_earlier(dep_ptr, dep_idx)
         if self._after_parts:
             after = np.full(n, -1, dtype=index_dtype(n))
             for first, values in self._after_parts:
@@ -429,6 +425,22 @@ class ScheduleBuilder:
             channels=channels,
             meta=dict(meta or {}),
         )
+
+
+def _check_deps_earlier(dep_ptr: np.ndarray, dep_idx: np.ndarray, block: int = 1 << 20) -> None:
+    """Raise if some operation depends on itself or a later one; ``block`` ops at a time, so the
+    check's temporaries stay small however many operations there are."""
+    n = dep_ptr.shape[0] - 1
+    for lo in range(0, n, block):
+        hi = min(lo + block, n)
+        first, last = int(dep_ptr[lo]), int(dep_ptr[hi])
+        if first == last:
+            continue
+        owner = np.repeat(np.arange(lo, hi, dtype=np.int64), np.diff(dep_ptr[lo : hi + 1]))
+        late = dep_idx[first:last] >= owner
+        if late.any():
+            bad = int(owner[np.argmax(late)])
+            raise ValueError(f"operation {bad} depends on itself or a later operation")
 
 
 def _narrow(values: np.ndarray, floor: type = np.int8) -> np.ndarray:

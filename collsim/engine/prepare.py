@@ -471,7 +471,12 @@ def _dag(prep: Prepared, schedule: Schedule) -> None:
         return
     # Only network transfers and in-network reductions follow another on a connection.
     flows = (prep.cls == NET) | (prep.cls == IN_NETWORK)
-    after = np.where(flows, schedule.arrays["after"], -1).astype(ids)
+    given = schedule.arrays["after"]
+    if given.dtype == ids and not np.any((given >= 0) & ~flows):
+        after = given  # shared with the schedule, read only (saves n ids on large schedules)
+    else:
+        after = np.where(flows, given, -1).astype(ids)
+    del flows
     followers = np.flatnonzero(after >= 0)
     if not followers.size:
         return

@@ -139,16 +139,21 @@ def _times(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Start, flow start and end of every op, level by level; ``None`` if some op is never
     released. A transfer that follows another on its connection (``after``) is processed once
-    that one has ended too: its flow starts at ``max(start + latency, that end)``."""
+    that one has ended too: its flow starts at ``max(start + latency, that end)``.
+
+    Memory (a 4096-rank ring has 33 million ops): ``duration`` becomes the end times in place
+    (each op's entry is read once, when it is released, and overwritten by its end), and the
+    dependency counters are ``prep.waiting`` itself, counted down and restored afterwards
+    (:func:`_restore_waiting`) for the replay should the times be rejected."""
     n = prep.cls.shape[0]
-    waiting = prep.waiting.copy()  # the replay's own counters stay untouched
+    waiting = prep.waiting
     # Dependencies met, or the issuing rank entered the collective if that is later (skew.py):
     # accumulated as dependencies end, final (the op's start) once the op is released.
     start_s = np.zeros(n) if prep.release_s is None else prep.release_s.copy()
     if prep.after is not None:
         waiting += prep.after >= 0
     flow_s = np.full(n, np.nan)
-    end_s = np.full(n, np.nan)
+    end_s = duration
     succ_ptr, succ_idx = prep.succ_ptr, prep.succ_idx
     frontier = np.flatnonzero(waiting == 0)
     reached = 0
@@ -159,7 +164,7 @@ def _times(
             pred = prep.after[frontier]
             follows = pred >= 0
             flow[follows] = np.maximum(flow[follows], end_s[pred[follows]])
-        end = flow + duration[frontier]
+        end = flow + end_s[frontier]
         flow_s[frontier] = flow
         end_s[frontier] = end
         positions, lengths = gather_rows(succ_ptr, frontier)
@@ -179,6 +184,13 @@ def _times(
     if reached != n:
         return None
     return start_s, flow_s, end_s
+
+
+def _restore_waiting(prep: Prepared) -> None:
+    """Put back the dependency counters :func:`_times` counted down: each op's count is the
+    number of times it is listed as a successor."""
+    n = prep.waiting.shape[0]
+    prep.waiting = np.bincount(prep.succ_idx, minlength=n).astype(np.int32)
 
 
 def _group_order(keys: np.ndarray, nkeys: int) -> np.ndarray:
@@ -328,18 +340,19 @@ def contention_free(
         return None
     capacity = np.asarray(fabric.capacity_bytes_per_s, dtype=np.float64)
     flows = _Flows(prep, capacity)
-    duration = _durations(prep, flows)
-    times = _times(prep, duration)
-    del duration
+    times = _times(prep, _durations(prep, flows))
     if times is None:
+        _restore_waiting(prep)
         return None
     start_s, flow_s, end_s = times
     if _reductions_overlap(prep, schedule.arrays["src"], start_s, end_s):
+        _restore_waiting(prep)
         return None
     couplings = np.asarray(getattr(fabric, "couplings", np.zeros((0, 3))), dtype=np.int64)
     unbound = _unbound_couplings(flows, capacity, couplings)
     busy = _link_busy(prep, flows, flow_s, capacity.shape[0], unbound)
     if busy is None:
+        _restore_waiting(prep)
         return None
     prep.drop_dag()  # exact: the replay will not run, and the records need no dependencies
     for part in chunks(flow_s.shape[0]):  # local operations have no flow
