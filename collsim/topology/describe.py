@@ -246,6 +246,11 @@ def describe_text(info: dict[str, Any]) -> str:
 
 def to_explicit_yaml(topo: Topology) -> str:
     """The topology as an explicit-graph YAML file that loads to the same devices and links."""
+    return yaml.safe_dump(to_explicit_dict(topo), sort_keys=False, width=120)
+
+
+def to_explicit_dict(topo: Topology) -> dict[str, Any]:
+    """The topology as an explicit-graph document (what :func:`to_explicit_yaml` writes)."""
     gpu = topo.gpu
     doc: dict[str, Any] = {
         "name": topo.name,
@@ -311,4 +316,4 @@ def to_explicit_yaml(topo: Topology) -> str:
             }
             for sh in topo.shared
         ]
-    return yaml.safe_dump(doc, sort_keys=False, width=120)
+    return doc
