@@ -116,7 +116,7 @@ def test_nccl_tests_collectives_collsim_does_not_model_say_so(binary):
 def test_calibrate_run_takes_nccl_tests_names_and_runs_their_binaries(tmp_path):
     out = _ok(["calibrate", "run", "-c", "allreduce,all_to_all,sendrecv_perf,AllGather",
                "--out", str(tmp_path), "--dry-run"])  # fmt: skip
-    binaries = [line.split()[0] for line in out.splitlines()]
+    binaries = [next(w for w in line.split() if "=" not in w) for line in out.splitlines()]
     assert binaries == ["all_reduce_perf", "alltoall_perf", "sendrecv_perf", "all_gather_perf"]
 
 

@@ -32,6 +32,7 @@ from collsim.calibration._process import (
     free_loopback_port,
     keep_interrupted,
 )
+from collsim.calibration.cluster import CLUSTER, capture_cluster, dump_path, note_captures
 from collsim.calibration.environment import capture_environment, note_versions
 from collsim.calibration.nccltests import NcclTestsLog, read_log
 from collsim.calibration.store import MANIFEST, ResultStore
@@ -227,7 +228,19 @@ def _slurm_first_node() -> str | None:
 
 def plan_commands(cfg: RunConfig) -> list[Step]:
     """The command lines that perform ``cfg``, in order. Sizes are passed as whole byte
-    counts: nccl-tests reads ``1MB`` as 2**20 and refuses ``512B``, collsim reads 1e6 and 512."""
+    counts: nccl-tests reads ``1MB`` as 2**20 and refuses ``512B``, collsim reads 1e6 and 512.
+    The first asks NCCL to write the system it detects into the results (:mod:`.cluster`)."""
+    steps = _plan(cfg)
+    nccl = cfg.runner == "nccl-tests" or cfg.backend == "nccl"  # gloo never loads NCCL
+    if steps and nccl and "NCCL_TOPO_DUMP_FILE" not in os.environ:
+        first = steps[0]
+        first.env["NCCL_TOPO_DUMP_FILE"] = str(dump_path(cfg.out))
+        if first.argv[:1] == ["mpirun"]:  # Open MPI passes only the variables it is told to
+            first.argv[1:1] = ["-x", "NCCL_TOPO_DUMP_FILE"]
+    return steps
+
+
+def _plan(cfg: RunConfig) -> list[Step]:
     cfg.validate()
     sizes = cfg.sizes()
     common = [
@@ -395,6 +408,8 @@ def _run(
         notify(f"warning: {problem}")
     store.clean()
     capture_environment(cfg.out, cfg.runner, cfg.launcher, [s.shell() for s in steps])
+    (cfg.out / CLUSTER).mkdir(exist_ok=True)  # NCCL writes its dump there, not making folders
+    captured = capture_cluster(cfg.out, cfg.launcher, cfg.nodes, cfg.launcher_args)
     for step in steps:
         label = step.collective or "torchbench"
         if step.collective and store.done(step.collective):
@@ -441,6 +456,7 @@ def _run(
                 notify(f"warning: {step.collective}: {anomaly}")
     logs = sorted((cfg.out / "logs").glob("*.txt"))
     note_versions(cfg.out, logs)
+    note_captures(cfg.out, captured)
     return logs
 
 

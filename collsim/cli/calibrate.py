@@ -252,7 +252,14 @@ def read_cmd(
 
 @calibrate.command("fit")
 @click.argument("logs", nargs=-1, required=True, type=FILE)
-@click.option("--topology", "-t", required=True, metavar="NAME|PATH", help="Catalog name or file.")
+@click.option(
+    "--topology",
+    "-t",
+    required=True,
+    metavar="NAME|PATH|DIR",
+    help="Catalog name or file, or a calibrate run results directory: the cluster it captured "
+    "(NCCL's topology dump, nvidia-smi, ibnetdiscover), imported.",
+)
 @click.option("--nodes", type=int, default=None, help="Override the nodes the logs report.")
 @click.option("--gpus-per-node", type=int, default=None, help="Override the GPUs per node.")
 @click.option(
@@ -311,6 +318,11 @@ def fit_cmd(
 
     refuse_overwriting_inputs([*logs, topology], output=output)
     parse_nccl_version(nccl_version, field="--nccl-version")  # a bad value: one line, now
+    if Path(topology).is_dir():  # a results directory: the topology its run captured
+        from collsim.calibration.cluster import captured_topology
+
+        topology = str(captured_topology(Path(topology), nodes))
+        click.echo(f"# imported the captured cluster into {topology}")
     samples = load_samples(
         logs, topology, nodes=nodes, gpus_per_node=gpus_per_node, collective=collective,
         ranks=ranks, gpus_per_thread=gpus_per_thread, allow_anomalies=allow_anomalies,

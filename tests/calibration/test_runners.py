@@ -55,8 +55,11 @@ def test_dry_run_mpirun_and_srun_commands(tmp_path):
         "--dry-run",
     )
     assert result.exit_code == 0
+    dump = (tmp_path / "r" / "cluster" / "nccl-topo.xml").resolve()
     assert result.output.splitlines() == [
-        "mpirun -np 16 -npernode 8 --hostfile hosts -x NCCL_DEBUG=INFO /opt/nt/all_reduce_perf "
+        # the first job writes NCCL's topology dump into the results (Open MPI passes it on)
+        f"NCCL_TOPO_DUMP_FILE={dump} mpirun -x NCCL_TOPO_DUMP_FILE -np 16 -npernode 8 "
+        "--hostfile hosts -x NCCL_DEBUG=INFO /opt/nt/all_reduce_perf "
         "-b 8 -e 8589934592 -f 2 -w 5 -n 20 -d float -g 1 -c 1",
         "mpirun -np 16 -npernode 8 --hostfile hosts -x NCCL_DEBUG=INFO /opt/nt/alltoall_perf "
         "-b 8 -e 8589934592 -f 2 -w 5 -n 20 -d float -g 1 -c 1",
@@ -83,6 +86,7 @@ def test_dry_run_mpirun_and_srun_commands(tmp_path):
         "--dry-run",
     )
     assert result.output.strip() == (
+        f"NCCL_TOPO_DUMP_FILE={dump} "
         "srun -N 2 -n 8 --ntasks-per-node 4 all_gather_perf -b 8 -e 134217728 -f 2 -w 2 -n 50 "
         "-d half "
         "-g 1 -c 1"
@@ -91,7 +95,8 @@ def test_dry_run_mpirun_and_srun_commands(tmp_path):
         "calibrate", "run", "--nprocs", "4", "-c", "all", "--out", str(tmp_path / "r"), "--dry-run"
     )
     lines = result.output.splitlines()
-    assert len(lines) == 7 and lines[0].startswith("all_reduce_perf -b 8 -e 134217728")
+    assert len(lines) == 7 and lines[0].startswith(f"NCCL_TOPO_DUMP_FILE={dump} all_reduce_perf")
+    assert lines[1].startswith("all_gather_perf -b 8 -e 134217728")  # the first job only
     assert lines[0].endswith("-g 4 -c 1")  # local: one process drives all GPUs
     assert not (tmp_path / "r").exists()  # a dry run writes nothing
 

@@ -81,9 +81,16 @@ def import_files(paths: list[str], request: ImportRequest) -> dict[str, Any]:
         inv.sources.append(scan.file)
         inv.notes.append(words)
     nodes = request.nodes or hosts or 1
-    doc = build_document(inv, name=request.name, nodes=nodes, gpu=gpu, p2p=request.p2p,
-                         fabric=fabric)  # fmt: skip
-    topology_from_dict(doc, nodes=None, file=request.name)
+    try:
+        doc = build_document(inv, name=request.name, nodes=nodes, gpu=gpu, p2p=request.p2p,
+                             fabric=fabric)  # fmt: skip
+        topology_from_dict(doc, nodes=None, file=request.name)
+    except TopologyError as exc:
+        if fabric is not None and (exc.field or "").startswith("fabric"):
+            # the scanned fabric cannot hold these servers: say so where the fabric came from
+            exc.message += f" ({nodes} servers of {len(inv.nics)} NICs on the scanned fabric)"
+            raise exc.located(file=found["ibnetdiscover"][0]) from None
+        raise exc.located(file=(found["nccl-xml"] or found["nvidia-smi"])[0]) from None
     return doc
 
 
