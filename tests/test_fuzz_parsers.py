@@ -26,6 +26,7 @@ from collsim.model.profile import load_profile, profile_from_dict
 from collsim.sweep.spec import spec_from_dict
 from collsim.topology.loader import topology_from_dict
 from collsim.training.workload import workload_from_dict
+from tests.fuzzing import mutate_lines
 
 FUZZ = settings(
     max_examples=1000,
@@ -253,27 +254,14 @@ LINES = LOG.splitlines()
 
 @st.composite
 def mutated_log(draw: Any) -> str:
-    lines = list(LINES)
-    for _ in range(draw(st.integers(1, 4))):
-        i = draw(st.integers(0, len(lines) - 1))
-        op = draw(st.sampled_from(["delete", "replace", "token", "duplicate", "truncate"]))
-        if op == "delete" and len(lines) > 1:
-            del lines[i]
-        elif op == "replace":
-            lines[i] = draw(st.text(max_size=60))
-        elif op == "token":
-            words = lines[i].split() or [""]
-            j = draw(st.integers(0, len(words) - 1))
-            words[j] = draw(UNITS_TEXT | st.text(max_size=8) | st.sampled_from(
-                ["-1", "nan", "inf", "N/A", "1e999", "0", "-0.5", "#", "float", "all_reduce_perf"]
-            ))  # fmt: skip
-            lines[i] = "   ".join(words)
-        elif op == "duplicate":
-            lines.insert(i, lines[i])
-        else:
-            lines = lines[: i + 1]
-            lines[-1] = lines[-1][: draw(st.integers(0, len(lines[-1])))]
-    return "\n".join(lines) + draw(st.sampled_from(["\n", ""]))
+    token = (
+        UNITS_TEXT
+        | st.text(max_size=8)
+        | st.sampled_from(
+            ["-1", "nan", "inf", "N/A", "1e999", "0", "-0.5", "#", "float", "all_reduce_perf"]
+        )
+    )
+    return mutate_lines(draw, LINES, token, sep="   ")
 
 
 @FUZZ

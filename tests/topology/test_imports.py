@@ -241,3 +241,12 @@ def test_cli_import_then_show_simulate_and_diff(tmp_path):
     assert "no differences" in same.output and "(+0.0%)" in same.output
     again = runner.invoke(cli, ["topo", "import", str(out), "-o", str(out)])
     assert again.exit_code == 2  # never overwrites its input
+
+
+def test_a_default_fabric_grows_a_third_tier_for_many_servers():
+    doc, topo = _import("nccl_ibmcloud_gx3d_h100_8gpu_topo.xml", nodes=300)
+    # one NIC per GPU: rail-optimized, as DGX-class clusters are built
+    assert doc["fabric"] == {"kind": "rail_optimized", "radix": 64, "switch_latency": "0.3us",
+                             "tiers": 3}  # fmt: skip
+    assert topo.n_gpus == 2400
+    assert "fabric not scanned: a default one (estimate)" in doc["source"]

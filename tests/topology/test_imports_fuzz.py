@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from collsim.errors import CollsimError
 from collsim.topology.imports.files import ImportRequest, import_files
+from tests.fuzzing import mutate_lines
 
 DATA = Path(__file__).parent / "imports_data"
 SAMPLES = {
@@ -28,23 +29,7 @@ TOKENS = ["0", "-1", "", "x", "16.0 GT/s PCIe", "9 GT/s", "0x9999", "NV99", "PIX
 @st.composite
 def mutated(draw: Any, name: str) -> str:
     lines = SAMPLES[name].read_text().splitlines()
-    for _ in range(draw(st.integers(1, 4))):
-        i = draw(st.integers(0, len(lines) - 1))
-        op = draw(st.sampled_from(["delete", "replace", "token", "duplicate", "truncate"]))
-        if op == "delete" and len(lines) > 1:
-            del lines[i]
-        elif op == "replace":
-            lines[i] = draw(st.text(max_size=60))
-        elif op == "token":
-            words = lines[i].split(" ") or [""]
-            j = draw(st.integers(0, len(words) - 1))
-            words[j] = draw(st.sampled_from(TOKENS) | st.text(max_size=8))
-            lines[i] = " ".join(words)
-        elif op == "duplicate":
-            lines.insert(i, lines[i])
-        else:
-            lines = lines[: i + 1]
-    return "\n".join(lines) + "\n"
+    return mutate_lines(draw, lines, st.sampled_from(TOKENS) | st.text(max_size=8))
 
 
 def _import(files: dict[str, str], **options: Any) -> None:

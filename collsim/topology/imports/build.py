@@ -76,7 +76,7 @@ def _intra(inv: Inventory, p2p: bool, sm: int) -> dict[str, Any]:
                      "latency": NVLINK_LATENCY},
             "switch_latency": "0.1us",
         }  # fmt: skip
-        if sm // 10 * 10 in NVLS_EFFICIENCY or sm >= 100:
+        if sm >= 90:  # NVLink SHARP from third-generation NVSwitch (Hopper) on
             intra["in_network_reduction"] = True
             intra["in_network_efficiency"] = NVLS_EFFICIENCY[100 if sm >= 100 else 90]
         return intra
@@ -102,6 +102,8 @@ def _intra(inv: Inventory, p2p: bool, sm: int) -> dict[str, Any]:
 
 
 def _nics(inv: Inventory) -> dict[str, Any] | None:
+    """The ``nics:`` section (``None``: no NICs); ports slower than the fastest are dropped
+    from ``inv`` (and said in its notes)."""
     if not inv.nics:
         return None
     fastest = max(n.speed_gbps or 0 for n in inv.nics)
@@ -127,7 +129,7 @@ def _nics(inv: Inventory) -> dict[str, Any] | None:
 
 def _order_nics(inv: Inventory) -> None:
     """NICs in the order of the GPUs nearest them (so NIC ``j`` serves the ``j``-th group of
-    consecutive GPUs, as the template shares them); the dump's names are kept in ``notes``."""
+    consecutive GPUs, as the template shares them); ``source:`` keeps the dump's names."""
     first: dict[int, int] = {}
     for i in range(len(inv.gpus)):
         for j in inv.nearest_nics(i):
@@ -148,6 +150,8 @@ def _fabric(inv: Inventory, nodes: int) -> dict[str, Any]:
     }
     if nodes * len(inv.nics) <= 64:
         fabric["kind"] = "single_switch"
+    elif nodes * len(inv.nics) > 64 * 32:  # beyond two tiers of radix-64 switches
+        fabric["tiers"] = 3
     return fabric
 
 
@@ -164,12 +168,15 @@ def build_document(
     a ``gpu:`` section to use instead of the one the PCI device id names; ``p2p``: whether
     GPUs reach each other over PCIe (default: as the GPU's driver allows); ``fabric``: the
     ``fabric:`` section (a scan's, :mod:`.ibnet`), else a default one."""
-    file = inv.sources[0]
-    known = identify(inv.gpus[0].device_id, inv.gpus[0].busid, file) if gpu is None else None
-    section = gpu if gpu is not None else known_section(known)  # type: ignore[arg-type]
-    sm = inv.gpus[0].sm or 80
+    first = inv.gpus[0]
+    known = identify(first.device_id, first.busid, inv.sources[0]) if gpu is None else None
+    section = known_section(known) if known is not None else dict(gpu or {})
+    if len({g.device_id for g in inv.gpus}) > 1:
+        inv.notes.append("GPUs of several models: all taken as GPU 0's")
+    allow_p2p = p2p if p2p is not None else (known.p2p if known is not None else True)
+    sm = first.sm or 80
     _order_nics(inv)
-    intra = _intra(inv, known.p2p if p2p is None and known else bool(p2p is None or p2p), sm)
+    intra = _intra(inv, allow_p2p, sm)
     node: dict[str, Any] = {"gpus": len(inv.gpus), "intra": intra}
     nics = _nics(inv)
     if nics is not None:

@@ -17,7 +17,7 @@ from collsim.errors import TopologyError
 from collsim.topology.imports.build import build_document
 from collsim.topology.imports.gpus import gpu_section
 from collsim.topology.imports.ibnet import fabric_section, read_ibnetdiscover
-from collsim.topology.imports.inventory import Inventory
+from collsim.topology.imports.inventory import Inventory, read_input
 from collsim.topology.imports.ncclxml import read_nccl_xml
 from collsim.topology.imports.nvsmi import inventory_from_nvsmi, merge, read_nvsmi
 from collsim.topology.loader import topology_from_dict
@@ -27,11 +27,7 @@ KINDS = ("nccl-xml", "nvidia-smi", "ibnetdiscover")
 
 def sniff(path: str | Path) -> str:
     """Which of :data:`KINDS` a file holds, from its first few kilobytes."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8192).decode("utf-8", errors="replace")
-    except OSError as exc:
-        raise TopologyError(f"cannot read: {exc.strerror}", file=str(path)) from None
+    head = read_input(path, 8192).decode("utf-8", errors="replace")
     if head.lstrip().startswith("<"):
         return "nccl-xml"
     if '"S-' in head and ("Switch" in head or "switchguid" in head):

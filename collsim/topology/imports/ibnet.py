@@ -22,6 +22,7 @@ from statistics import median
 from typing import Any
 
 from collsim.errors import TopologyError
+from collsim.topology.imports.inventory import read_input
 
 LANE_GBPS = {"SDR": 2.0, "DDR": 4.0, "QDR": 8.0, "FDR10": 10.0, "FDR": 13.64, "EDR": 25.0,
              "HDR": 50.0, "NDR": 100.0, "XDR": 200.0}  # fmt: skip
@@ -69,10 +70,7 @@ class FabricScan:
 def read_ibnetdiscover(path: str | Path) -> FabricScan:
     """Parse ``ibnetdiscover`` output (see the module doc)."""
     file = str(path)
-    try:
-        lines = Path(path).read_text(errors="replace").splitlines()
-    except OSError as exc:
-        raise TopologyError(f"cannot read: {exc.strerror}", file=file) from None
+    lines = read_input(path).decode("utf-8", errors="replace").splitlines()
     scan = FabricScan(file)
     current: str | None = None
     for number, line in enumerate(lines, start=1):

@@ -18,6 +18,9 @@ Facts used to turn what a machine reports into rates (per direction, as the topo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from collsim.errors import TopologyError
 
 PATH_CLASSES = ("pix", "pxb", "phb", "node", "sys")
 """GPU-to-NIC PCIe paths, nearest first, as ``nvidia-smi topo -m`` labels them (and the topology
@@ -30,6 +33,15 @@ PCIE_GTS = {
 }  # fmt: skip
 """The ``link_speed`` strings Linux writes in sysfs (and NCCL copies into its dump), as NCCL's
 ``kvDictPciGen`` lists them (the forms of kernels up to 5.6 and after)."""
+
+
+def read_input(path: str | Path, limit: int | None = None) -> bytes:
+    """An input file's bytes (the first ``limit`` of them), or one error naming the file."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit) if limit is not None else f.read()
+    except OSError as exc:
+        raise TopologyError(f"cannot read: {exc.strerror}", file=str(path)) from None
 
 
 def pcie_bytes_per_s(gts: float, width: int) -> float:

@@ -20,7 +20,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from collsim.errors import TopologyError
-from collsim.topology.imports.inventory import PCIE_GTS, Cpu, Gpu, Inventory, Nic
+from collsim.topology.imports.inventory import PCIE_GTS, Cpu, Gpu, Inventory, Nic, read_input
 
 NVSWITCH_CLASS = "0x068000"
 CPU_CLASS = "0x068001"
@@ -158,13 +158,11 @@ def read_nccl_xml(path: str | Path) -> Inventory:
     """The server described by an NCCL topology dump (see the module doc)."""
     file = str(path)
     try:
-        root = ET.fromstring(Path(path).read_bytes())
+        root = ET.fromstring(read_input(path))
     except ET.ParseError as exc:
         line, column = exc.position
         raise TopologyError(f"malformed XML at line {line}, column {column + 1}",
                             file=file, value=str(exc).split(":")[0]) from None  # fmt: skip
-    except OSError as exc:
-        raise TopologyError(f"cannot read: {exc.strerror}", file=file) from None
     if root.tag != "system":
         raise TopologyError("not an NCCL topology: the root element must be <system>",
                             file=file, field="root", value=root.tag)  # fmt: skip

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collsim.errors import TopologyError
-from collsim.topology.imports.inventory import Gpu, Inventory, Nic
+from collsim.topology.imports.inventory import Gpu, Inventory, Nic, read_input
 
 _CELL = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
 _SWITCH_LINKS = {70: 6, 80: 12, 86: 4, 90: 18, 100: 18}
@@ -40,10 +40,7 @@ class Matrix:
 def read_nvsmi(path: str | Path) -> Matrix:
     """Parse the output of ``nvidia-smi topo -m`` (see the module doc)."""
     file = str(path)
-    try:
-        lines = Path(path).read_text(errors="replace").splitlines()
-    except OSError as exc:
-        raise TopologyError(f"cannot read: {exc.strerror}", file=file) from None
+    lines = read_input(path).decode("utf-8", errors="replace").splitlines()
     head = next((i for i, line in enumerate(lines) if line.split()[:1] == ["GPU0"]
                  or (line.startswith((" ", "\t")) and "GPU0" in line.split())), None)  # fmt: skip
     if head is None:
