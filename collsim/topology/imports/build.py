@@ -262,11 +262,12 @@ def _explicit(doc: dict[str, Any], inv: Inventory, nodes: int, why: list[str]) -
     links = []
     moved: dict[str, str] = {}
     sockets = sorted({g.numa for g in inv.gpus})
+    homes = _template_homes(out, kinds)
     for n in range(nodes):
         for j, nic in enumerate(inv.nics):
             near = [i for i in range(len(inv.gpus)) if inv.path(i, j) == "pix"]
             if near:
-                home = _template_home(out, n, near[0], kinds)
+                home = homes.get(f"n{n}.gpu{near[0]}")
             elif nic.numa in sockets and f"n{n}.cpu{sockets.index(nic.numa)}" in kinds:
                 home = f"n{n}.cpu{sockets.index(nic.numa)}"
             else:
@@ -286,14 +287,14 @@ def _explicit(doc: dict[str, Any], inv: Inventory, nodes: int, why: list[str]) -
     return out
 
 
-def _template_home(out: dict[str, Any], n: int, gpu: int, kinds: dict[str, str]) -> str | None:
-    """The PCIe switch (or CPU) the expanded template hangs GPU ``gpu`` of node ``n`` off."""
-    name = f"n{n}.gpu{gpu}"
+def _template_homes(out: dict[str, Any], kinds: dict[str, str]) -> dict[str, str]:
+    """Per GPU, the PCIe switch (or CPU) the expanded template hangs it off (one pass)."""
+    homes: dict[str, str] = {}
     for link in out["links"]:
         for end, other in ((link["a"], link["b"]), (link["b"], link["a"])):
-            if end == name and kinds.get(other) in ("pcie_switch", "cpu"):
-                return other
-    return None
+            if kinds.get(end) == "gpu" and kinds.get(other) in ("pcie_switch", "cpu"):
+                homes.setdefault(end, other)
+    return homes
 
 
 def _dedupe(links: list[dict[str, Any]]) -> list[dict[str, Any]]:
