@@ -4,12 +4,13 @@ two-level (hierarchical, 2D-ring) algorithms built from ring and recursive phase
 Ring (``collsim/collectives/ring.py``): on a ring of ``m`` positions with edge ``i`` from position
 ``i`` to ``i + 1``, a send at step ``s`` waits for the block it forwards (position ``i - 1``, step
 ``s - 1``) plus its own latency, and follows its own previous send on the connection (its bytes
-queue behind those). The time is the longest path over (position, step) (:func:`_grid`), with
-per-edge costs ``r_i`` (a fused receive-reduce step: latency + bytes x max(wire time, reduction
-time), as the engine charges it) and ``g_i`` (a plain step): all-reduce ``m-1`` r-steps then
-``m-1`` g-steps; reduce-scatter in place ``m-1`` r-steps, into another buffer ``m-2`` r-steps, a
-plain last hop and the owner's reduction (serialised on its GPU over channels); all-gather
-``m-1`` g-steps. On a uniform ring all-reduce is the textbook ``2(m-1)(alpha + S/(mB))``.
+queue behind those). The time is the longest path over (position, step)
+(:func:`~collsim.model.grid.longest_path`), with per-edge costs ``r_i`` (a fused receive-reduce
+step: latency + bytes x max(wire time, reduction time), as the engine charges it) and ``g_i`` (a
+plain step): all-reduce ``m-1`` r-steps then ``m-1`` g-steps; reduce-scatter in place ``m-1``
+r-steps, into another buffer ``m-2`` r-steps, a plain last hop and the owner's reduction
+(serialised on its GPU over channels); all-gather ``m-1`` g-steps. On a uniform ring all-reduce is
+the textbook ``2(m-1)(alpha + S/(mB))``.
 
 Every edge's bandwidth is its max-min share among *all* ring edges of all channels (they all run
 at once: several ring edges through one NIC or PCIe switch split it). Where a ring mixes fast and
@@ -29,6 +30,7 @@ from collsim.collectives.ring import ring_order
 from collsim.model.envelope import Aff
 from collsim.model.exchange import rhd
 from collsim.model.flows import FlowCosts
+from collsim.model.grid import longest_path
 
 Oracle = Callable[[float], Aff]
 
@@ -60,39 +62,6 @@ def scatter_max(n: int, ranks: np.ndarray, values: Aff, s: float, base: Aff | No
     better = a[pick] + b[pick] * s > out.at(s)[who]
     out.a[who[better]], out.b[who[better]] = a[pick][better], b[pick][better]
     return out
-
-
-def _grid(step_costs: list[Aff], s: float, start: Aff | None = None) -> Aff:
-    """Longest path over (position, step) when a send waits for the block's arrival (previous
-    position, previous step) plus its latency ``l``, and follows its own previous send on the
-    connection (its bytes go once those are off the wire): ``T(i,s) = max(T(i-1,s-1) + l(i),
-    T(i,s-1)) + f_s(i)`` with ``c = l + f`` (intercept: latency; slope: bytes). A slow edge then
-    sets the pace, ``T ~ steps x its bytes' time``, paying its latency once per block crossing
-    it rather than once per step."""
-    t = step_costs[0] if start is None else start + step_costs[0]
-    # Carried as the value at ``s`` (to compare paths) and the intercept and slope of the path
-    # attaining it. The intercept is summed along the path, not recovered as ``v - b s`` at the
-    # end: at the envelope's largest query (64 TiB, ``v`` ~ 1e3 s) that difference is off by a
-    # few ulps of ``v`` (~3e-12 s), and the envelope keeps the larger of two equal-slope lines.
-    v, a, b = t.at(s), np.array(t.a, dtype=np.float64), np.array(t.b, dtype=np.float64)
-    rv, ra, rb = np.empty_like(v), np.empty_like(a), np.empty_like(b)
-    grow: dict[int, np.ndarray] = {}  # bytes' time at ``s`` per distinct step cost
-    for cost in step_costs[1:]:
-        f = grow.get(id(cost))
-        if f is None:
-            f = grow[id(cost)] = cost.b * s
-        rv[:, 1:], rv[:, 0] = v[:, :-1], v[:, -1]
-        ra[:, 1:], ra[:, 0] = a[:, :-1], a[:, -1]
-        rb[:, 1:], rb[:, 0] = b[:, :-1], b[:, -1]
-        rv += cost.a
-        ra += cost.a
-        pick = rv > v
-        v = np.where(pick, rv, v)
-        v += f
-        a = np.where(pick, ra, a)
-        b = np.where(pick, rb, b)
-        b += cost.b
-    return Aff(a, b)
 
 
 def ring_phase(
@@ -148,7 +117,7 @@ def ring_phase(
         start = rp
         if mode != AG:  # a reduce-scatter also waits for the receiver's buffer
             start = rp.maximum(Aff(np.roll(rp.a, -1, axis=1), np.roll(rp.b, -1, axis=1)), s)
-        t = _grid(plan, s, start)
+        t = longest_path(plan, s, start)
         done = Aff(np.roll(t.a, 1, axis=1), np.roll(t.b, 1, axis=1))  # the last hop into i
         if mode == RS_OUT:  # the owner adds its own part after the last hop into it
             done = done.maximum(rp, s) + red
