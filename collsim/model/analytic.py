@@ -241,14 +241,12 @@ class AnalyticModel:
             ]
         else:
             return None
-        groups = []
         for srcs, dsts in pairs:
-            s, d = np.asarray(srcs), np.asarray(dsts)
-            if count(s, d, 1) == 0:  # not NVLS: SHARP, or no NCCL NVLS on these GPUs
-                return None
-            latency = float(self.fabric.in_network(s, d)[4])  # type: ignore[attr-defined]
-            groups.append((srcs, dsts, latency))
-        return SerialChunks(count, tuple(groups))
+            if count(np.asarray(srcs), np.asarray(dsts), 1) == 0:  # not NVLS: SHARP, or no
+                return None  # NCCL NVLS on these GPUs
+        latency = self.fabric.in_network_many(pairs).latency_s.tolist()  # type: ignore[attr-defined]
+        groups = tuple((s, d, lat) for (s, d), lat in zip(pairs, latency, strict=True))
+        return SerialChunks(count, groups)
 
     def load_lines(
         self, collective: str, algorithm: str, *, protocol: str = "Simple", channels: int = 1

@@ -30,7 +30,8 @@ slowest copy at its ceiling). In-network reductions have no ceiling, in either e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -52,68 +53,65 @@ from collsim.protocols import step_latency_s
 
 @dataclass
 class _Flows:
-    """The flows of one stage: routes, per-flow latency, payload bytes per chunk byte, the GPU
-    that reduces what the flow delivers (-1: none), the op each flow belongs to, its weight and
-    each copy's rate ceiling."""
+    """The flows of one stage, gathered in batches: routes (CSR ``ptr``/``links``), per-flow
+    latency, payload bytes per chunk byte, the GPU that reduces what the flow delivers (-1:
+    none), the op each flow belongs to, its weight (channels running the flow's slice on the
+    same routes: one flow of that weight) and each copy's rate ceiling (wire bytes/s its
+    channel may reach, as the engine caps a transfer; ``inf``: none, as for in-network
+    reductions and fabrics without channels)."""
 
-    links: list[np.ndarray]
-    lat_s: list[float]
-    traffic: list[float]
-    reducer: list[int]
-    op: list[int]
-    weight: list[float]
-    """Channels running the flow's slice (same routes: one flow of that weight)."""
-    ceil: list[float]
-    """Wire bytes/s each copy may reach (its channel's, as the engine caps a transfer); ``inf``:
-    none (in-network reductions, fabrics without channels)."""
+    batches: list[tuple[np.ndarray, ...]] = field(default_factory=list)
 
-    @classmethod
-    def empty(cls) -> _Flows:
-        return cls([], [], [], [], [], [], [])
+    def add(self, ptr: np.ndarray, links: np.ndarray, lat: np.ndarray, traffic: np.ndarray,
+            reducer: np.ndarray, op: np.ndarray, weight: float,
+            ceil: np.ndarray) -> None:  # fmt: skip
+        n = ptr.size - 1
+        per_flow = (lat, traffic, reducer, op, np.full(n, float(weight)), ceil)
+        self.batches.append((np.diff(ptr), np.asarray(links, dtype=np.int64),
+                             *(np.broadcast_to(x, n) for x in per_flow)))  # fmt: skip
 
-    def add(self, links: np.ndarray, lat: float, traffic: float, reducer: int, op: int,
-            weight: float = 1.0, ceil: float = np.inf) -> None:  # fmt: skip
-        self.weight.append(float(weight))
-        self.ceil.append(float(ceil))
-        self.links.append(np.asarray(links, dtype=np.int64))
-        self.lat_s.append(float(lat))
-        self.traffic.append(float(traffic))
-        self.reducer.append(int(reducer))
-        self.op.append(int(op))
+    def _column(self, k: int, dtype: type) -> np.ndarray:
+        return np.concatenate([np.asarray(b[k], dtype=dtype) for b in self.batches] or [[]])
+
+    @cached_property
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """``(ptr, links, lat, traffic, reducer, op, weight, ceil)`` of every flow, in order."""
+        lengths = self._column(0, np.int64)
+        ptr = np.zeros(lengths.size + 1, dtype=np.int64)
+        np.cumsum(lengths, out=ptr[1:])
+        kinds = (np.int64, np.float64, np.float64, np.int64, np.int64, np.float64, np.float64)
+        return (ptr, *(self._column(k, t) for k, t in enumerate(kinds, start=1)))
 
 
-def _add_p2p(costs: FlowCosts, flows: _Flows, src: list[int], dst: list[int], fused: bool,
+def _add_p2p(costs: FlowCosts, flows: _Flows, src: np.ndarray, dst: np.ndarray, fused: bool,
              op0: int, weight: float) -> int:  # fmt: skip
     """Point-to-point flows ``src[i] -> dst[i]``, each its own op from ``op0``, each copy at
     most at its channel's ceiling for the slowest link class on its route (the engine's
     ``route_ceiling``: a collective's transfer stands for one channel)."""
-    ptr, links, lat = costs.routes(np.asarray(src), np.asarray(dst))
+    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    ptr, links, lat = costs.routes(src, dst)
     by_kind = costs.ceiling[False]
-    worst = costs.route_kinds(ptr, links)
-    for i in range(len(src)):
-        red = dst[i] if fused else -1
-        ceil = np.inf if by_kind is None else float(by_kind[worst[i]])
-        flows.add(links[ptr[i] : ptr[i + 1]], lat[i], 1.0, red, op0 + i, weight, ceil)
-    return op0 + len(src)
+    ceil = np.inf if by_kind is None else np.asarray(by_kind, dtype=np.float64)[
+        costs.route_kinds(ptr, links)]  # fmt: skip
+    red = dst if fused else -1
+    flows.add(ptr, links, lat, 1.0, red, op0 + np.arange(src.size), weight, ceil)
+    return op0 + src.size
 
 
-def _add_in_network(costs: FlowCosts, flows: _Flows, srcs: list[int], dsts: list[int],
-                    op: int, weight: float) -> int:  # fmt: skip
-    """One in-network reduction: a flow per source up to the switch, one per destination down,
-    at its latency (as the engine: the larger of path + switch and the slowest class's hop
-    latency, :func:`collsim.protocols.step_latency_s`)."""
-    fabric = costs.fabric
-    s, d = np.asarray(srcs), np.asarray(dsts)
-    up_ptr, up_links, down_ptr, down_links, lat = fabric.in_network(s, d)  # type: ignore[attr-defined]
-    every = np.concatenate((up_links, down_links)).astype(np.int64)
-    worst = int(costs.link_kind[every].max()) if every.size else 0
-    latency = float(step_latency_s(float(lat), float(costs.hop_s[worst])))
-    traffic = getattr(fabric, "in_network_traffic", None)
-    share = float(traffic(s, d)) if traffic is not None else 1.0
-    for ptr, links in ((up_ptr, up_links), (down_ptr, down_links)):
-        for i in range(len(ptr) - 1):
-            flows.add(links[ptr[i] : ptr[i + 1]], latency, share, -1, op, weight)
-    return op + 1
+def _add_in_network(costs: FlowCosts, flows: _Flows, groups: list[tuple[list[int], list[int]]],
+                    op0: int, weight: float) -> int:  # fmt: skip
+    """In-network reductions ``(sources, destinations)``, each its own op from ``op0``: a flow
+    per source up to the switch, one per destination down, at its latency (as the engine: the
+    larger of path + switch and the slowest class's hop latency,
+    :func:`collsim.protocols.step_latency_s`)."""
+    found = costs.fabric.in_network_many(groups)  # type: ignore[attr-defined]
+    owner = np.repeat(found.group, np.diff(found.ptr))  # each route entry's reduction
+    worst = np.zeros(len(groups), dtype=np.int64)
+    np.maximum.at(worst, owner, costs.link_kind[found.links])
+    latency = step_latency_s(found.latency_s, costs.hop_s[worst])
+    g = found.group
+    flows.add(found.ptr, found.links, latency[g], found.share[g], -1, op0 + g, weight, np.inf)
+    return op0 + len(groups)
 
 
 def _stages(
@@ -128,66 +126,54 @@ def _stages(
     trees = [Tree.from_parents(p) for p in node_trees(layout)]
     on_tree = np.bincount([tree_of(c) for c in range(channels)], minlength=2)
     if algorithm == "nvls_tree":
-        stages = [_Flows.empty() for _ in range(4)]
+        stages = [_Flows() for _ in range(4)]
         op = 0
         for t, w in zip(trees, on_tree.tolist(), strict=True):
             if not w:
                 continue
             child = np.flatnonzero(t.parent >= 0)
             for h in range(heads.shape[1]):
-                x = heads[:, h]
-                for m, node in enumerate(nodes):
-                    op = _add_in_network(costs, stages[0], node, [int(x[m])], op, w)
-                    op = _add_in_network(costs, stages[3], [int(x[m])], node, op, w)
+                x = heads[:, h].tolist()
+                op = _add_in_network(costs, stages[0], [(n, [x[m]]) for m, n in enumerate(nodes)],
+                                     op, w)  # fmt: skip
+                op = _add_in_network(costs, stages[3], [([x[m]], n) for m, n in enumerate(nodes)],
+                                     op, w)  # fmt: skip
                 if child.size:
-                    up_src, up_dst = x[child].tolist(), x[t.parent[child]].tolist()
+                    up_src, up_dst = heads[child, h], heads[t.parent[child], h]
                     op = _add_p2p(costs, stages[1], up_src, up_dst, True, op, w)
                     op = _add_p2p(costs, stages[2], up_dst, up_src, False, op, w)
         used = [t for t, w in zip(trees, on_tree.tolist(), strict=True) if w]
         return stages, max(len(t.levels) - 1 for t in used)
-    stages = [_Flows.empty() for _ in range(3)]
+    stages = [_Flows() for _ in range(3)]
     op = 0
     for h in range(heads.shape[1]):
         x = heads[:, h]
         src = [r for m, node in enumerate(nodes) for r in node if r != x[m]]
         dst = [int(x[m]) for m, node in enumerate(nodes) for r in node if r != x[m]]
-        op = _add_p2p(costs, stages[0], src, dst, True, op, channels)
-        op = _add_in_network(costs, stages[1], x.tolist(), x.tolist(), op, channels)
-        op = _add_p2p(costs, stages[2], dst, src, False, op, channels)
+        op = _add_p2p(costs, stages[0], np.array(src), np.array(dst), True, op, channels)
+        op = _add_in_network(costs, stages[1], [(x.tolist(), x.tolist())], op, channels)
+        op = _add_p2p(costs, stages[2], np.array(dst), np.array(src), False, op, channels)
     return stages, 1
 
 
-def _rates(costs: FlowCosts, parts: list[_Flows]) -> list[np.ndarray]:
-    """Max-min rates of the flows of ``parts`` running together (each its weight's copies,
+def _rates(costs: FlowCosts, flows: _Flows) -> np.ndarray:
+    """Max-min rates of the flows of one stage running together (each its weight's copies,
     each copy at most at its ceiling)."""
-    links = [x for p in parts for x in p.links]
-    weight = np.array([w for p in parts for w in p.weight], dtype=np.float64)
-    ceil = np.array([c for p in parts for c in p.ceil], dtype=np.float64)
-    lengths = np.array([x.size for x in links], dtype=np.int64)
-    ptr = np.zeros(lengths.size + 1, dtype=np.int64)
-    np.cumsum(lengths, out=ptr[1:])
-    flat = np.concatenate(links) if links else np.zeros(0, dtype=np.int64)
-    rates = max_min_rates(
-        ptr, flat, weight, costs.capacity, ceil if np.isfinite(ceil).any() else None
+    ptr, links, _, _, _, _, weight, ceil = flows.arrays
+    return max_min_rates(
+        ptr, links, weight, costs.capacity, ceil if np.isfinite(ceil).any() else None
     )
-    out, lo = [], 0
-    for p in parts:
-        out.append(rates[lo : lo + len(p.links)])
-        lo += len(p.links)
-    return out
 
 
 def _stage_cost(costs: FlowCosts, flows: _Flows, rates: np.ndarray, per_byte: float) -> Aff:
     """A stage's latency and seconds per collective byte of one chunk round: its slowest op
     (ops end with their last flow; a fused receive-reduce ends no earlier than its reduction)."""
-    wire = np.asarray(flows.traffic) * costs.wire * per_byte
+    _, _, lat, traffic, red, ops, _, _ = flows.arrays
+    wire = traffic * costs.wire * per_byte
     with np.errstate(divide="ignore"):
         b = np.where(np.isfinite(rates), wire / rates, 0.0)
-    red = np.asarray(flows.reducer)
     fused = red >= 0
     b[fused] = np.maximum(b[fused], per_byte / costs.reduce_bytes_per_s[red[fused]])
-    lat = np.asarray(flows.lat_s)
-    ops = np.asarray(flows.op)
     cost_b = np.zeros(ops.max() + 1)
     np.maximum.at(cost_b, ops, b)
     cost_a = np.zeros(ops.max() + 1)
@@ -196,38 +182,42 @@ def _stage_cost(costs: FlowCosts, flows: _Flows, rates: np.ndarray, per_byte: fl
     return Aff(cost_a[used], cost_b[used])
 
 
+def _round(costs: FlowCosts, stages: list[_Flows], per_byte: float) -> float:
+    """Seconds per collective byte of one chunk round in steady state, where every flow's bytes
+    are on its links and every fused reduction's on its GPU at once: the busiest of them
+    (max-min sharing re-shares as flows finish, so no link idles while it has bytes to carry),
+    or a copy at its channel's ceiling, which needs its own bytes' time however idle its links
+    are. Adds every flow to the link-load bound on the way (a line per stage for its slowest
+    copy at its ceiling)."""
+    round_s = np.zeros(costs.capacity.shape[0])
+    reduce_s = np.zeros(costs.reduce_bytes_per_s.shape[0])
+    capped_s = 0.0
+    for f in stages:
+        ptr, links, lat, traffic, red, _, w, ceil = f.arrays
+        lengths = np.diff(ptr)
+        each = np.repeat(w * per_byte * traffic * costs.wire, lengths)
+        wire = each / costs.capacity[links]
+        np.add.at(round_s, links, wire)
+        np.add.at(costs.load_s_per_byte, links, wire)  # the link-load bound
+        np.minimum.at(costs.load_lat_s, links, np.repeat(lat, lengths))
+        fused = red >= 0
+        np.add.at(reduce_s, red[fused], w[fused] * per_byte / costs.reduce_bytes_per_s[red[fused]])
+        capped = np.flatnonzero((lengths > 0) & np.isfinite(ceil))
+        if capped.size:  # the load bound's line for this stage's slowest copy at its ceiling
+            own = per_byte * traffic[capped] * costs.wire / ceil[capped]
+            slowest = int(np.argmax(own))
+            capped_s = max(capped_s, float(own[slowest]))
+            costs.ceiling_lines.append((float(lat[capped[slowest]]), float(own[slowest])))
+    return float(max(round_s.max(initial=0.0), reduce_s.max(initial=0.0), capped_s))
+
+
 def cross_node(costs: FlowCosts, algorithm: str, layout: RankLayout, channels: int) -> Pipeline:
     """The pipeline of ``nvls_tree`` or ``collnet`` (module docstring) on ``channels``."""
     streams = channels * head_count(layout)
     per_byte = 1.0 / streams  # payload bytes of one slice's chunk per collective byte of chunk
     stages, depth = _stages(costs, algorithm, layout, channels)
-    lone = [_stage_cost(costs, f, _rates(costs, [f])[0], per_byte) for f in stages]
-    # Steady state: a chunk round puts every flow's bytes on its links and every fused
-    # reduction's on its GPU; the round lasts as long as the busiest of them needs (max-min
-    # sharing re-shares as flows finish, so no link idles while it has bytes to carry).
-    # A copy at its channel's ceiling needs its own bytes' time however idle its links are.
-    round_s = np.zeros(costs.capacity.shape[0])
-    reduce_s = np.zeros(costs.reduce_bytes_per_s.shape[0])
-    capped_s = 0.0
-    for f in stages:
-        slowest: tuple[float, float] | None = None  # the stage's slowest copy at its ceiling
-        for links, traffic, lat, red, w, ceil in zip(
-            f.links, f.traffic, f.lat_s, f.reducer, f.weight, f.ceil, strict=True
-        ):
-            wire = w * per_byte * traffic * costs.wire / costs.capacity[links]
-            np.add.at(round_s, links, wire)
-            np.add.at(costs.load_s_per_byte, links, wire)  # the link-load bound
-            np.minimum.at(costs.load_lat_s, links, lat)
-            if red >= 0:
-                reduce_s[red] += w * per_byte / costs.reduce_bytes_per_s[red]
-            if links.size and np.isfinite(ceil):
-                own = per_byte * traffic * costs.wire / ceil
-                capped_s = max(capped_s, own)
-                if slowest is None or own > slowest[1]:
-                    slowest = (float(lat), own)
-        if slowest is not None:  # the load bound's line for this stage's slowest copy
-            costs.ceiling_lines.append(slowest)
-    every_b = float(max(round_s.max(initial=0.0), reduce_s.max(initial=0.0), capped_s))
+    lone = [_stage_cost(costs, f, _rates(costs, f), per_byte) for f in stages]
+    every_b = _round(costs, stages, per_byte)
     repeat = [1, depth, depth, 1] if algorithm == "nvls_tree" else [1, 1, 1]
 
     def fill(s: float) -> Aff:

@@ -80,10 +80,15 @@ def why_not(
                 "(in_network)")  # fmt: skip
     if algorithm == "nvls_tree":
         reach = _reach(topology, frozenset({"nvswitch"}))
+        holding: dict[str, list[set[str]]] = {}  # each GPU's reducing switches' reach
+        for r in reach:
+            for gpu in r:
+                holding.setdefault(gpu, []).append(r)
         g = layout.ranks_per_node
         for m in range(layout.nnodes):
             node = set(names[m * g : m * g + layout.node_size(m)])
-            if not any(node <= r for r in reach):
+            first = names[m * g]
+            if not any(node <= r for r in holding.get(first, ())):
                 return (f"needs NVLink SHARP in every node: an nvswitch with in_network_reduction; "
                         f"{topology.name} has none for node {m}")  # fmt: skip
     if algorithm == "collnet":

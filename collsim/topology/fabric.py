@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,6 +31,23 @@ _HW_CLASS = {
     "upi": HW_PCI,
 }
 """NCCL's latency classes: GPU-to-GPU fabrics count as NVLink, host links as PCI, the rest NET."""
+
+
+@dataclass(frozen=True)
+class InNetwork:
+    """In-network reductions as arrays (:meth:`TopologyFabric.in_network_many`): every flow's
+    route as CSR ``(ptr, links)``, each reduction's up flows then its down flows, in order."""
+
+    ptr: np.ndarray
+    links: np.ndarray
+    group: np.ndarray
+    """The reduction each flow belongs to."""
+    up: np.ndarray
+    """Whether the flow goes up to the switch (else down from it)."""
+    latency_s: np.ndarray
+    """Per reduction: the slowest up route + the switch + the slowest down route."""
+    share: np.ndarray
+    """Per reduction: bytes each flow carries per payload byte (:meth:`in_network_traffic`)."""
 
 
 def host_staged_classes(network: Network) -> tuple[int, ...]:
@@ -215,17 +233,45 @@ class TopologyFabric:
         farthest rank is nearest; routes to and from it follow the usual routing.
         """
         srcs_t, dsts_t, switch = self._reducer_for(srcs, dsts)
-        ups = [self.network.route_index(int(self._gpu_index[s]), switch) for s in srcs_t]
-        downs = [self.network.route_index(switch, int(self._gpu_index[d])) for d in dsts_t]
-        switch_latency = float(self.network.device_latency_s[switch])
-        latency = (
-            max((r.latency_s for r in ups), default=0.0)
-            + switch_latency
-            + max((r.latency_s for r in downs), default=0.0)
-        )
+        ups, downs, latency = self._in_network_routes(srcs_t, dsts_t, switch)
         up_ptr, up_links = _csr(ups)
         down_ptr, down_links = _csr(downs)
         return up_ptr, up_links, down_ptr, down_links, latency
+
+    def _in_network_routes(
+        self, srcs_t: tuple[int, ...], dsts_t: tuple[int, ...], switch: int
+    ) -> tuple[list[Route], list[Route], float]:
+        """The up routes, down routes and latency of one in-network reduction."""
+        net, gpu = self.network, self._gpu_index
+        ups = [net.route_index(int(gpu[s]), switch) for s in srcs_t]
+        downs = [net.route_index(switch, int(gpu[d])) for d in dsts_t]
+        latency = (
+            max((r.latency_s for r in ups), default=0.0)
+            + float(net.device_latency_s[switch])
+            + max((r.latency_s for r in downs), default=0.0)
+        )
+        return ups, downs, latency
+
+    def in_network_many(self, groups: Sequence[tuple[Sequence[int], Sequence[int]]]) -> InNetwork:
+        """:meth:`in_network` and :meth:`in_network_traffic` of many reductions at once (an
+        NVLS+tree has two per node and slice: thousands at scale), as arrays."""
+        routes: list[Route] = []
+        count = np.zeros(len(groups), dtype=np.int64)
+        n_up = np.zeros(len(groups), dtype=np.int64)
+        latency = np.zeros(len(groups))
+        share = np.zeros(len(groups))
+        for g, (srcs, dsts) in enumerate(groups):
+            srcs_t, dsts_t, switch = self._reducer_for(srcs, dsts)
+            ups, downs, latency[g] = self._in_network_routes(srcs_t, dsts_t, switch)
+            routes += ups
+            routes += downs
+            count[g], n_up[g] = len(ups) + len(downs), len(ups)
+            share[g] = self._traffic(srcs_t, dsts_t, switch)
+        ptr, links = _csr(routes)
+        group = np.repeat(np.arange(len(groups)), count)
+        first = _ptr(count)[:-1]
+        up = np.arange(group.size) - first[group] < n_up[group]
+        return InNetwork(ptr, links, group, up, latency, share)
 
     def in_network_traffic(self, srcs: np.ndarray, dsts: np.ndarray) -> float:
         """Bytes each up and down flow of an in-network reduction carries per payload byte.
@@ -238,7 +284,9 @@ class TopologyFabric:
         A reduction onto other ranks than its sources (NVLS+tree's reduce onto a node's head,
         its multicast from the head) moves the slice once each way: ``S``.
         """
-        srcs_t, dsts_t, switch = self._reducer_for(srcs, dsts)
+        return self._traffic(*self._reducer_for(srcs, dsts))
+
+    def _traffic(self, srcs_t: tuple[int, ...], dsts_t: tuple[int, ...], switch: int) -> float:
         dev = self.network.devices[switch]
         all_reduce = dev.kind == "nvswitch" and sorted(srcs_t) == sorted(dsts_t)
         share = 1.0 + 1.0 / max(1, len(srcs_t)) if all_reduce else 1.0
