@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from collsim.topology.multipath import VARIANTS
+from collsim.topology.nexthops import NextHops
 from collsim.topology.routing import ServerFabricRouter
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ class BatchRoutes:
         self._last: tuple[bytes, dict[str, np.ndarray] | None] | None = None
         empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
         self._walk_table = {True: empty, False: empty}  # sorted (GPU, port) codes -> piece
-        self._next: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, bool]] = {}
+        self._hops: NextHops | None = None  # equal-cost fabric next hops (first use)
         self._segsets: dict[tuple[int, int, int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._coupled: bool | None = None  # some cable short of full duplex (first use)
         self._dest_of_link: np.ndarray | None = None  # D-mod-k index per link (first use)
@@ -175,27 +176,13 @@ class BatchRoutes:
             cache[(src, port)] = found
         return found
 
-    def _candidates(self, cur: int, goal: int) -> tuple[np.ndarray, np.ndarray, bool]:
-        """Stored entries of the fabric's CSR that are equal-cost next hops from ``cur`` to
-        ``goal`` (fabric-local ids): in the stored (name-key) order, in D-mod-k's natural-name
-        order, and whether every one forwards by destination (InfiniBand)."""
-        found = self._next.get((cur, goal))
-        if found is None:
+    def _next_hops(self) -> NextHops:
+        if self._hops is None:
             r = self.router
-            f = r._fab_fwd
-            dist = r._fabric_dist()[:, goal]
-            lo, hi = f.indptr[cur], f.indptr[cur + 1]
-            nbrs = f.indices[lo:hi]
-            ok = np.flatnonzero(dist[nbrs] + f.data[lo:hi] == dist[cur])
-            ranked, by_dest = lo + ok, False
-            if r._dmodk is not None and ok.size > 1:
-                by_destination = self.net.graph.by_destination
-                assert by_destination is not None
-                by_dest = bool(by_destination[r._fab_link[lo + ok]].all())
-                ranked = lo + ok[np.argsort(r._dmodk[0][nbrs[ok]], kind="stable")]
-            found = (lo + ok, ranked, by_dest)
-            self._next[(cur, goal)] = found
-        return found
+            rank = r._dmodk[0] if r._dmodk is not None else None
+            self._hops = NextHops(r._fab_fwd, r._fabric_dist(), r._fab_link, rank,
+                                  self.net.graph.by_destination)  # fmt: skip
+        return self._hops
 
     def _fabric_walks(
         self,
@@ -217,16 +204,12 @@ class BatchRoutes:
             idx = np.flatnonzero(cur != goal)
             if idx.size == 0:
                 break
-            code = cur[idx] * f.shape[0] + goal[idx]
-            uniq, inv = np.unique(code, return_inverse=True)
-            cands = [self._candidates(int(c // f.shape[0]), int(c % f.shape[0])) for c in uniq]
-            if any(c[0].size == 0 for c in cands):
+            hops = self._next_hops()
+            row = hops.rows(cur[idx], goal[idx])
+            cnt = hops.count[row]
+            if np.any(cnt == 0):
                 raise RuntimeError("fabric walk without a next hop")  # the router's check failed
-            count = np.array([c[0].size for c in cands], dtype=np.int64)
-            table = _matrix([tuple(c[0].tolist()) for c in cands])
-            ranked = _matrix([tuple(c[1].tolist()) for c in cands])
-            by_dest = np.array([c[2] for c in cands], dtype=bool)[inv] & (dest[idx] >= 0)
-            cnt = count[inv]
+            by_dest = hops.by_dest[row] & (dest[idx] >= 0)
             pick = np.zeros(idx.size, dtype=np.int64)
             tie = cnt > 1
             hashed = tie & ~by_dest
@@ -234,12 +217,12 @@ class BatchRoutes:
                 ti = idx[hashed]
                 pick[hashed] = _mod(mix_np(salt[0][ti], salt[1][ti], fab_key[cur[ti]]),
                                     cnt[hashed])  # fmt: skip
-            entry = table[inv, pick]
+            entry = hops.entries[hops.start[row] + pick]
             ranked_tie = tie & by_dest
             if ranked_tie.any():  # D-mod-k: the destination's index picks, in name order
                 ti = idx[ranked_tie]
                 at = (dest[ti] // stride[ti]) % cnt[ranked_tie]
-                entry[ranked_tie] = ranked[inv[ranked_tie], at]
+                entry[ranked_tie] = hops.ranked[hops.start[row[ranked_tie]] + at]
                 stride[ti] *= cnt[ranked_tie]
             col = np.full(cur.shape[0], -1, dtype=np.int64)
             col[idx] = r._fab_link[entry]
