@@ -67,7 +67,7 @@ def _mod(h: np.ndarray, count: np.ndarray) -> np.ndarray:
     return (h % np.asarray(count, dtype=np.uint64)).astype(np.int64)
 
 
-def _walk_once(
+def walk_once(
     start: int, goal: int, dist: list[float], csr: tuple[list, list, list, list]
 ) -> list[int] | None:
     """:func:`~collsim.topology.routing._walk_lists` where no step has a tie (then the walk does
@@ -165,13 +165,13 @@ class BatchRoutes:
             if out:
                 region, dist = r._from_source(src)
                 start = int(region.local(self.net.graph.out_vertex[src]))
-                hops = _walk_once(int(region.local(port)), start, dist.tolist(), region._rev_lists)
+                hops = walk_once(int(region.local(port)), start, dist.tolist(), region._rev_lists)
                 if hops is not None:
                     hops.reverse()
             else:
                 region, dist = r._to_dest(src)
                 start = int(region.local(self.net.graph.out_vertex[port]))
-                hops = _walk_once(start, int(region.local(src)), dist.tolist(), region._fwd_lists)
+                hops = walk_once(start, int(region.local(src)), dist.tolist(), region._fwd_lists)
             found = -1 if hops is None else self.pieces.add(tuple(hops))
             cache[(src, port)] = found
         return found

@@ -90,6 +90,13 @@ def routes(net: Network, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, 
             ptr, links = batch.loaded(cab)
             parts.append((rows, ptr, links))
             lat[rows] = batch.latency(cab)
+    copies = net.copies if slow.size else None
+    if copies is not None:  # inside a server that copies another: that one's route, moved
+        moved, ptr, links, lat_moved = copies.routes(src[slow], dst[slow])
+        if moved.any():
+            parts.append((slow[moved], ptr, links))
+            lat[slow[moved]] = lat_moved
+            slow = slow[~moved]
     if slow.size:
         found_r = [net.route_index(int(src[i]), int(dst[i])) for i in slow.tolist()]
         ptr, links = _csr([r.links for r in found_r])

@@ -38,6 +38,7 @@ from collsim.topology.routing import (
     ServerFabricRouter,
     name_key,
 )
+from collsim.topology.servers import ServerCopies
 from collsim.topology.spec import INTRA_NODE_LINK_KINDS, MULTIPATH_ROUTINGS, Device, Topology
 
 
@@ -289,6 +290,12 @@ class Network:
         """Routes and paths of many pairs at once, the same as :meth:`route_index` and
         :meth:`paths_index` give one at a time (:mod:`collsim.topology.batch`)."""
         return BatchRoutes(self)
+
+    @cached_property
+    def copies(self) -> ServerCopies | None:
+        """Servers that are copies of one another, where the batch router applies: routes
+        inside them moved from one representative (:mod:`collsim.topology.servers`)."""
+        return ServerCopies(self, self._fast) if self.batch.enabled else None  # type: ignore[arg-type]
 
     def gpu_route(self, src_rank: int, dst_rank: int) -> Route:
         """Route between GPUs given by rank (node-major order)."""

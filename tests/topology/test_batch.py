@@ -91,3 +91,28 @@ def test_batch_paths_equal_per_pair_paths(name: str, nodes: int) -> None:
         assert lat[i] == reference.route_index(int(src[i]), int(dst[i])).latency_s
         split += len(want) > 1
     assert split > 100  # the multipath case is exercised, not only single routes
+
+
+@pytest.mark.parametrize(("name", "nodes"), [("dgx-h100", 8), ("dgx1-v100", 3), ("hgx-b200", 4),
+                                             ("gb300-nvl72", 32), ("mi300x", 3)])  # fmt: skip
+def test_routes_inside_copied_servers_equal_per_pair_routes(name: str, nodes: int) -> None:
+    """Every GPU pair inside a server, routed as a copy of the representative server's route
+    (``collsim/topology/servers.py``), is the per-pair router's route: links and latency bits.
+    Template nodes are copies, so most pairs are moved (all but a server's own pairs of one GPU
+    and walks with ties)."""
+    net = Network(load_topology(name, nodes=nodes))
+    gpus = np.array([net.index[g] for g in net.gpu_names], dtype=np.int64)
+    g = len(gpus) // nodes
+    s = np.repeat(np.arange(gpus.size), g)
+    d = (s // g) * g + np.tile(np.arange(g), gpus.size)
+    src, dst = gpus[s], gpus[d]
+    ptr, links, lat = routes(net, src, dst)
+    for i in range(src.size):
+        want = net.route_index(int(src[i]), int(dst[i]))
+        assert tuple(links[ptr[i] : ptr[i + 1]].tolist()) == tuple(want.links)
+        assert lat[i] == want.latency_s
+    assert net.copies is not None
+    moved = net.copies.routes(src, dst)[0]
+    if name in ("dgx-h100", "dgx1-v100"):  # one NVSwitch / direct NVLinks: no ties inside
+        assert moved.sum() == src.size - gpus.size
+        assert np.unique(net.copies.rep[net.copies.rep >= 0]).size == 1
