@@ -254,23 +254,26 @@ class TopologyFabric:
 
     def in_network_many(self, groups: Sequence[tuple[Sequence[int], Sequence[int]]]) -> InNetwork:
         """:meth:`in_network` and :meth:`in_network_traffic` of many reductions at once (an
-        NVLS+tree has two per node and slice: thousands at scale), as arrays."""
-        routes: list[Route] = []
-        count = np.zeros(len(groups), dtype=np.int64)
-        n_up = np.zeros(len(groups), dtype=np.int64)
-        latency = np.zeros(len(groups))
-        share = np.zeros(len(groups))
+        NVLS+tree has two per node and slice: thousands at scale), as arrays; the routes found
+        by the batch router (the per-pair router's, to the bit)."""
+        n = len(groups)
+        count, n_up = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        switch_of, share = np.zeros(n, dtype=np.int64), np.zeros(n)
+        ends: list[int] = []  # each flow's GPU rank
         for g, (srcs, dsts) in enumerate(groups):
             srcs_t, dsts_t, switch = self._reducer_for(srcs, dsts)
-            ups, downs, latency[g] = self._in_network_routes(srcs_t, dsts_t, switch)
-            routes += ups
-            routes += downs
-            count[g], n_up[g] = len(ups) + len(downs), len(ups)
+            ends += srcs_t
+            ends += dsts_t
+            count[g], n_up[g], switch_of[g] = len(srcs_t) + len(dsts_t), len(srcs_t), switch
             share[g] = self._traffic(srcs_t, dsts_t, switch)
-        ptr, links = _csr(routes)
-        group = np.repeat(np.arange(len(groups)), count)
+        group = np.repeat(np.arange(n), count)
         first = _ptr(count)[:-1]
         up = np.arange(group.size) - first[group] < n_up[group]
+        gpu = self._gpu_index[np.asarray(ends, dtype=np.int64)]
+        sw = switch_of[group]
+        ptr, links, lat = batch_routes(self.network, np.where(up, gpu, sw), np.where(up, sw, gpu))
+        latency = _group_max(lat, group, up, n) + self.network.device_latency_s[switch_of]
+        latency = latency + _group_max(lat, group, ~up, n)
         return InNetwork(ptr, links, group, up, latency, share)
 
     def in_network_traffic(self, srcs: np.ndarray, dsts: np.ndarray) -> float:
@@ -403,6 +406,13 @@ def _rows(ptr: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> tuple[np.ndarra
     out = _ptr(lengths)
     offsets = np.arange(int(out[-1]), dtype=np.int64) - np.repeat(out[:-1], lengths)
     return out, idx[np.repeat(ptr[:-1][rows], lengths) + offsets]
+
+
+def _group_max(values: np.ndarray, group: np.ndarray, keep: np.ndarray, n: int) -> np.ndarray:
+    """Per group (0..n-1) the largest of its kept ``values`` (0.0 where it has none)."""
+    out = np.full(n, -np.inf)
+    np.maximum.at(out, group[keep], values[keep])
+    return np.where(np.isfinite(out), out, 0.0)
 
 
 def _csr(routes: list[Route]) -> tuple[np.ndarray, np.ndarray]:
