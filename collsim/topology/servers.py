@@ -46,8 +46,8 @@ class ServerCopies:
         head_dev = graph.link_head[: network.n_directed_links]
         inside = (server[tail_dev] >= 0) & (server[tail_dev] == server[head_dev])
         seen: dict[bytes, int] = {}
-        devs_of = _group(server[: graph.n_devices])
-        links_of = _group(np.where(inside, server[tail_dev], -1))
+        devs_of = _groups(server[: graph.n_devices])
+        links_of = _groups(np.where(inside, server[tail_dev], -1))
         for srv, devs in devs_of.items():
             links = links_of.get(srv, np.zeros(0, dtype=np.int64))
             outside = router._links_by_server.get(srv, np.zeros(0, dtype=np.int64))
@@ -149,3 +149,9 @@ class ServerCopies:
         start = int(region.local(self.net.graph.out_vertex[src]))
         dist = region.all_dist[:, goal].tolist()
         return walk_once(start, goal, dist, region._fwd_lists)
+
+
+def _groups(owner: np.ndarray) -> dict[int, np.ndarray]:
+    """Ids grouped by owner, each group sorted (:func:`~collsim.topology.routing._group`;
+    empty where nothing has an owner)."""
+    return _group(owner) if np.any(owner >= 0) else {}
